@@ -1,0 +1,42 @@
+"""dsconvert: find and remove the data-loading bottleneck in deep-learning training.
+
+Public API::
+
+    from dsconvert import convert, open_dataset
+    convert("/data/train", "/ssd/train-wds", format="wds")
+    ds = open_dataset("/ssd/train-wds", transform=my_transform)
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .convert import ConvertResult, convert  # noqa: E402
+from .data import open_dataset  # noqa: E402
+from .errors import (  # noqa: E402
+    BadInputError,
+    DsconvertError,
+    ManifestError,
+    MissingDependencyError,
+    OutputExistsError,
+    OutputLockedError,
+    SourceError,
+)
+from .manifest import Manifest  # noqa: E402
+from .source import scan  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "convert",
+    "ConvertResult",
+    "open_dataset",
+    "scan",
+    "Manifest",
+    "DsconvertError",
+    "SourceError",
+    "ManifestError",
+    "OutputExistsError",
+    "OutputLockedError",
+    "BadInputError",
+    "MissingDependencyError",
+]

@@ -1,0 +1,173 @@
+"""The ``dsconvert`` command: parse arguments, call one library function, render its result.
+
+``main(argv) -> int`` is testable without a subprocess. Library errors become one line on
+stderr and exit status 1; usage errors exit 2 (argparse); a conversion that finished but
+skipped inputs exits 3, so scripts notice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections import Counter
+from typing import Iterator, List, Optional
+
+from . import __version__
+from .convert import EXIT_SKIPPED, convert
+from .errors import DsconvertError
+from .formats import FORMATS
+from .manifest import Manifest
+from .source import LAYOUTS
+
+__all__ = ["main", "build_parser"]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsconvert",
+        description="Find and remove the data-loading bottleneck in deep-learning training: "
+        "rewrite many small files into shards that a DataLoader reads fast.",
+        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 done but some inputs were skipped "
+        "(listed in OUT/dsconvert.json).",
+    )
+    parser.add_argument("--version", action="version", version=f"dsconvert {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser(
+        "shard",
+        help="convert a dataset of many small files into shards",
+        description="Convert SRC (a folder, or a CSV/JSONL list of path,label) into shards in "
+        "OUT. Every input file ends up in a shard or in the manifest's skipped list with its "
+        "reason. Killed runs resume when the same command is run again.",
+    )
+    p.add_argument("src", metavar="SRC", help="source folder (ImageFolder or flat) or list file")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
+    p.add_argument("--format", choices=sorted(FORMATS), default="wds",
+                   help="output format: wds = WebDataset tar shards (default: %(default)s)")
+    p.add_argument("--layout", choices=LAYOUTS, default="auto",
+                   help="source layout; auto detects ImageFolder class folders, flat "
+                   "basename-grouped files with sidecars, or a list file (default: %(default)s)")
+    p.add_argument("--samples-per-shard", type=_positive_int, default=10000, metavar="N",
+                   help="at most N samples per shard (default: %(default)s)")
+    p.add_argument("--shard-size", default="1GB", metavar="SIZE",
+                   help="at most SIZE bytes per shard, e.g. 512MB, 1GiB; whichever limit comes "
+                   "first ends a shard (default: %(default)s)")
+    p.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                   help="parallel writer processes (default: the number of CPUs); the output "
+                   "is byte-identical for any N")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="do not decode every image once during conversion (faster; corrupt "
+                   "images then surface at training time)")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first bad input instead of skipping it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished conversion in OUT instead of leaving it as it is")
+    p.add_argument("--max-image-pixels", type=_positive_int, default=None, metavar="N",
+                   help="skip images with more pixels than N as decompression bombs "
+                   "(default: Pillow's MAX_IMAGE_PIXELS)")
+    p.add_argument("--prefix", default="shard", help="shard file name prefix (default: %(default)s)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
+    p.set_defaults(func=_cmd_shard)
+
+    p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
+                       description="Print what OUT/dsconvert.json records: format, samples, "
+                       "shards, classes and every skipped input with its reason.")
+    p.add_argument("path", metavar="OUT", help="a dsconvert output folder")
+    p.add_argument("--skipped", action="store_true", help="list every skipped input")
+    p.set_defaults(func=_cmd_info)
+    return parser
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _skip_summary(manifest: Manifest, limit: int) -> List[str]:
+    reasons = Counter(s["reason"].split(":")[0] for s in manifest.skipped)
+    lines = [f"skipped {len(manifest.skipped)} input file(s):"]
+    lines += [f"  {n:>6}  {reason}" for reason, n in reasons.most_common()]
+    for s in manifest.skipped[:limit]:
+        lines.append(f"  {s['path']}: {s['reason']}")
+    if len(manifest.skipped) > limit:
+        lines.append(f"  ... ({len(manifest.skipped) - limit} more; `dsconvert info --skipped OUT`)")
+    return lines
+
+
+def _cmd_shard(args: argparse.Namespace) -> int:
+    result = convert(
+        args.src, args.output, args.format, layout=args.layout,
+        samples_per_shard=args.samples_per_shard, shard_size=args.shard_size,
+        workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
+        max_image_pixels=args.max_image_pixels, prefix=args.prefix, progress=not args.quiet,
+    )
+    m = result.manifest
+    if not args.quiet:
+        total = sum(s.bytes for s in m.shards)
+        if result.already_complete:
+            print(f"{result.out_dir} is already complete: {m.num_samples} samples in "
+                  f"{len(m.shards)} shard(s); --overwrite rebuilds it")
+        else:
+            rate = m.num_samples / result.seconds if result.seconds else 0.0
+            resumed = f", {result.shards_resumed} kept from an earlier run" if result.shards_resumed else ""
+            print(f"wrote {m.num_samples} samples in {len(m.shards)} {m.format} shard(s), "
+                  f"{_size(total)}, to {result.out_dir} in {result.seconds:.1f} s "
+                  f"({rate:.0f} samples/s){resumed}")
+        if m.skipped:
+            print("\n".join(_skip_summary(m, 10)), file=sys.stderr)
+    return EXIT_SKIPPED if m.skipped else 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    m = Manifest.load(args.path)
+    total = sum(s.bytes for s in m.shards)
+    print(f"format:      {m.format} (schema {m.schema_version}, {m.created_by})")
+    print(f"source:      {m.source.get('url')} ({m.source.get('layout')})")
+    print(f"samples:     {m.num_samples} ({m.sample_type})")
+    print(f"shards:      {len(m.shards)}, {_size(total)}")
+    print(f"fields:      {', '.join(f'{k} ({v})' for k, v in m.fields.items())}")
+    if m.classes is not None:
+        shown = ", ".join(m.classes[:8]) + (", ..." if len(m.classes) > 8 else "")
+        print(f"classes:     {len(m.classes)}: {shown}")
+    a = m.accounting
+    print(f"inputs:      {a.get('files_seen')} seen = {a.get('files_written')} written + "
+          f"{a.get('files_skipped')} skipped ({a.get('files_ignored')} hidden/OS files ignored)")
+    if m.skipped:
+        print("\n".join(_skip_summary(m, len(m.skipped) if args.skipped else 10)))
+    return 0
+
+
+@contextlib.contextmanager
+def _errors_as_messages() -> Iterator[None]:
+    try:
+        yield
+    except DsconvertError as exc:
+        red = "\033[31m" if sys.stderr.isatty() and not os.environ.get("NO_COLOR") else ""
+        reset = "\033[0m" if red else ""
+        print(f"{red}dsconvert: error:{reset} {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with _errors_as_messages():
+            return args.func(args)
+    except KeyboardInterrupt:
+        print("dsconvert: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        return int(exc.code or 0)

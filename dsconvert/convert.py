@@ -1,0 +1,273 @@
+"""Conversion: scan, plan shards, write them on an executor, resume, write the manifest.
+
+Conversion is a map of a pure function (:class:`ShardSpec` -> :class:`ShardResult`) over a
+``concurrent.futures.Executor``: a process pool by default, in-process for one worker, or
+any executor the caller passes (``dask.distributed.Client.get_executor()``, say). Each shard
+is written under a temporary name and renamed; its index, written after, marks it done. A
+killed run, started again with the same arguments, keeps every finished shard whose spec is
+unchanged and writes the rest, so no sample is lost or duplicated. The manifest comes last.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Union
+
+from . import __version__
+from .errors import BadInputError, DsconvertError, OutputExistsError, OutputLockedError
+from .formats import FORMATS, writer_class
+from .manifest import MANIFEST_NAME, Manifest
+from .progress import progress_bar
+from .shards import ShardResult, ShardSpec, parse_size, plan_shards
+from .source import LAYOUTS, Source, scan
+
+__all__ = ["convert", "ConvertResult", "EXIT_SKIPPED"]
+
+EXIT_SKIPPED = 3  # the CLI's exit status when the conversion finished but skipped inputs
+LOCK_NAME = ".dsconvert.lock"
+
+
+@dataclass
+class ConvertResult:
+    manifest: Manifest
+    out_dir: str
+    already_complete: bool = False
+    shards_written: int = 0
+    shards_resumed: int = 0
+    seconds: float = 0.0
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.manifest.skipped)
+
+
+class _OutputLock:
+    """An exclusive flock on OUT/.dsconvert.lock: two conversions never share an output."""
+
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, LOCK_NAME)
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "_OutputLock":
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            raise OutputLockedError(
+                f"another dsconvert process is writing into {os.path.dirname(self.path)}", self.path
+            ) from None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
+
+
+def _shaping_options(**options: Any) -> Dict[str, Any]:
+    """The options that decide the output's bytes; a rerun with others must not reuse it."""
+    return dict(sorted(options.items()))
+
+
+def _check_paths(src: str, out: str) -> None:
+    src_real, out_real = os.path.realpath(src), os.path.realpath(out)
+    if os.path.isdir(src_real) and (out_real == src_real or out_real.startswith(src_real + os.sep)):
+        raise DsconvertError(f"the output {out} is inside the source {src}; choose another folder", out)
+
+
+def _remove_previous(out_dir: str, manifest: Manifest) -> None:
+    writer = writer_class(manifest.format)
+    for entry in manifest.shards:
+        for name in writer.files_of(entry):
+            try:
+                os.unlink(os.path.join(out_dir, name))
+            except FileNotFoundError:
+                pass
+    os.unlink(os.path.join(out_dir, MANIFEST_NAME))
+
+
+def _remove_stale(out_dir: str, prefix: str, keep: set) -> None:
+    """Remove our shards, indexes and temp files that the current plan does not contain."""
+    ours = re.compile(rf"^\.?{re.escape(prefix)}-\d{{6}}\.(tar|index\.json|[a-z0-9]+)(\.tmp)?$")
+    for name in os.listdir(out_dir):
+        if ours.match(name) and (name not in keep or name.endswith(".tmp")):
+            os.unlink(os.path.join(out_dir, name))
+
+
+def _make_specs(source: Source, fmt: str, out_dir: str, prefix: str, samples_per_shard: int,
+                shard_bytes: int, verify: bool, strict: bool, max_image_pixels: Optional[int]) -> List[ShardSpec]:
+    writer = writer_class(fmt)
+    sample_type = "classification" if source.layout in ("imagefolder", "list") else "dict"
+    classification = sample_type == "classification"
+    ranges = plan_shards(source.samples, samples_per_shard, max(1, shard_bytes - writer.overhead),
+                         size_of=lambda s: writer.sample_bytes(s, classification))
+    return [
+        ShardSpec(fmt, i, writer.shard_name(prefix, i), source.root, out_dir, sample_type,
+                  tuple(source.samples[a:b]), verify, max_image_pixels, strict)
+        for i, (a, b) in enumerate(ranges)
+    ]
+
+
+def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar) -> List[ShardResult]:
+    """Write every spec, reporting each finished shard; the first error cancels the rest."""
+    writer = writer_class(specs[0].format) if specs else None
+    results: Dict[int, ShardResult] = {}
+    todo: List[ShardSpec] = []
+    for spec in specs:
+        done = writer.completed(spec)
+        if done is not None:
+            results[spec.index] = done
+            bar.update(len(spec.samples))
+        else:
+            todo.append(spec)
+    started = time.perf_counter()
+    nbytes = 0
+
+    def finished(spec: ShardSpec, result: ShardResult) -> None:
+        nonlocal nbytes
+        results[spec.index] = result
+        nbytes += result.entry.bytes
+        bar.update(len(spec.samples))
+        rate = nbytes / max(time.perf_counter() - started, 1e-9) / 1e6
+        bar.set_postfix_str(f"{len(results)}/{len(specs)} shards, {rate:.0f} MB/s")
+
+    own_pool = None
+    if executor is None and workers > 1 and len(todo) > 1:
+        own_pool = executor = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)))
+    try:
+        if executor is None:
+            for spec in todo:
+                finished(spec, writer.write_shard(spec))
+        else:
+            futures = {executor.submit(writer.write_shard, spec): spec for spec in todo}
+            try:
+                for future in cf.as_completed(futures):
+                    finished(futures[future], future.result())
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    finally:
+        if own_pool is not None:
+            own_pool.shutdown(wait=True, cancel_futures=True)
+    return [results[spec.index] for spec in specs]
+
+
+def convert(
+    src: str,
+    out: str,
+    format: str = "wds",
+    *,
+    layout: str = "auto",
+    samples_per_shard: int = 10000,
+    shard_size: Union[int, str] = "1GB",
+    workers: Optional[int] = None,
+    verify: bool = True,
+    strict: bool = False,
+    overwrite: bool = False,
+    max_image_pixels: Optional[int] = None,
+    prefix: str = "shard",
+    executor: Optional[cf.Executor] = None,
+    progress: bool = False,
+) -> ConvertResult:
+    """Convert the dataset at ``src`` into ``format`` shards in ``out``; see the module doc.
+
+    Returns when the manifest is written. Bad inputs are skipped and listed in
+    ``result.manifest.skipped`` (``strict=True`` raises :class:`BadInputError` instead). A
+    finished output is left as it is (``already_complete``) unless ``overwrite``; a finished
+    output made with other options raises :class:`OutputExistsError`.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
+        raise ValueError(f"prefix must be a plain file name stem, not {prefix!r}")
+    shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
+    workers = (os.cpu_count() or 1) if workers is None else max(1, int(workers))
+    src_abs = os.path.abspath(src)
+    out_dir = os.path.abspath(out)
+    _check_paths(src_abs, out_dir)
+    options = _shaping_options(
+        format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
+        verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,
+    )
+    started = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    with _OutputLock(out_dir):
+        if os.path.exists(os.path.join(out_dir, MANIFEST_NAME)):
+            previous = Manifest.load(out_dir)
+            if not overwrite:
+                same = previous.options == options and previous.source.get("url") == src_abs
+                if same:
+                    return ConvertResult(previous, out_dir, already_complete=True)
+                raise OutputExistsError(
+                    f"{out_dir} already holds a finished conversion made with other options or "
+                    "another source; pass --overwrite to replace it",
+                    out_dir,
+                )
+            _remove_previous(out_dir, previous)
+
+        with progress_bar(progress, "scanning", unit=" files") as bar:
+            source = scan(src_abs, layout, progress=bar.update)
+        if strict and source.skipped:
+            first = source.skipped[0]
+            raise BadInputError(first.reason, first.path)
+
+        specs = _make_specs(source, format, out_dir, prefix, samples_per_shard, shard_bytes,
+                            verify, strict, max_image_pixels)
+        with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
+            results = _run(specs, workers, executor, bar)
+
+        writer = writer_class(format)
+        keep = {name for r in results for name in writer.files_of(r.entry)}
+        _remove_stale(out_dir, prefix, keep)
+        manifest = _build_manifest(src_abs, source, format, specs, results, options)
+        manifest.save(out_dir)
+    resumed = sum(r.resumed for r in results)
+    return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,
+                         time.perf_counter() - started)
+
+
+def _build_manifest(url: str, source: Source, fmt: str, specs: List[ShardSpec],
+                    results: List[ShardResult], options: Dict[str, Any]) -> Manifest:
+    from .keys import escape_path
+
+    skipped = [{"path": escape_path(s.path), "reason": s.reason} for s in source.skipped]
+    for r in results:
+        skipped.extend({"path": s.path, "reason": s.reason} for s in r.skipped)
+    fields: Dict[str, str] = {}
+    for r in results:
+        fields.update(r.fields)
+    written = sum(r.files_written for r in results)
+    accounting = {
+        "files_seen": source.num_files,
+        "files_written": written,
+        "files_skipped": len(skipped),
+        "files_ignored": len(source.ignored),
+    }
+    if accounting["files_seen"] != written + len(skipped):
+        raise RuntimeError(f"internal error: input accounting does not add up: {accounting}")
+    entries = [r.entry for r in results]
+    return Manifest(
+        format=fmt,
+        source={"url": url, "root": source.root, "layout": source.layout},
+        sample_type=specs[0].sample_type if specs else "dict",
+        classes=source.classes,
+        fields=dict(sorted(fields.items())),
+        num_samples=sum(e.num_samples for e in entries),
+        shards=entries,
+        skipped=skipped,
+        ignored=[{"path": escape_path(s.path), "reason": s.reason} for s in source.ignored],
+        accounting=accounting,
+        options=options,
+        created_by=f"dsconvert {__version__}",
+    )

@@ -1,0 +1,37 @@
+"""``open_dataset``: read a manifest and return the right Dataset for its format."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from .formats import FORMATS, dataset_class
+from .manifest import Manifest
+
+__all__ = ["open_dataset"]
+
+
+def open_dataset(
+    path: str,
+    transform: Optional[Callable] = None,
+    target_transform: Optional[Callable] = None,
+    decode: str = "pil",
+    **options: Any,
+) -> Any:
+    """Open a dsconvert output as a Dataset, a drop-in for ``ImageFolder(root, transform)``.
+
+    ``decode``: ``"pil"`` (RGB PIL images, exactly as ImageFolder loads them), ``"numpy"``
+    (HWC uint8 arrays through the fastest JPEG decoder that loads) or ``"raw"`` (the encoded
+    bytes). For ImageFolder and list sources a sample is ``(image, label)``; for other
+    sources a dict of decoded fields with ``__key__``.
+
+    Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
+    ``even`` (None | "pad" | "drop"); see :class:`dsconvert.formats.wds.WdsDataset`.
+    """
+    root = os.path.abspath(path)
+    manifest = Manifest.load(root)
+    if manifest.format not in FORMATS:
+        raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")
+    cls = dataset_class(manifest.format)
+    return cls(root, manifest, transform=transform, target_transform=target_transform,
+               decode=decode, **options)

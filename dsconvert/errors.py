@@ -1,0 +1,55 @@
+"""One exception root for dsconvert; each subclass also derives from the matching builtin."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "DsconvertError",
+    "SourceError",
+    "ManifestError",
+    "OutputExistsError",
+    "BadInputError",
+    "MissingDependencyError",
+    "OutputLockedError",
+]
+
+
+class DsconvertError(Exception):
+    """Root of every error dsconvert raises on purpose. ``path`` names what it is about."""
+
+    def __init__(self, message: str, path: Optional[str] = None):
+        super().__init__(message)
+        self.path = path
+
+
+class SourceError(DsconvertError, ValueError):
+    """The source cannot be scanned: missing, empty, or of an unknown layout."""
+
+
+class ManifestError(DsconvertError, ValueError):
+    """A manifest or shard index is missing, malformed, or of an unsupported version."""
+
+
+class OutputExistsError(DsconvertError, FileExistsError):
+    """The output already holds a (different) conversion; ``--overwrite`` replaces it."""
+
+
+class OutputLockedError(DsconvertError, BlockingIOError):
+    """Another conversion is writing into the same output directory."""
+
+
+class BadInputError(DsconvertError, ValueError):
+    """One input file is unusable (empty, truncated, not an image, a decompression bomb...).
+
+    Raised for the first bad input under ``strict``; otherwise the file is skipped and
+    listed in the manifest with ``reason``.
+    """
+
+    def __init__(self, reason: str, path: Optional[str] = None):
+        super().__init__(f"{path}: {reason}" if path else reason, path)
+        self.reason = reason
+
+
+class MissingDependencyError(DsconvertError, ImportError):
+    """An optional dependency is needed; the message says what to install."""

@@ -1,0 +1,199 @@
+"""The one schema that writers write and readers read: ``OUT/dsconvert.json``.
+
+It is written last and atomically (temp file + ``os.replace``), so its presence means the
+conversion finished. It lists every shard with its checksum, and every input file that is
+not in the output with the reason, so that ``files_seen == files_written + files_skipped``.
+
+Schema version 1::
+
+    {
+      "schema_version": 1,
+      "format": "wds",                      # the format id: wds | hdf5 | npy
+      "created_by": "dsconvert 0.1.0",
+      "source": {"url": "/data/train", "layout": "imagefolder"},
+      "sample_type": "classification",      # (image, label) tuples; or "dict"
+      "classes": ["cat", "dog"],            # null when the source has none
+      "fields": {"jpg": "image", "cls": "class"},
+      "num_samples": 1234,
+      "shards": [{"name": "shard-000000.tar", "index": "shard-000000.index.json",
+                  "num_samples": 1000, "bytes": 123456, "sha256": "..."}],
+      "skipped": [{"path": "cat/bad.jpg", "reason": "corrupt or truncated image: ..."}],
+      "ignored": [{"path": ".DS_Store", "reason": "hidden file or OS metadata"}],
+      "accounting": {"files_seen": 1236, "files_written": 1234, "files_skipped": 2,
+                     "files_ignored": 1},
+      "options": {...}                      # the options that shaped the output
+    }
+
+Paths in ``skipped``/``ignored`` are relative to the source root, escaped with
+:func:`dsconvert.keys.escape_path` (only ``%`` and non-UTF-8 bytes) so the file is strict JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .errors import ManifestError
+from .keys import escape_path, unescape_path
+
+__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "write_json_atomic"]
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "dsconvert.json"
+SAMPLE_TYPES = ("classification", "dict")
+
+
+@dataclass
+class ShardEntry:
+    name: str
+    num_samples: int
+    bytes: int
+    sha256: str
+    index: Optional[str] = None
+
+
+@dataclass
+class Manifest:
+    format: str
+    source: Dict[str, Any]
+    sample_type: str
+    classes: Optional[List[str]]
+    fields: Dict[str, str]
+    num_samples: int
+    shards: List[ShardEntry]
+    skipped: List[Dict[str, str]] = field(default_factory=list)
+    ignored: List[Dict[str, str]] = field(default_factory=list)
+    accounting: Dict[str, int] = field(default_factory=dict)
+    options: Dict[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        if self.classes is not None:  # folder names may hold undecodable bytes
+            d["classes"] = [escape_path(c) for c in self.classes]
+        # schema_version first: a reader of any version finds it at a glance
+        return {"schema_version": d.pop("schema_version"), **d}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "manifest") -> "Manifest":
+        """Build from parsed JSON, naming the offending field when anything is off."""
+        _expect(isinstance(d, dict), where, "", "a JSON object")
+        version = d.get("schema_version")
+        _expect(isinstance(version, int), where, "schema_version", "an integer")
+        if version > SCHEMA_VERSION:
+            raise ManifestError(
+                f"{where}: schema_version {version} is newer than this dsconvert understands "
+                f"({SCHEMA_VERSION}); upgrade dsconvert",
+                where,
+            )
+        for name, kind, desc in (
+            ("format", str, "a string"),
+            ("source", dict, "an object"),
+            ("sample_type", str, "a string"),
+            ("fields", dict, "an object"),
+            ("num_samples", int, "an integer"),
+            ("shards", list, "a list"),
+        ):
+            _expect(isinstance(d.get(name), kind) and not isinstance(d.get(name), bool), where, name, desc)
+        _expect(d["sample_type"] in SAMPLE_TYPES, where, "sample_type", f"one of {SAMPLE_TYPES}")
+        _expect(d["num_samples"] >= 0, where, "num_samples", ">= 0")
+        classes = d.get("classes")
+        _expect(
+            classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
+            where, "classes", "null or a list of strings",
+        )
+        shards = []
+        for i, s in enumerate(d["shards"]):
+            shards.append(_shard_entry(s, where, f"shards[{i}]"))
+        total = sum(s.num_samples for s in shards)
+        _expect(total == d["num_samples"], where, "num_samples", f"the sum over shards ({total})")
+        for name in ("skipped", "ignored"):
+            items = d.get(name, [])
+            _expect(
+                isinstance(items, list) and all(isinstance(x, dict) and "path" in x and "reason" in x for x in items),
+                where, name, "a list of {path, reason} objects",
+            )
+        return cls(
+            format=d["format"],
+            source=d["source"],
+            sample_type=d["sample_type"],
+            classes=None if classes is None else [unescape_path(c) for c in classes],
+            fields=d["fields"],
+            num_samples=d["num_samples"],
+            shards=shards,
+            skipped=d.get("skipped", []),
+            ignored=d.get("ignored", []),
+            accounting=d.get("accounting", {}),
+            options=d.get("options", {}),
+            created_by=d.get("created_by", ""),
+            schema_version=version,
+        )
+
+    def save(self, out_dir: str) -> str:
+        path = os.path.join(out_dir, MANIFEST_NAME)
+        write_json_atomic(path, self.to_dict())
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> "Manifest":
+        """Load ``path`` (the manifest file, or the output folder holding it)."""
+        if os.path.isdir(path):
+            path = os.path.join(path, MANIFEST_NAME)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise ManifestError(
+                f"no {MANIFEST_NAME} at {os.path.dirname(path) or '.'}: not a dsconvert output, "
+                "or its conversion has not finished (run the same `dsconvert shard` command again)",
+                path,
+            ) from None
+        try:
+            d = json.loads(raw)
+        except ValueError as exc:
+            raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
+        return cls.from_dict(d, where=path)
+
+
+def _shard_entry(s: Any, where: str, at: str) -> ShardEntry:
+    _expect(isinstance(s, dict), where, at, "an object")
+    for name, kind in (("name", str), ("num_samples", int), ("bytes", int), ("sha256", str)):
+        _expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}", kind.__name__)
+    name = s["name"]
+    _expect(
+        name and "/" not in name and "\\" not in name and name not in (".", ".."),
+        where, f"{at}.name", "a plain file name (no path separators)",
+    )
+    _expect(s["num_samples"] >= 0 and s["bytes"] >= 0, where, at, "non-negative counts")
+    index = s.get("index")
+    _expect(index is None or (isinstance(index, str) and "/" not in index and index not in (".", "..")),
+            where, f"{at}.index", "null or a plain file name")
+    return ShardEntry(name, s["num_samples"], s["bytes"], s["sha256"], index)
+
+
+def _expect(ok: bool, where: str, name: str, what: str) -> None:
+    if not ok:
+        label = f"field '{name}'" if name else "the document"
+        raise ManifestError(f"{where}: {label} must be {what}", where)
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Write JSON to a temp file beside ``path``, then ``os.replace`` it into place."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,109 @@
+"""What a shard is before and after it is written: the spec a worker gets, the result it
+returns, how samples are planned into shards, and how a spec's input files are read.
+
+A spec is plain, picklable data and fully determines the shard's bytes, so the same spec
+gives the same shard on any worker of any executor. Its digest (which leaves out the output
+folder) is stored with the finished shard; a resumed run reuses a shard only when the
+digest matches, i.e. same samples, same source sizes and mtimes, same options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .codecs import check_field
+from .errors import BadInputError
+from .keys import escape_path
+from .manifest import ShardEntry
+from .source import Sample, Skipped
+
+__all__ = ["ShardSpec", "ShardResult", "plan_shards", "parse_size", "read_sample"]
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    format: str
+    index: int
+    name: str
+    root: str
+    out_dir: str
+    sample_type: str
+    samples: Tuple[Sample, ...]
+    verify: bool = True
+    max_image_pixels: Optional[int] = None
+    strict: bool = False
+
+    def digest(self) -> str:
+        d = asdict(self)
+        for volatile in ("out_dir", "strict"):  # where it goes and how errors end: not content
+            d.pop(volatile)
+        blob = json.dumps(d, sort_keys=True, ensure_ascii=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass
+class ShardResult:
+    entry: ShardEntry
+    skipped: List[Skipped] = field(default_factory=list)
+    fields: Dict[str, str] = field(default_factory=dict)
+    files_written: int = 0
+    resumed: bool = False
+
+
+def plan_shards(
+    samples: Sequence[Sample], max_samples: int, max_bytes: int, size_of=lambda s: s.nbytes
+) -> List[Tuple[int, int]]:
+    """Cut the sample sequence into [start, stop) ranges: a new shard starts when the next
+    sample would pass ``max_samples`` or ``max_bytes`` (a single larger sample gets a shard of
+    its own). Pure and order-preserving, so the plan never depends on the worker count."""
+    if max_samples < 1 or max_bytes < 1:
+        raise ValueError("shard limits must be positive")
+    ranges: List[Tuple[int, int]] = []
+    start, count, nbytes = 0, 0, 0
+    for i, sample in enumerate(samples):
+        size = size_of(sample)
+        if count and (count + 1 > max_samples or nbytes + size > max_bytes):
+            ranges.append((start, i))
+            start, count, nbytes = i, 0, 0
+        count += 1
+        nbytes += size
+    if count:
+        ranges.append((start, len(samples)))
+    return ranges
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+          "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """'1GB' -> 10**9, '512MiB' -> 2**29, '4096' -> 4096."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 1GB, 512MiB, 1000000)")
+    unit = (m.group(2) or "").lower().rstrip("b")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def read_sample(spec: ShardSpec, sample: Sample) -> Dict[str, bytes]:
+    """Read and check every file of a sample; raise BadInputError naming the bad file."""
+    fields: Dict[str, bytes] = {}
+    for f in sample.files:
+        path = f.path if os.path.isabs(f.path) else os.path.join(spec.root, f.path)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path)) from None
+        try:
+            check_field(f.field, data, spec.verify, spec.max_image_pixels)
+        except BadInputError as exc:
+            raise BadInputError(exc.reason, escape_path(f.path)) from None
+        fields[f.field] = data
+    return fields

@@ -1,0 +1,358 @@
+"""Scan a source dataset into an ordered list of samples, without reading file contents.
+
+Three layouts, detected automatically (or named with ``layout=``):
+
+``imagefolder``
+    ``root/<class>/**/<image>``. Class names are the sorted top-level folder names and give
+    label indices exactly as ``torchvision.datasets.ImageFolder``; files come in the order
+    of ``sorted(os.walk(class_dir, followlinks=True))`` then sorted names, as there. Every
+    image file is its own sample. Chosen when the root holds folders and no images, and no
+    image under them has a sidecar file of the same stem.
+``flat``
+    Files anywhere under root, grouped into samples by stem (the relative path minus its
+    *last* extension): ``shot.v2.0001.jpg`` + ``shot.v2.0001.json`` is one sample with
+    fields ``jpg`` and ``json``. Field names are the lower-cased extensions.
+``list``
+    A CSV/TSV (``path,label``, header optional) or JSONL (``{"path": ..., "label": ...}``)
+    file; relative paths are relative to the list file's folder; labels are integers, or
+    class names which are then sorted into indices. Samples keep the list's order.
+
+Hidden files and folders (a leading dot) and OS litter (``Thumbs.db``, ``__MACOSX``...) are
+*ignored*: listed, but not inputs. Everything else is an input and ends up either in a
+sample or in ``skipped`` with its reason: non-regular files, broken symlinks, symlink
+loops, files without an extension, non-images inside an ImageFolder, missing list entries.
+Symlinks to files and folders are followed; a link back to an ancestor folder is not.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import os
+import stat as stat_mod
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .codecs import IMAGE_EXTENSIONS, is_image_field
+from .errors import SourceError
+from .keys import disambiguate, encode_key
+
+__all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan"]
+
+LAYOUTS = ("auto", "imagefolder", "flat", "list")
+LIST_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
+OS_LITTER = frozenset(
+    {"Thumbs.db", "ehthumbs.db", "desktop.ini", "Desktop.ini", "__MACOSX", "@eaDir",
+     "$RECYCLE.BIN", "System Volume Information", "lost+found", "Icon\r"}
+)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file of a sample. ``path`` is relative to the source root (or absolute)."""
+
+    field: str
+    path: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    key: str
+    files: Tuple[SourceFile, ...]
+    label: Optional[int] = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+@dataclass
+class Source:
+    """The result of a scan: what will be converted, and what will not, with reasons."""
+
+    root: str
+    layout: str
+    samples: List[Sample]
+    classes: Optional[List[str]] = None
+    skipped: List[Skipped] = field(default_factory=list)
+    ignored: List[Skipped] = field(default_factory=list)
+
+    @property
+    def num_files(self) -> int:
+        """Input files seen: in a sample or skipped (ignored litter is not counted)."""
+        return sum(len(s.files) for s in self.samples) + len(self.skipped)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.samples)
+
+
+ProgressFn = Callable[[int], None]
+
+
+def _is_ignored(name: str) -> bool:
+    return name.startswith(".") or name in OS_LITTER
+
+
+def _split_ext(name: str) -> Tuple[str, str]:
+    stem, dot, ext = name.rpartition(".")
+    return (stem, ext) if dot and stem else (name, "")
+
+
+@dataclass
+class _Dir:
+    rel: str  # "" for the root
+    files: List[Tuple[str, int, int]]  # (name, size, mtime_ns), sorted by name
+
+
+class _Walker:
+    """scandir-based walk that follows symlinks, refuses loops and records what it drops."""
+
+    def __init__(self, root: str, progress: Optional[ProgressFn]):
+        self.root = root
+        self.progress = progress
+        self.skipped: List[Skipped] = []
+        self.ignored: List[Skipped] = []
+
+    def walk(self, rel: str = "") -> List[_Dir]:
+        top = os.path.join(self.root, rel) if rel else self.root
+        st = os.stat(top)
+        dirs: List[_Dir] = []
+        self._walk(rel, {(st.st_dev, st.st_ino)}, dirs)
+        dirs.sort(key=lambda d: d.rel)
+        return dirs
+
+    def _walk(self, rel: str, ancestors: set, out: List[_Dir]) -> None:
+        path = os.path.join(self.root, rel) if rel else self.root
+        files: List[Tuple[str, int, int]] = []
+        subdirs: List[Tuple[str, Tuple[int, int]]] = []
+        try:
+            entries = list(os.scandir(path))
+        except OSError as exc:
+            self.skipped.append(Skipped(rel or ".", f"unreadable folder: {exc.strerror}"))
+            return
+        for entry in entries:
+            name = entry.name
+            relpath = f"{rel}/{name}" if rel else name
+            if _is_ignored(name):
+                self.ignored.append(Skipped(relpath, "hidden file or OS metadata"))
+                continue
+            try:
+                st = entry.stat(follow_symlinks=True)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    reason = "symlink loop"
+                elif entry.is_symlink() and exc.errno == errno.ENOENT:
+                    reason = "broken symlink"
+                else:
+                    reason = f"cannot stat: {exc.strerror}"
+                self.skipped.append(Skipped(relpath, reason))
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                ident = (st.st_dev, st.st_ino)
+                if ident in ancestors:
+                    self.skipped.append(Skipped(relpath, "symlink loop: links to an ancestor folder"))
+                else:
+                    subdirs.append((relpath, ident))
+            elif stat_mod.S_ISREG(st.st_mode):
+                files.append((name, st.st_size, st.st_mtime_ns))
+            else:
+                self.skipped.append(Skipped(relpath, "not a regular file"))
+        files.sort()
+        out.append(_Dir(rel, files))
+        if self.progress is not None:
+            self.progress(len(files))
+        for sub, ident in subdirs:
+            self._walk(sub, ancestors | {ident}, out)
+
+
+def _image_folder(root: str, walker: _Walker, dirs: Sequence[_Dir]) -> Source:
+    top = dirs[0]
+    classes = sorted({d.rel.split("/", 1)[0] for d in dirs[1:]})
+    label_of = {c: i for i, c in enumerate(classes)}
+    for name, _, _ in top.files:
+        walker.skipped.append(Skipped(name, "not inside a class folder"))
+    samples: List[Sample] = []
+    # class by class (sorted), then sorted(os.walk(class_dir)) within it, as torchvision
+    for d in sorted(dirs[1:], key=lambda d: (d.rel.split("/", 1)[0], d.rel)):
+        label = label_of[d.rel.split("/", 1)[0]]
+        images = []
+        for n, size, mtime in d.files:
+            stem, ext = _split_ext(n)
+            if is_image_field(ext):
+                images.append((stem, ext, n, size, mtime))
+            else:
+                walker.skipped.append(
+                    Skipped(f"{d.rel}/{n}", f"not an image file (looked for {', '.join(IMAGE_EXTENSIONS)})")
+                )
+        stem_count: Dict[str, int] = {}
+        for stem, *_ in images:
+            stem_count[stem] = stem_count.get(stem, 0) + 1
+        for stem, ext, n, size, mtime in images:
+            key = encode_key(f"{d.rel}/{stem}")
+            if stem_count[stem] > 1:  # a.jpg and a.png: two samples, as in ImageFolder
+                key = disambiguate(key, ext)
+            files = (SourceFile(ext.lower(), f"{d.rel}/{n}", size, mtime),)
+            samples.append(Sample(key, files, label))
+    return Source(root, "imagefolder", samples, classes, walker.skipped, walker.ignored)
+
+
+def _flat(root: str, walker: _Walker, dirs: Sequence[_Dir]) -> Source:
+    samples: List[Sample] = []
+    for d in dirs:
+        groups: Dict[str, List[Tuple[str, str, int, int]]] = {}
+        for n, size, mtime in d.files:
+            stem, ext = _split_ext(n)
+            relpath = f"{d.rel}/{n}" if d.rel else n
+            if not ext:
+                walker.skipped.append(Skipped(relpath, "no file extension, so no field name"))
+                continue
+            groups.setdefault(stem, []).append((ext.lower(), relpath, size, mtime))
+        for stem in sorted(groups):
+            files: List[SourceFile] = []
+            seen: Dict[str, str] = {}
+            for fld, relpath, size, mtime in groups[stem]:
+                if fld in seen:
+                    walker.skipped.append(
+                        Skipped(relpath, f"duplicate field '{fld}' in one sample (also {seen[fld]})")
+                    )
+                    continue
+                seen[fld] = relpath
+                files.append(SourceFile(fld, relpath, size, mtime))
+            key = encode_key(f"{d.rel}/{stem}" if d.rel else stem)
+            samples.append(Sample(key, tuple(sorted(files, key=lambda f: f.field))))
+    return Source(root, "flat", samples, None, walker.skipped, walker.ignored)
+
+
+def _looks_like_image_folder(dirs: Sequence[_Dir]) -> bool:
+    top = dirs[0]
+    if len(dirs) < 2 or any(is_image_field(_split_ext(n)[1]) for n, _, _ in top.files):
+        return False
+    for d in dirs[1:]:
+        by_stem: Dict[str, List[str]] = {}
+        for n, _, _ in d.files:
+            stem, ext = _split_ext(n)
+            by_stem.setdefault(stem, []).append(ext)
+        for exts in by_stem.values():
+            if len(exts) > 1 and any(is_image_field(e) for e in exts) and not all(
+                is_image_field(e) for e in exts
+            ):
+                return False  # an image with a sidecar: that is a flat dataset
+    return any(is_image_field(_split_ext(n)[1]) for d in dirs[1:] for n, _, _ in d.files)
+
+
+def _read_list(path: str) -> List[Tuple[int, str, str]]:
+    """Rows of a list file as (line number, path, label text)."""
+    rows: List[Tuple[int, str, str]] = []
+    with open(path, newline="", encoding="utf-8") as f:
+        if path.lower().endswith((".jsonl", ".ndjson")):
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    rows.append((lineno, str(obj["path"]), str(obj["label"])))
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise SourceError(
+                        f"{path}:{lineno}: expected a JSON object with 'path' and 'label' ({exc})", path
+                    ) from None
+            return rows
+        dialect = "excel-tab" if path.lower().endswith(".tsv") else "excel"
+        for lineno, row in enumerate(csv.reader(f, dialect=dialect), 1):
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) < 2:
+                raise SourceError(f"{path}:{lineno}: expected 'path,label', got {row!r}", path)
+            if lineno == 1 and row[0].strip().lower() in ("path", "file", "filename", "image"):
+                continue  # a header
+            rows.append((lineno, row[0].strip(), row[1].strip()))
+    return rows
+
+
+def _list(list_path: str) -> Source:
+    base = os.path.dirname(list_path)
+    rows = _read_list(list_path)
+    if not rows:
+        raise SourceError(f"the list file {list_path} has no entries", list_path)
+    labels = [label for _, _, label in rows]
+    if all(_is_int(label) for label in labels):
+        classes = None
+        label_index = {label: int(label) for label in labels}
+        if any(v < 0 for v in label_index.values()):
+            raise SourceError(f"{list_path}: integer labels must be >= 0", list_path)
+    else:
+        classes = sorted(set(labels))
+        label_index = {c: i for i, c in enumerate(classes)}
+    width = max(6, len(str(len(rows) - 1)))
+    samples: List[Sample] = []
+    skipped: List[Skipped] = []
+    for i, (lineno, rel, label) in enumerate(rows):
+        full = rel if os.path.isabs(rel) else os.path.join(base, rel)
+        ext = _split_ext(os.path.basename(rel))[1]
+        if not is_image_field(ext):
+            skipped.append(Skipped(rel, f"line {lineno}: not an image file"))
+            continue
+        try:
+            st = os.stat(full)
+        except OSError as exc:
+            skipped.append(Skipped(rel, f"line {lineno}: {exc.strerror.lower()}"))
+            continue
+        if not stat_mod.S_ISREG(st.st_mode):
+            skipped.append(Skipped(rel, f"line {lineno}: not a regular file"))
+            continue
+        files = (SourceFile(ext.lower(), rel, st.st_size, st.st_mtime_ns),)
+        samples.append(Sample(f"{i:0{width}d}", files, label_index[label]))
+    return Source(base, "list", samples, classes, skipped, [])
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None) -> Source:
+    """Scan ``src`` (a folder, or a list file) into a :class:`Source`, reading no contents.
+
+    ``progress`` is called with the number of files found in each folder walked.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    if not os.path.exists(src):
+        raise SourceError(f"source does not exist: {src}", src)
+    src = os.path.abspath(src)
+    if os.path.isfile(src):
+        if layout in ("auto", "list") and src.lower().endswith(LIST_SUFFIXES):
+            return _list(src)
+        if layout == "list":
+            return _list(src)
+        raise SourceError(
+            f"{src} is a file; a list source must end in {', '.join(LIST_SUFFIXES)}", src
+        )
+    if layout == "list":
+        raise SourceError(f"layout 'list' needs a list file, and {src} is a folder", src)
+    walker = _Walker(src, progress)
+    dirs = walker.walk()
+    if layout == "auto":
+        layout = "imagefolder" if _looks_like_image_folder(dirs) else "flat"
+    if layout == "imagefolder":
+        source = _image_folder(src, walker, dirs)
+    else:
+        source = _flat(src, walker, dirs)
+    if not source.samples:
+        raise SourceError(
+            f"no samples found in {src} (layout {layout}; images are {', '.join(IMAGE_EXTENSIONS)})",
+            src,
+        )
+    return source

@@ -1,0 +1,108 @@
+"""Fixtures: small datasets of real JPEG/PNG files, made from scikit-image's photographs."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+@pytest.fixture(scope="session")
+def photos() -> Dict[str, Image.Image]:
+    from dsconvert.demo import load_photos
+
+    return load_photos(("astronaut", "camera", "chelsea", "coffee", "rocket"))
+
+
+def crop(photo: Image.Image, rng: random.Random, size: Tuple[int, int] = (96, 72)) -> Image.Image:
+    w, h = photo.size
+    cw, ch = rng.randint(w // 3, w), rng.randint(h // 3, h)
+    x, y = rng.randint(0, w - cw), rng.randint(0, h - ch)
+    return photo.crop((x, y, x + cw, y + ch)).resize(size)
+
+
+def encode(img: Image.Image, fmt: str = "JPEG", **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def write(path: str, data: bytes) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+@pytest.fixture(scope="session")
+def image_kinds(photos) -> Dict[str, Tuple[str, bytes]]:
+    """One file of every kind ImageFolder meets: name -> (extension, bytes)."""
+    rng = random.Random(1)
+    rgb = crop(photos["astronaut"], rng)
+    return {
+        "baseline": ("jpg", encode(rgb, quality=90)),
+        "progressive": ("jpg", encode(crop(photos["coffee"], rng), quality=85, progressive=True)),
+        "grayscale": ("jpg", encode(crop(photos["camera"], rng).convert("L"), quality=90)),
+        "cmyk": ("jpg", encode(crop(photos["chelsea"], rng).convert("CMYK"), quality=90)),
+        "png": ("png", encode(crop(photos["rocket"], rng), "PNG")),
+        "palette_png": ("png", encode(crop(photos["rocket"], rng).convert("P"), "PNG")),
+        "png_named_jpeg": ("JPEG", encode(crop(photos["coffee"], rng), "PNG")),
+    }
+
+
+def make_image_folder(root: str, photos, classes: Dict[str, int], seed: int = 0,
+                      size: Tuple[int, int] = (96, 72)) -> List[str]:
+    """root/<class>/<class>_<i>.jpg from crops of the class's photograph."""
+    rng = random.Random(seed)
+    names = list(photos)
+    paths = []
+    for ci, (cls, n) in enumerate(sorted(classes.items())):
+        photo = photos[names[ci % len(names)]]
+        for i in range(n):
+            paths.append(write(os.path.join(root, cls, f"{cls}_{i:04d}.jpg"),
+                               encode(crop(photo, rng, size), quality=rng.randint(70, 95))))
+    return paths
+
+
+@pytest.fixture
+def image_folder(tmp_path, photos) -> str:
+    root = str(tmp_path / "src")
+    make_image_folder(root, photos, {"cat": 7, "dog": 5, "zebra": 4})
+    return root
+
+
+@pytest.fixture
+def mixed_folder(tmp_path, image_kinds) -> str:
+    """An ImageFolder holding every image kind (CMYK, grayscale, PNG named .JPEG...)."""
+    root = str(tmp_path / "mixed")
+    for i, (kind, (ext, data)) in enumerate(sorted(image_kinds.items())):
+        write(os.path.join(root, f"c{i % 3}", f"{kind}.{ext}"), data)
+    return root
+
+
+def reference_image_folder(root: str) -> List[Tuple[str, int]]:
+    """torchvision.datasets.ImageFolder's make_dataset, re-implemented as it is written there."""
+    exts = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    out = []
+    for idx, cls in enumerate(classes):
+        for dirpath, _, fnames in sorted(os.walk(os.path.join(root, cls), followlinks=True)):
+            for fname in sorted(fnames):
+                if fname.lower().endswith(exts):
+                    out.append((os.path.join(dirpath, fname), idx))
+    return out
+
+
+def pil_loader(path: str) -> Image.Image:
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        return img.convert("RGB")
+
+
+def same_pixels(a, b) -> bool:
+    return np.array_equal(np.asarray(a), np.asarray(b))

@@ -1,0 +1,123 @@
+"""The wds format against the real webdataset reader and GNU tar."""
+
+import filecmp
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+from dsconvert import Manifest, convert
+from dsconvert.keys import decode_key
+
+from conftest import encode, make_image_folder, write
+
+webdataset = pytest.importorskip("webdataset")
+
+
+def wds_samples(out):
+    urls = sorted(glob.glob(os.path.join(out, "*.tar")))
+    return list(webdataset.WebDataset(urls, shardshuffle=False))
+
+
+def test_webdataset_reads_every_sample_byte_for_byte(tmp_path, image_folder):
+    out = str(tmp_path / "out")
+    result = convert(image_folder, out, samples_per_shard=5, workers=1)
+    m = result.manifest
+    assert m.num_samples == 16 and len(m.shards) == 4 and not m.skipped
+    samples = wds_samples(out)
+    assert len(samples) == 16
+    for s in samples:
+        stem = decode_key(s["__key__"])
+        assert set(s) - {"__key__", "__url__", "__local_path__"} == {"jpg", "cls"}
+        with open(os.path.join(image_folder, stem + ".jpg"), "rb") as f:
+            assert s["jpg"] == f.read()  # copied, not re-encoded
+        assert int(s["cls"]) == m.classes.index(stem.split("/")[0])
+
+
+def test_gnu_tar_lists_and_extracts_the_shards(tmp_path, image_folder):
+    out = tmp_path / "out"
+    convert(image_folder, str(out), workers=1)
+    shard = out / "shard-000000.tar"
+    listing = subprocess.run(["tar", "-tf", str(shard)], check=True, capture_output=True, text=True).stdout.split()
+    assert len(listing) == 32 and listing[:2] == ["cat/cat_0000.cls", "cat/cat_0000.jpg"]
+    dest = tmp_path / "x"
+    dest.mkdir()
+    subprocess.run(["tar", "-xf", str(shard), "-C", str(dest)], check=True)
+    for path in glob.glob(os.path.join(image_folder, "*", "*.jpg")):
+        rel = os.path.relpath(path, image_folder)
+        assert filecmp.cmp(path, dest / rel, shallow=False)
+    verbose = subprocess.run(["tar", "-tvf", str(shard)], check=True, capture_output=True, text=True).stdout
+    assert all(" 0/0 " in line and "1970-01-01" in line for line in verbose.splitlines())
+
+
+def test_index_offsets_match_tarfile(tmp_path, image_folder):
+    out = tmp_path / "out"
+    convert(image_folder, str(out), samples_per_shard=6, workers=1)
+    for entry in Manifest.load(str(out)).shards:
+        index = json.loads((out / entry.index).read_text())
+        with tarfile.open(out / entry.name) as tf:
+            members = {ti.name: (ti.offset_data, ti.size) for ti in tf}
+        for field, col in index["members"].items():
+            for key, off, size in zip(index["keys"], col["offset"], col["size"]):
+                assert members[f"{key}.{field}"] == (off, size)
+        assert index["sha256"] == hashlib.sha256((out / entry.name).read_bytes()).hexdigest() == entry.sha256
+        assert (out / entry.name).stat().st_size == entry.bytes
+
+
+def _tree_bytes(folder):
+    return {name: open(os.path.join(folder, name), "rb").read()
+            for name in sorted(os.listdir(folder)) if not name.startswith(".")}
+
+
+def test_byte_identical_for_any_worker_count(tmp_path, photos):
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 12, "b": 9, "c": 10})
+    outs = []
+    for workers in (1, 3, 2):
+        out = str(tmp_path / f"out{workers}")
+        convert(src, out, samples_per_shard=4, workers=workers)
+        outs.append(_tree_bytes(out))
+    assert outs[0] == outs[1] == outs[2]
+    assert len([n for n in outs[0] if n.endswith(".tar")]) == 8
+
+
+def test_odd_names_survive_webdataset(tmp_path, photos):
+    src = str(tmp_path / "flat")
+    jpg = encode(photos["chelsea"].resize((24, 16)))
+    stems = ["shot.v2.0001", "with space", "ünïcödé 猫", "100%~real", "d.ir/a.b.c"]
+    for stem in stems:
+        write(os.path.join(src, stem + ".jpg"), jpg)
+        write(os.path.join(src, stem + ".json"), json.dumps({"stem": stem}).encode())
+    raw_name = os.path.join(os.fsencode(src), b"caf\xe9.v1.jpg")
+    with open(raw_name, "wb") as f:
+        f.write(jpg)
+    out = str(tmp_path / "out")
+    m = convert(src, out, workers=1).manifest
+    assert m.sample_type == "dict" and m.num_samples == 6
+    samples = wds_samples(out)
+    assert len(samples) == 6
+    got = {}
+    for s in samples:
+        fields = sorted(k for k in s if not k.startswith("__"))
+        got[decode_key(s["__key__"])] = fields
+        if "json" in s:
+            assert json.loads(s["json"])["stem"] == decode_key(s["__key__"])
+    expected = {stem: ["jpg", "json"] for stem in stems}
+    expected[os.fsdecode(b"caf\xe9.v1")] = ["jpg"]
+    assert got == expected
+
+
+def test_shard_limits(tmp_path, photos):
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 20}, size=(200, 150))
+    sizes = [os.path.getsize(p) for p in glob.glob(os.path.join(src, "a", "*"))]
+    limit = 3 * max(sizes) + 20000
+    m = convert(src, str(tmp_path / "bysize"), shard_size=limit, workers=1).manifest
+    assert len(m.shards) > 1 and all(s.bytes <= limit for s in m.shards)
+    assert sum(s.num_samples for s in m.shards) == 20
+    m = convert(src, str(tmp_path / "bycount"), samples_per_shard=7, workers=1).manifest
+    assert [s.num_samples for s in m.shards] == [7, 7, 6]
