@@ -162,8 +162,8 @@ def _errors_as_messages() -> Iterator[None]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         with _errors_as_messages():
             return args.func(args)
     except KeyboardInterrupt:

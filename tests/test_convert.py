@@ -1,0 +1,189 @@
+"""Conversion guarantees: every input accounted for, strict mode, resume after SIGKILL,
+no rewrite of a finished output, one writer per output."""
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+import struct
+
+import pytest
+
+from dsconvert import BadInputError, DsconvertError, Manifest, OutputExistsError, OutputLockedError, convert
+from dsconvert.cli import main
+
+from conftest import encode, make_image_folder, write
+
+
+def _png_bomb(width=30000, height=30000):
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 4096))
+            + chunk(b"IEND", b""))
+
+
+@pytest.fixture
+def bad_tree(image_folder, image_kinds):
+    good = image_kinds["baseline"][1]
+    bad = {
+        "cat/zero.jpg": b"",
+        "cat/truncated.jpg": good[: len(good) // 2],
+        "dog/random.jpg": os.urandom(3000),
+        "dog/text.jpg": b"not an image at all\n" * 10,
+        "zebra/bomb.png": _png_bomb(),
+    }
+    for rel, data in bad.items():
+        write(os.path.join(image_folder, rel), data)
+    os.symlink(image_folder, os.path.join(image_folder, "zebra", "loop"))
+    os.symlink("missing.jpg", os.path.join(image_folder, "zebra", "dangling.jpg"))
+    return image_folder, sorted(bad) + ["zebra/dangling.jpg", "zebra/loop"]
+
+
+def test_every_bad_input_is_reported_and_accounted(tmp_path, bad_tree):
+    src, bad = bad_tree
+    m = convert(src, str(tmp_path / "out"), samples_per_shard=4, workers=2).manifest
+    reasons = {s["path"]: s["reason"] for s in m.skipped}
+    assert sorted(reasons) == bad
+    assert reasons["cat/zero.jpg"].startswith("empty file")
+    assert reasons["cat/truncated.jpg"].startswith("corrupt or truncated")
+    assert reasons["dog/text.jpg"].startswith("not a decodable image")
+    assert reasons["dog/random.jpg"].startswith("not a decodable image")
+    assert reasons["zebra/bomb.png"].startswith("decompression bomb")
+    assert reasons["zebra/loop"].startswith("symlink loop")
+    assert reasons["zebra/dangling.jpg"] == "broken symlink"
+    assert m.num_samples == 16
+    a = m.accounting
+    assert a["files_seen"] == a["files_written"] + a["files_skipped"] == 16 + len(bad)
+
+
+def test_no_verify_only_drops_what_cannot_be_an_image(tmp_path, bad_tree):
+    src, _ = bad_tree
+    m = convert(src, str(tmp_path / "out"), verify=False, workers=1).manifest
+    assert {s["path"] for s in m.skipped} == {"cat/zero.jpg", "zebra/dangling.jpg", "zebra/loop"}
+    assert m.num_samples == 16 + 4
+
+
+def test_cli_exit_status_says_whether_inputs_were_skipped(tmp_path, bad_tree, image_folder, capsys):
+    src, _ = bad_tree
+    assert main(["shard", src, "-o", str(tmp_path / "out"), "-q"]) == 3
+    assert main(["shard", src, "-o", str(tmp_path / "strict"), "--strict", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "dsconvert: error:" in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "strict" / "dsconvert.json")
+
+
+def test_strict_raises_on_first_bad_file(tmp_path, image_folder):
+    write(os.path.join(image_folder, "dog", "zzz.jpg"), b"garbage")
+    with pytest.raises(BadInputError) as exc:
+        convert(image_folder, str(tmp_path / "out"), strict=True, workers=1)
+    assert exc.value.path == "dog/zzz.jpg"
+    assert isinstance(exc.value, ValueError)
+
+
+def test_clean_run_exit_zero(tmp_path, image_folder, capsys):
+    assert main(["shard", image_folder, "-o", str(tmp_path / "out"), "--workers", "2"]) == 0
+    out = capsys.readouterr()
+    assert "wrote 16 samples in 1 wds shard(s)" in out.out
+    assert main(["info", str(tmp_path / "out")]) == 0
+    assert "16 seen = 16 written + 0 skipped" in capsys.readouterr().out
+
+
+def _outputs(folder):
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n != ".dsconvert.lock"}
+
+
+def _wait_group_gone(pgid, timeout=10.0):
+    """Pool workers die a moment after the CLI; they share its output lock until then."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path, photos):
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 150, "b": 150}, size=(640, 480))
+    reference = str(tmp_path / "reference")
+    convert(src, reference, samples_per_shard=5, workers=1)
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "dsconvert", "shard", src, "-o", out, "--samples-per-shard", "5",
+           "--workers", "2", "-q"]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            done = [n for n in os.listdir(out)] if os.path.isdir(out) else []
+            if sum(n.endswith(".index.json") for n in done) >= 4:
+                break
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its pool workers, mid-run
+    finally:
+        proc.wait()
+        _wait_group_gone(proc.pid)
+    assert proc.returncode == -signal.SIGKILL
+    assert not os.path.exists(os.path.join(out, "dsconvert.json")), "the kill came too late to test resume"
+    finished = sum(n.endswith(".index.json") for n in os.listdir(out))
+    assert 4 <= finished < 60
+    result = convert(src, out, samples_per_shard=5, workers=2)
+    assert result.shards_resumed >= 4 and result.shards_resumed + result.shards_written == 60
+    assert _outputs(out) == _outputs(reference)  # no sample lost or duplicated, no temp left
+    assert result.manifest.num_samples == 300
+
+
+def test_finished_output_is_not_rewritten(tmp_path, image_folder):
+    out = str(tmp_path / "out")
+    convert(image_folder, out, workers=1)
+    before = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in os.listdir(out)}
+    again = convert(image_folder, out, workers=1)
+    assert again.already_complete
+    assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in os.listdir(out)} == before
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        convert(image_folder, out, samples_per_shard=3, workers=1)
+    m = convert(image_folder, out, samples_per_shard=3, workers=1, overwrite=True).manifest
+    assert len(m.shards) == 6
+    assert sorted(n for n in os.listdir(out) if n.endswith(".tar")) == [s.name for s in m.shards]
+
+
+def test_changed_plan_without_manifest_removes_stale_shards(tmp_path, image_folder):
+    out = str(tmp_path / "out")
+    convert(image_folder, out, samples_per_shard=2, workers=1)
+    os.unlink(os.path.join(out, "dsconvert.json"))  # as if killed before the manifest
+    write(os.path.join(out, ".shard-000003.tar.tmp"), b"half a shard")
+    m = convert(image_folder, out, samples_per_shard=8, workers=1).manifest
+    assert sorted(os.listdir(out)) == sorted(
+        [".dsconvert.lock", "dsconvert.json"] + [n for s in m.shards for n in (s.name, s.index)])
+
+
+def test_a_changed_source_file_is_rewritten_on_resume(tmp_path, image_folder, photos):
+    out = str(tmp_path / "out")
+    convert(image_folder, out, samples_per_shard=4, workers=1)
+    os.unlink(os.path.join(out, "dsconvert.json"))
+    path = os.path.join(image_folder, "dog", "dog_0001.jpg")
+    write(path, encode(photos["rocket"].resize((50, 50))))
+    result = convert(image_folder, out, samples_per_shard=4, workers=1)
+    assert result.shards_written == 1 and result.shards_resumed == 3
+
+
+def test_second_writer_is_refused(tmp_path, image_folder):
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out / ".dsconvert.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(OutputLockedError, match="another dsconvert process"):
+            convert(image_folder, str(out), workers=1)
+    finally:
+        os.close(fd)
+    convert(image_folder, str(out), workers=1)
+
+
+def test_output_inside_source_is_refused(image_folder):
+    with pytest.raises(DsconvertError, match="inside the source"):
+        convert(image_folder, os.path.join(image_folder, "out"))
