@@ -121,3 +121,35 @@ def test_shard_limits(tmp_path, photos):
     assert sum(s.num_samples for s in m.shards) == 20
     m = convert(src, str(tmp_path / "bycount"), samples_per_shard=7, workers=1).manifest
     assert [s.num_samples for s in m.shards] == [7, 7, 6]
+
+
+def test_prefetched_reads_equal_the_file(tmp_path):
+    import random
+
+    from dsconvert.formats.wds import _PrefetchedBytes
+
+    data = os.urandom(300_000)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    rng = random.Random(0)
+    src = _PrefetchedBytes(str(path), end=len(data), window=20_000, threads=3)
+    src.PIECE = 4096  # many pieces per window
+    pos = 0
+    while pos < len(data):
+        size = rng.choice([0, 1, 100, 5000, 19_999, 45_000])  # some larger than the window
+        assert src.get(pos, size) == data[pos: pos + size]
+        pos += size + rng.randint(0, 3000)
+    src.close()
+
+
+def test_prefetch_and_mmap_paths_agree(tmp_path, photos):
+    from dsconvert import open_dataset
+
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 9, "b": 8})
+    out = str(tmp_path / "out")
+    convert(src, out, samples_per_shard=4, workers=1)
+    mapped = list(open_dataset(out, decode="raw", prefetch=False))
+    fetched = list(open_dataset(out, decode="raw", prefetch=True))
+    halves = [list(open_dataset(out, decode="raw", prefetch=True, rank=r, world_size=2)) for r in (0, 1)]
+    assert mapped == fetched == halves[0] + halves[1] and len(mapped) == 17

@@ -36,6 +36,7 @@ import os
 import random
 import tarfile
 from bisect import bisect_right
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..codecs import DECODE_MODES, decode_field, decode_image, encode_class, field_kind
@@ -45,6 +46,7 @@ from ..keys import escape_path
 from ..manifest import Manifest, ShardEntry, write_json_atomic
 from ..shards import ShardResult, ShardSpec, read_sample
 from ..source import Sample, Skipped
+from ..storage import is_latency_bound
 from .._torch import iterable_dataset
 
 __all__ = ["WdsWriter", "WdsDataset", "ShardIndex"]  # noqa: F822 (WdsDataset: see __getattr__)
@@ -263,28 +265,128 @@ class ShardIndex:
         return ShardResult(entry, skipped, dict(d["fields"]), files)
 
 
+class _MappedBytes:
+    """Local files: slices of a memory map (the page cache serves them without a syscall)."""
+
+    def __init__(self, path: str, size: int):
+        with open(path, "rb") as f:
+            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+
+    def get(self, offset: int, size: int) -> bytes:
+        return self.mm[offset: offset + size] if self.mm is not None else b""
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.mm.close()  # safe: get() hands out copies, never views
+
+
+_pools: Dict[int, ThreadPoolExecutor] = {}
+
+
+def _io_pool(threads: int) -> ThreadPoolExecutor:
+    pid = os.getpid()  # a forked DataLoader worker makes its own threads
+    if pid not in _pools:
+        _pools.clear()
+        _pools[pid] = ThreadPoolExecutor(threads, thread_name_prefix="dsconvert-read")
+    return _pools[pid]
+
+
+class _PrefetchedBytes:
+    """Latency-bound storage (NFS, CephFS, FUSE): a forward window over the bytes this worker
+    needs, filled by concurrent ranged reads, with the next window fetched in the background.
+
+    Page faults or one large read() would pay the storage's round trip once per 128 kB
+    request, one request at a time; 8 concurrent 1 MB requests hide most of it.
+    """
+
+    PIECE = 1 << 20
+
+    def __init__(self, path: str, end: int, window: int = 16 << 20, threads: int = 8):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.end = end
+        self.window = window
+        self.pool = _io_pool(threads)
+        self.base = 0
+        self.buf = bytearray()
+        self.ahead: Optional[Tuple[int, bytearray, List[Future]]] = None
+
+    def _start(self, offset: int, length: int) -> Tuple[int, bytearray, List[Future]]:
+        buf = bytearray(length)
+        view = memoryview(buf)
+        futures = [
+            self.pool.submit(os.preadv, self.fd, [view[a: a + self.PIECE]], offset + a)
+            for a in range(0, length, self.PIECE)
+        ]
+        return offset, buf, futures
+
+    @staticmethod
+    def _finish(job: Tuple[int, bytearray, List[Future]]) -> Tuple[int, bytearray]:
+        offset, buf, futures = job
+        got = sum(f.result() for f in futures)
+        return offset, buf[:got] if got < len(buf) else buf
+
+    def get(self, offset: int, size: int) -> bytes:
+        lo = offset - self.base
+        if 0 <= lo and offset + size <= self.base + len(self.buf):
+            return bytes(self.buf[lo: lo + size])
+        if size > self.window:
+            _, buf = self._finish(self._start(offset, size))
+            return bytes(buf)
+        job = self.ahead
+        self.ahead = None
+        if job is None or not (job[0] <= offset and offset + size <= job[0] + len(job[1])):
+            if job is not None:
+                self._finish(job)
+            job = self._start(offset, max(size, min(self.window, self.end - offset)))
+        self.base, self.buf = self._finish(job)
+        nxt = self.base + len(self.buf)
+        if nxt < self.end:
+            self.ahead = self._start(nxt, min(self.window, self.end - nxt))
+        lo = offset - self.base
+        return bytes(self.buf[lo: lo + size])
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self._finish(self.ahead)
+            self.ahead = None
+        os.close(self.fd)
+
+
 class _OpenShard:
-    """A memory-mapped shard and its index, as columns of Python ints for fast slicing."""
+    """A shard and its index, as columns of Python ints, read through one byte source."""
 
     def __init__(self, root: str, entry: ShardEntry, bytes_limit: int):
         index = ShardIndex.load(os.path.join(root, entry.index or WdsWriter.index_name(entry.name)))
-        path = os.path.join(root, entry.name)
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != index.bytes:
-                raise ManifestError(f"{path}: {size} bytes, but its index says {index.bytes}", path)
-            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self.path = os.path.join(root, entry.name)
+        self.size = os.path.getsize(self.path)
+        if self.size != index.bytes:
+            raise ManifestError(f"{self.path}: {self.size} bytes, but its index says {index.bytes}", self.path)
         self.index = index
         self._image: Optional[List[Tuple[int, int]]] = None
         self.fields = [(name, col["offset"], col["size"]) for name, col in index.members.items()]
         for _, offsets, sizes in self.fields:
-            for o, s in zip(offsets, sizes):
-                if o >= 0 and (o + s > size or s > bytes_limit):
-                    raise ManifestError(f"{path}: index points outside the shard", path)
+            for o, sz in zip(offsets, sizes):
+                if o >= 0 and (o + sz > self.size or sz > bytes_limit):
+                    raise ManifestError(f"{self.path}: index points outside the shard", self.path)
+        self.source: Any = None
+
+    def open(self, first: int, stop: int, prefetch: bool) -> None:
+        """Prepare to read samples [first, stop) of this shard, in order."""
+        if prefetch:
+            end = max((o[i] + sz[i] for _, o, sz in self.fields for i in range(first, stop) if o[i] >= 0),
+                      default=0)
+            self.source = _PrefetchedBytes(self.path, end)
+        else:
+            self.source = _MappedBytes(self.path, self.size)
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+            self.source = None
 
     def raw_fields(self, i: int) -> Dict[str, bytes]:
-        mm = self.mm
-        return {name: mm[o[i]: o[i] + s[i]] for name, o, s in self.fields if o[i] >= 0}
+        get = self.source.get
+        return {name: get(o[i], s[i]) for name, o, s in self.fields if o[i] >= 0}
 
     def image(self, i: int) -> bytes:
         if self._image is None:  # per sample, the one member that is not the label
@@ -297,7 +399,7 @@ class _OpenShard:
                 spans.append(span)
             self._image = spans
         o, sz = self._image[i]
-        return self.mm[o: o + sz]
+        return self.source.get(o, sz)
 
 
 class _WdsDataset:
@@ -321,6 +423,7 @@ class _WdsDataset:
         world_size: Optional[int] = None,
         even: Optional[str] = None,
         max_member_bytes: int = 1 << 31,
+        prefetch: Optional[bool] = None,
     ):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
@@ -339,6 +442,7 @@ class _WdsDataset:
         self.world_size = world_size
         self.even = even
         self.max_member_bytes = max_member_bytes
+        self.prefetch = prefetch  # None: decided by the storage (latency-bound or not)
         self.epoch = 0
         self.classes = manifest.classes
         self.class_to_idx = {c: i for i, c in enumerate(manifest.classes or [])}
@@ -368,33 +472,38 @@ class _WdsDataset:
         lo, hi = split_range(stop - start, nworkers, wid)
         return self._shard_order(), start + lo, start + hi
 
-    def _raw_samples(self) -> Iterator[Tuple[_OpenShard, int]]:
+    def _raw_samples(self) -> Iterator[Tuple[_OpenShard, int, Any]]:
+        """(shard, position, raw bytes) for this worker's samples, read in file order."""
         shards, start, stop = self._positions()
         n = self.manifest.num_samples
         if n == 0 or start >= stop:
             return
+        if self.prefetch is None:
+            self.prefetch = is_latency_bound(self.root)
+        classification = self.manifest.sample_type == "classification"
         ends = []
         total = 0
         for s in shards:
             total += s.num_samples
             ends.append(total)
-        current: Optional[Tuple[int, _OpenShard]] = None
         pos = start
         while pos < stop:
             p = pos % n  # positions past n wrap around (even="pad")
             k = bisect_right(ends, p)
-            first = ends[k] - shards[k].num_samples
-            if current is None or current[0] != k:
-                current = (k, _OpenShard(self.root, shards[k], self.max_member_bytes))
-            shard = current[1]
+            first = p - (ends[k] - shards[k].num_samples)
             run = min(ends[k] - p, stop - pos)
-            for i in range(p - first, p - first + run):
-                yield shard, i
+            shard = _OpenShard(self.root, shards[k], self.max_member_bytes)
+            shard.open(first, first + run, self.prefetch)
+            try:
+                for i in range(first, first + run):
+                    yield shard, i, shard.image(i) if classification else shard.raw_fields(i)
+            finally:
+                shard.close()
             pos += run
 
-    def _decode(self, shard: _OpenShard, i: int) -> Any:
+    def _decode(self, shard: _OpenShard, i: int, raw: Any) -> Any:
         if self.manifest.sample_type == "classification":
-            image = decode_image(shard.image(i), self.decode)
+            image = decode_image(raw, self.decode)
             label = shard.index.labels[i]
             if self.transform is not None:
                 image = self.transform(image)
@@ -402,25 +511,25 @@ class _WdsDataset:
                 label = self.target_transform(label)
             return image, label
         sample: Dict[str, Any] = {"__key__": shard.index.keys[i]}
-        for name, data in shard.raw_fields(i).items():
+        for name, data in raw.items():
             sample[name] = decode_field(name, data, self.decode)
         if self.transform is not None:
             sample = self.transform(sample)
         return sample
 
     def __iter__(self) -> Iterator[Any]:
-        refs: Iterator[Tuple[_OpenShard, int]] = self._raw_samples()
+        items: Iterator[Tuple[_OpenShard, int, Any]] = self._raw_samples()
         if self.shuffle and self.buffer_size > 1:
             rank, _ = world_info(self.rank, self.world_size)
             wid, _ = worker_info()
             rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
-            refs = _shuffled(refs, self.buffer_size, rng)
-        for shard, i in refs:
-            yield self._decode(shard, i)
+            items = _shuffled(items, self.buffer_size, rng)
+        for shard, i, raw in items:
+            yield self._decode(shard, i, raw)
 
 
 def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    """Bounded-buffer shuffle; holds references (shard, position), not decoded samples."""
+    """Bounded-buffer shuffle; holds encoded bytes, never decoded samples."""
     buffer: List[Any] = []
     for item in items:
         if len(buffer) < size:

@@ -1,0 +1,277 @@
+"""Benchmark: dsconvert's wds shards against the baselines, measured in one run.
+
+Conversion (photos/s, single process unless said): dsconvert (--no-verify, and with its
+default verification), webdataset's own ShardWriter loop, and GNU `tar -cf`.
+Reading (samples/s and MB/s, decode="raw"): the original small files, our shards, the same
+shards through webdataset.WebDataset, and litdata's StreamingDataset over the same photos
+written by litdata.optimize(); warm (page cache hot, best of 5 after a warm-up) and cold
+(every file's pages written back and evicted with posix_fadvise, then one run in a fresh
+process, median of 5 processes; a reader that keeps files mapped cannot fake a cold run). Then the same reads through a FUSE passthrough
+that sleeps --delay-ms in every open() and read(), as network storage would.
+
+    python scripts/bench_wds.py --photos 4000 --json bench_wds.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from dsconvert import convert, open_dataset  # noqa: E402
+from dsconvert.demo import make_demo_dataset  # noqa: E402
+from dsconvert.source import scan  # noqa: E402
+from dsconvert.storage import evict_page_cache  # noqa: E402
+
+
+def timed(fn: Callable[[], int]) -> Dict[str, float]:
+    t = time.perf_counter()
+    n = fn()
+    dt = time.perf_counter() - t
+    return {"seconds": dt, "items": n, "per_s": n / dt}
+
+
+def files_of(folder: str) -> List[str]:
+    return sorted(p for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True) if os.path.isfile(p))
+
+
+# --- conversion -------------------------------------------------------------------------
+
+
+def wds_shardwriter(src: str, out: str, per_shard: int) -> int:
+    import webdataset as wds
+
+    source = scan(src)
+    os.makedirs(out, exist_ok=True)
+    n = 0
+    with wds.ShardWriter(os.path.join(out, "s-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for s in source.samples:
+            f = s.files[0]
+            with open(os.path.join(src, f.path), "rb") as fh:
+                sink.write({"__key__": s.key, f.field: fh.read(), "cls": str(s.label).encode()})
+            n += 1
+    return n
+
+
+def bench_convert(src: str, work: str, per_shard: int, workers: int) -> Dict[str, Dict]:
+    n = len(scan(src).samples)
+    res = {}
+
+    def ours(name: str, **kw):
+        out = os.path.join(work, name)
+        shutil.rmtree(out, ignore_errors=True)
+        res[name] = timed(lambda: convert(src, out, samples_per_shard=per_shard, **kw).manifest.num_samples)
+
+    ours("dsconvert_noverify_1proc", workers=1, verify=False)
+    ours("dsconvert_verify_1proc", workers=1, verify=True)
+    ours(f"dsconvert_verify_{workers}proc", workers=workers, verify=True)
+    out = os.path.join(work, "wds_shardwriter")
+    shutil.rmtree(out, ignore_errors=True)
+    res["webdataset_shardwriter_1proc"] = timed(lambda: wds_shardwriter(src, out, per_shard))
+    tar_out = os.path.join(work, "tree.tar")
+    res["gnu_tar_cf"] = timed(lambda: (subprocess.run(["tar", "-cf", tar_out, "-C", src, "."], check=True), n)[1])
+    return res
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def _small_files(src: str) -> Callable[[], int]:
+    paths = files_of(src)
+
+    def run() -> int:
+        for p in paths:
+            with open(p, "rb") as f:
+                f.read()
+        return len(paths)
+    return run
+
+
+def _ours(out: str) -> Callable[[], int]:
+    open_dataset(out, decode="raw")  # imports (torch's IterableDataset) outside the timing
+
+    def run() -> int:
+        return sum(1 for _ in open_dataset(out, decode="raw"))
+    return run
+
+
+def _webdataset(out: str) -> Callable[[], int]:
+    import webdataset as wds
+
+    urls = sorted(glob.glob(os.path.join(out, "*.tar")))
+
+    def run() -> int:
+        return sum(1 for _ in wds.WebDataset(urls, shardshuffle=False))
+    return run
+
+
+def _litdata(out: str) -> Callable[[], int]:
+    import litdata
+
+    def run() -> int:
+        return sum(1 for _ in litdata.StreamingDataset(out))
+    return run
+
+
+READERS = {"small_files": _small_files, "dsconvert_wds": _ours, "webdataset_reader": _webdataset,
+           "litdata_streaming": _litdata}
+
+
+def read_child(reader: str, path: str, mode: str, repeats: int) -> float:
+    """In a fresh process: one cold run (pages evicted first; no earlier run in this process
+    can keep them mapped), or the best of ``repeats`` warm runs after a warm-up run."""
+    fn = READERS[reader](path)
+    if mode == "cold":
+        evict_page_cache(files_of(path))
+        return timed(fn)["per_s"]
+    fn()
+    return max(timed(fn)["per_s"] for _ in range(repeats))
+
+
+def measure_read(reader: str, path: str, n: int, nbytes: int, res: Dict, repeats: int = 5) -> None:
+    def child(mode: str) -> float:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", reader, path, mode,
+               "--repeats", str(repeats)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return float(out.strip().splitlines()[-1])
+
+    rates = {"warm": child("warm"), "cold": sorted(child("cold") for _ in range(repeats))[repeats // 2]}
+    for label in ("warm", "cold"):
+        per_s = rates[label]
+        res[f"{reader}_{label}"] = {"per_s": per_s, "items": n, "mb_per_s": per_s * nbytes / n / 1e6}
+
+
+def bench_read(src: str, ours_out: str, work: str, with_litdata: bool) -> Dict[str, Dict]:
+    res: Dict[str, Dict] = {}
+    small = files_of(src)
+    n, nbytes = len(small), sum(os.path.getsize(p) for p in small)
+    measure_read("small_files", src, n, nbytes, res)
+    measure_read("dsconvert_wds", ours_out, n, nbytes, res)
+    measure_read("webdataset_reader", ours_out, n, nbytes, res)
+    if with_litdata:
+        lit = os.path.join(work, "litdata")
+        litdata_optimize(src, lit)
+        measure_read("litdata_streaming", lit, n, nbytes, res)
+    return res
+
+
+def litdata_optimize(src: str, out: str) -> None:
+    import litdata
+
+    source = scan(src)
+    items = [(os.path.join(src, s.files[0].path), s.label) for s in source.samples]
+    shutil.rmtree(out, ignore_errors=True)
+    litdata.optimize(fn=_litdata_item, inputs=items, output_dir=out, chunk_bytes="64MB", num_workers=1)
+
+
+def _litdata_item(item):
+    path, label = item
+    with open(path, "rb") as f:
+        return {"image": f.read(), "label": label}
+
+
+def bench_slow_mount(src: str, work: str, delay_ms: float, limit: int) -> Dict[str, Dict]:
+    """Small files vs shards read through the FUSE passthrough that sleeps in open/read."""
+    subset_src = os.path.join(work, "slow_src")
+    subset_out = os.path.join(work, "slow_wds")
+    if not os.path.isdir(subset_out):
+        shutil.rmtree(subset_src, ignore_errors=True)
+        paths = files_of(src)[:limit]
+        for p in paths:
+            dst = os.path.join(subset_src, os.path.relpath(p, src))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(p, dst)
+        convert(subset_src, subset_out, workers=1)
+    mnt = tempfile.mkdtemp(prefix="slowfs-")
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "slowfs.py"), work, mnt,
+                             "--delay-ms", str(delay_ms)])
+    try:
+        for _ in range(200):
+            if os.path.ismount(mnt):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("the FUSE mount did not come up")
+        res: Dict[str, Dict] = {}
+        small = files_of(os.path.join(mnt, "slow_src"))
+        nbytes = sum(os.path.getsize(p) for p in small)
+        r = timed(_small_files(os.path.join(mnt, "slow_src")))
+        r["mb_per_s"] = nbytes / r["seconds"] / 1e6
+        res["slow_small_files"] = r
+        mounted_out = os.path.join(mnt, "slow_wds")
+        evict_page_cache(files_of(mounted_out))
+        r = timed(_ours(mounted_out))
+        r["mb_per_s"] = nbytes / r["seconds"] / 1e6
+        res["slow_dsconvert_wds"] = r
+        return res
+    finally:
+        subprocess.run(["fusermount", "-u", mnt], check=False)
+        proc.wait(timeout=30)
+        os.rmdir(mnt)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--photos", type=int, default=4000)
+    p.add_argument("--per-shard", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench"))
+    p.add_argument("--delay-ms", type=float, default=5.0)
+    p.add_argument("--slow-files", type=int, default=500, help="files read through the slow mount")
+    p.add_argument("--no-litdata", action="store_true")
+    p.add_argument("--no-fuse", action="store_true")
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--child", nargs=3, metavar=("READER", "PATH", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(read_child(*args.child, repeats=args.repeats))
+        return
+
+    src = os.path.join(args.work, "photos")
+    classes = 8
+    make_demo_dataset(src, num_per_class=-(-args.photos // classes))
+    n = len(scan(src).samples)
+    total = sum(os.path.getsize(f) for f in files_of(src))
+    print(f"dataset: {n} photos, {total / 1e6:.1f} MB, mean {total / n / 1e3:.0f} kB", flush=True)
+    results = {"dataset": {"photos": n, "bytes": total}, "convert": bench_convert(src, args.work, args.per_shard, args.workers)}
+    results["read"] = bench_read(src, os.path.join(args.work, "dsconvert_noverify_1proc"), args.work, not args.no_litdata)
+    if not args.no_fuse:
+        results["slow_mount"] = bench_slow_mount(src, args.work, args.delay_ms, args.slow_files)
+    for section in ("convert", "read", "slow_mount"):
+        for name, r in results.get(section, {}).items():
+            extra = f"  {r['mb_per_s']:8.1f} MB/s" if "mb_per_s" in r else ""
+            print(f"{section:10s} {name:36s} {r['per_s']:12.0f} /s{extra}")
+    c, r = results["convert"], results["read"]
+    ratios = {
+        "convert_noverify_vs_shardwriter": c["dsconvert_noverify_1proc"]["per_s"] / c["webdataset_shardwriter_1proc"]["per_s"],
+        "read_warm_vs_small_files": r["dsconvert_wds_warm"]["per_s"] / r["small_files_warm"]["per_s"],
+        "read_cold_vs_small_files": r["dsconvert_wds_cold"]["per_s"] / r["small_files_cold"]["per_s"],
+        "read_warm_vs_webdataset": r["dsconvert_wds_warm"]["per_s"] / r["webdataset_reader_warm"]["per_s"],
+    }
+    if "litdata_streaming_warm" in r:
+        ratios["read_warm_vs_litdata"] = r["dsconvert_wds_warm"]["per_s"] / r["litdata_streaming_warm"]["per_s"]
+        ratios["read_cold_vs_litdata"] = r["dsconvert_wds_cold"]["per_s"] / r["litdata_streaming_cold"]["per_s"]
+    if "slow_mount" in results:
+        s = results["slow_mount"]
+        ratios["slow_mount_vs_small_files"] = s["slow_dsconvert_wds"]["per_s"] / s["slow_small_files"]["per_s"]
+    results["ratios"] = ratios
+    for k, v in ratios.items():
+        print(f"ratio      {k:36s} {v:12.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dsconvert.storage import evict_page_cache, is_latency_bound, mount_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_mount_of_finds_the_longest_mount_point():
+    assert mount_of("/proc/self/status") == ("/proc", "proc")
+    point, fstype = mount_of(ROOT)
+    assert ROOT.startswith(point) and fstype != "unknown"
+    assert not is_latency_bound("/proc")
+
+
+def test_evict_page_cache_counts_files(tmp_path):
+    a = tmp_path / "a"
+    a.write_bytes(b"x" * 100_000)
+    assert evict_page_cache([str(a), str(tmp_path / "missing")]) == 1
+
+
+@pytest.fixture
+def slow_mount(tmp_path):
+    """The slow FUSE passthrough of scripts/slowfs.py, mounted over a folder of ours."""
+    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount"):
+        pytest.skip("this machine has no FUSE (/dev/fuse and fusermount: apt-get install fuse libfuse2)")
+    pytest.importorskip("fuse", reason="fusepy is not installed")
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "slowfs.py"), str(backing),
+                             str(mnt), "--delay-ms", "2"], stderr=subprocess.PIPE)
+    deadline = time.time() + 10
+    while not os.path.ismount(mnt):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.skip(f"FUSE mount failed here: {proc.stderr.read().decode()[-300:]}")
+        time.sleep(0.05)
+    try:
+        yield backing, mnt
+    finally:
+        subprocess.run(["fusermount", "-u", str(mnt)], check=False)
+        proc.wait(timeout=10)
+
+
+def test_fuse_mount_is_latency_bound_and_read_with_prefetch(slow_mount, photos):
+    from conftest import make_image_folder
+
+    from dsconvert import convert, open_dataset
+
+    backing, mnt = slow_mount
+    make_image_folder(str(backing / "src"), photos, {"a": 6, "b": 5})
+    convert(str(backing / "src"), str(backing / "out"), samples_per_shard=4, workers=1)
+    assert mount_of(str(mnt / "out"))[1].startswith("fuse")
+    assert is_latency_bound(str(mnt / "out"))
+    ds = open_dataset(str(mnt / "out"), decode="raw")
+    over_fuse = list(ds)
+    assert ds.prefetch is True and len(over_fuse) == 11
+    assert over_fuse == list(open_dataset(str(backing / "out"), decode="raw"))
