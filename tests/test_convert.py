@@ -187,3 +187,20 @@ def test_second_writer_is_refused(tmp_path, image_folder):
 def test_output_inside_source_is_refused(image_folder):
     with pytest.raises(DsconvertError, match="inside the source"):
         convert(image_folder, os.path.join(image_folder, "out"))
+
+
+def test_file_vanishing_before_its_shard_is_skipped_as_unreadable(tmp_path, image_folder):
+    from dsconvert.formats.wds import WdsWriter
+    from dsconvert.shards import ShardSpec
+    from dsconvert.source import scan
+
+    source = scan(image_folder)
+    os.unlink(os.path.join(image_folder, source.samples[2].files[0].path))
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification",
+                     tuple(source.samples))
+    result = WdsWriter.write_shard(spec)
+    assert result.entry.num_samples == 15
+    assert [(s.path, s.reason) for s in result.skipped] == [
+        (source.samples[2].files[0].path, "unreadable: No such file or directory")]
