@@ -10,26 +10,34 @@ samples from the start of the sequence and ``even="drop"`` drops the last ``N % 
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+import sys
+from typing import Any, Optional, Tuple
 
-__all__ = ["EVEN_MODES", "world_info", "worker_info", "split_range", "rank_span"]
+__all__ = ["EVEN_MODES", "world_info", "worker_info", "split_range", "rank_span", "distributed_initialized"]
 
 EVEN_MODES = (None, "pad", "drop")
+
+
+def _dist() -> Optional[Any]:
+    """torch.distributed with an initialised process group, else None."""
+    if "torch" not in sys.modules:  # only ask torch when the process already uses it
+        return None
+    try:
+        import torch.distributed as dist
+    except Exception:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def distributed_initialized() -> bool:
+    return _dist() is not None
 
 
 def world_info(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
     """(rank, world_size): explicit arguments, else torch.distributed, else RANK/WORLD_SIZE."""
     if rank is None or world_size is None:
-        r, w = 0, 1
-        dist = None
-        try:
-            import sys
-
-            if "torch" in sys.modules:  # only ask torch when the process already uses it
-                import torch.distributed as dist  # type: ignore[no-redef]
-        except Exception:
-            dist = None
-        if dist is not None and dist.is_available() and dist.is_initialized():
+        dist = _dist()
+        if dist is not None:
             r, w = dist.get_rank(), dist.get_world_size()
         else:
             r = int(os.environ.get("RANK", 0))
@@ -43,8 +51,6 @@ def world_info(rank: Optional[int] = None, world_size: Optional[int] = None) -> 
 
 def worker_info() -> Tuple[int, int]:
     """(worker id, number of workers) of the current DataLoader worker; (0, 1) outside one."""
-    import sys
-
     if "torch" in sys.modules:
         from torch.utils.data import get_worker_info
 

@@ -16,24 +16,22 @@ from conftest import make_image_folder
 pytest.importorskip("torch.distributed")
 
 RANK_SCRIPT = r"""
-import hashlib, json, sys
+import hashlib, json, os, sys
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 from dsconvert import open_dataset
 
-out, result, port, even = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] or None
-dist.init_process_group("gloo", init_method="env://")  # RANK, WORLD_SIZE, MASTER_* from env
-import os
-del os.environ["RANK"], os.environ["WORLD_SIZE"]  # from here only torch.distributed knows
-ds = open_dataset(out, decode="raw", even=even, shuffle=True, seed=3)
-ds.set_epoch(1)
-digests = [hashlib.sha1(raw).hexdigest() for raw, _ in DataLoader(ds, batch_size=None, num_workers=2)]
-steps = [len(digests)]
-gathered = [None] * dist.get_world_size()
-dist.all_gather_object(gathered, steps)
-with open(result, "w") as f:
-    json.dump({"rank": dist.get_rank(), "len": len(ds), "digests": digests, "all_steps": gathered}, f)
-dist.destroy_process_group()
+if __name__ == "__main__":
+    out, result, even, context = sys.argv[1], sys.argv[2], sys.argv[3] or None, sys.argv[4]
+    dist.init_process_group("gloo", init_method="env://")  # RANK, WORLD_SIZE, MASTER_* from env
+    del os.environ["RANK"], os.environ["WORLD_SIZE"]  # from here only torch.distributed knows
+    ds = open_dataset(out, decode="raw", even=even, shuffle=True, seed=3)
+    ds.set_epoch(1)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    digests = [hashlib.sha1(raw).hexdigest() for raw, _ in loader]
+    with open(result, "w") as f:
+        json.dump({"rank": dist.get_rank(), "len": len(ds), "digests": digests}, f)
+    dist.destroy_process_group()
 """
 
 
@@ -43,8 +41,8 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("even", ["", "drop"])
-def test_ranks_from_torch_distributed_read_exactly_once(tmp_path, photos, even):
+@pytest.mark.parametrize("even, context", [("", "fork"), ("drop", "spawn")])
+def test_ranks_from_torch_distributed_read_exactly_once(tmp_path, photos, even, context):
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"a": 11, "b": 10}, size=(24, 16))
     out = str(tmp_path / "out")
@@ -55,7 +53,7 @@ def test_ranks_from_torch_distributed_read_exactly_once(tmp_path, photos, even):
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, str(script), out, str(tmp_path / f"r{rank}.json"), port, even],
+        procs.append(subprocess.Popen([sys.executable, str(script), out, str(tmp_path / f"r{rank}.json"), even, context],
                                       env=env))
     for p in procs:
         assert p.wait(timeout=120) == 0

@@ -40,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..codecs import DECODE_MODES, decode_field, decode_image, encode_class, field_kind
-from ..distributed import rank_span, split_range, worker_info, world_info
+from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
 from ..errors import BadInputError, ManifestError
 from ..keys import escape_path
 from ..manifest import Manifest, ShardEntry, write_json_atomic
@@ -440,6 +440,9 @@ class _WdsDataset:
         self.buffer_size = buffer_size
         self.rank = rank
         self.world_size = world_size
+        if (rank is None or world_size is None) and distributed_initialized():
+            # fixed now, in the trainer's process: spawned DataLoader workers have no group
+            self.rank, self.world_size = world_info(rank, world_size)
         self.even = even
         self.max_member_bytes = max_member_bytes
         self.prefetch = prefetch  # None: decided by the storage (latency-bound or not)
