@@ -95,10 +95,13 @@ def _remove_previous(out_dir: str, manifest: Manifest) -> None:
 
 
 def _remove_stale(out_dir: str, prefix: str, keep: set) -> None:
-    """Remove our shards, indexes and temp files that the current plan does not contain."""
-    ours = re.compile(rf"^\.?{re.escape(prefix)}-\d{{6}}\.(tar|index\.json|[a-z0-9]+)(\.tmp)?$")
+    """Remove our shards and indexes that the current plan does not contain, and temp files
+    left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.storage.atomic_write`)."""
+    shard = rf"{re.escape(prefix)}-\d{{6}}\.[a-z0-9.]+"
+    stale = re.compile(rf"^{shard}$")
+    temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)})\.\d+\.tmp$")
     for name in os.listdir(out_dir):
-        if ours.match(name) and (name not in keep or name.endswith(".tmp")):
+        if temp.match(name) or (stale.match(name) and name not in keep):
             os.unlink(os.path.join(out_dir, name))
 
 

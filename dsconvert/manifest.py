@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .errors import ManifestError
 from .keys import escape_path, unescape_path
+from .storage import atomic_write
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "write_json_atomic"]
 
@@ -182,18 +182,7 @@ def _expect(ok: bool, where: str, name: str, what: str) -> None:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to a temp file beside ``path``, then ``os.replace`` it into place."""
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write JSON through :func:`dsconvert.storage.atomic_write`."""
+    with atomic_write(path, "w") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
+        f.write("\n")

@@ -1,4 +1,5 @@
-"""Storage helpers: page-cache eviction for honest cold reads, and what a path is stored on.
+"""Storage helpers: atomic writes, page-cache eviction for honest cold reads, and what a path
+is stored on.
 
 ``posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` drops a file's clean pages from the page
 cache without root (no ``drop_caches`` sysctl). The host may still serve some "cold" reads
@@ -7,10 +8,27 @@ from its own cache, so compare cold against warm in one run, not against absolut
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Iterable, Tuple
+from typing import IO, Iterable, Iterator, Tuple
 
-__all__ = ["evict_page_cache", "mount_of", "is_latency_bound", "LATENCY_BOUND_FS"]
+__all__ = ["atomic_write", "evict_page_cache", "mount_of", "is_latency_bound", "LATENCY_BOUND_FS"]
+
+
+@contextlib.contextmanager
+def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
+    """Write ``path`` through a hidden temp file beside it (``.NAME.PID.tmp``) that replaces
+    ``path`` only when the block succeeds; a crash leaves the old file or none, never half."""
+    folder, base = os.path.split(path)
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def evict_page_cache(paths: Iterable[str]) -> int:

@@ -155,10 +155,11 @@ def test_changed_plan_without_manifest_removes_stale_shards(tmp_path, image_fold
     out = str(tmp_path / "out")
     convert(image_folder, out, samples_per_shard=2, workers=1)
     os.unlink(os.path.join(out, "dsconvert.json"))  # as if killed before the manifest
-    write(os.path.join(out, ".shard-000003.tar.tmp"), b"half a shard")
+    write(os.path.join(out, ".shard-000003.tar.4242.tmp"), b"half a shard")
+    write(os.path.join(out, "notes.txt"), b"the user's own file stays")
     m = convert(image_folder, out, samples_per_shard=8, workers=1).manifest
     assert sorted(os.listdir(out)) == sorted(
-        [".dsconvert.lock", "dsconvert.json"] + [n for s in m.shards for n in (s.name, s.index)])
+        [".dsconvert.lock", "dsconvert.json", "notes.txt"] + [n for s in m.shards for n in (s.name, s.index)])
 
 
 def test_a_changed_source_file_is_rewritten_on_resume(tmp_path, image_folder, photos):

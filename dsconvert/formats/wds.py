@@ -46,7 +46,7 @@ from ..keys import escape_path
 from ..manifest import Manifest, ShardEntry, write_json_atomic
 from ..shards import ShardResult, ShardSpec, read_sample
 from ..source import Sample, Skipped
-from ..storage import is_latency_bound
+from ..storage import atomic_write, is_latency_bound
 from .._torch import iterable_dataset
 
 __all__ = ["WdsWriter", "WdsDataset", "ShardIndex"]  # noqa: F822 (WdsDataset: see __getattr__)
@@ -131,8 +131,6 @@ class WdsWriter:
 
     @classmethod
     def write_shard(cls, spec: ShardSpec) -> ShardResult:
-        final = os.path.join(spec.out_dir, spec.name)
-        tmp = os.path.join(spec.out_dir, f".{spec.name}.tmp")
         classification = spec.sample_type == "classification"
         skipped: List[Skipped] = []
         keys: List[str] = []
@@ -140,36 +138,28 @@ class WdsWriter:
         sources: List[List[str]] = []
         fields: Dict[str, str] = {}
         members: List[Tuple[str, int, int]] = []
-        try:
-            with open(tmp, "wb") as raw:
-                sink = _HashingFile(raw)
-                tf = tarfile.TarFile(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT)
-                for sample in spec.samples:
-                    try:
-                        data = read_sample(spec, sample)
-                    except BadInputError as exc:
-                        if spec.strict:
-                            raise
-                        for f in sample.files:
-                            skipped.append(Skipped(escape_path(f.path), exc.reason))
-                        continue
-                    if classification:
-                        data["cls"] = encode_class(sample.label)
-                        labels.append(int(sample.label))
-                    for name in sorted(data):
-                        offset, size = _add_member(tf, f"{sample.key}.{name}", data[name])
-                        members.append((f"{sample.key}.{name}", offset, size))
-                        fields[name] = field_kind(name)
-                    keys.append(sample.key)
-                    sources.append([escape_path(f.path) for f in sample.files])
-                tf.close()
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        with atomic_write(os.path.join(spec.out_dir, spec.name)) as raw:
+            sink = _HashingFile(raw)
+            tf = tarfile.TarFile(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT)
+            for sample in spec.samples:
+                try:
+                    data = read_sample(spec, sample)
+                except BadInputError as exc:
+                    if spec.strict:
+                        raise
+                    for f in sample.files:
+                        skipped.append(Skipped(escape_path(f.path), exc.reason))
+                    continue
+                if classification:
+                    data["cls"] = encode_class(sample.label)
+                    labels.append(int(sample.label))
+                for name in sorted(data):
+                    offset, size = _add_member(tf, f"{sample.key}.{name}", data[name])
+                    members.append((f"{sample.key}.{name}", offset, size))
+                    fields[name] = field_kind(name)
+                keys.append(sample.key)
+                sources.append([escape_path(f.path) for f in sample.files])
+            tf.close()
         index = ShardIndex.build(spec, keys, labels if classification else None, sources, members,
                                  sink.size, sink.sha256.hexdigest(), skipped, fields)
         write_json_atomic(os.path.join(spec.out_dir, cls.index_name(spec.name)), index.to_dict())
