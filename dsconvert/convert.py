@@ -72,6 +72,14 @@ class _OutputLock:
             self.fd = None
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (a container's limit, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _shaping_options(**options: Any) -> Dict[str, Any]:
     """The options that decide the output's bytes; a rerun with others must not reuse it."""
     return dict(sorted(options.items()))
@@ -195,7 +203,7 @@ def convert(
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
         raise ValueError(f"prefix must be a plain file name stem, not {prefix!r}")
     shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
-    workers = (os.cpu_count() or 1) if workers is None else max(1, int(workers))
+    workers = available_cpus() if workers is None else max(1, int(workers))
     src_abs = os.path.abspath(src)
     out_dir = os.path.abspath(out)
     _check_paths(src_abs, out_dir)

@@ -21,6 +21,10 @@ class DsconvertError(Exception):
     def __init__(self, message: str, path: Optional[str] = None):
         super().__init__(message)
         self.path = path
+        self._init_args: tuple = (message, path)
+
+    def __reduce__(self):  # keep ``path`` (and ``reason``) when raised in a worker process
+        return (type(self), self._init_args)
 
 
 class SourceError(DsconvertError, ValueError):
@@ -49,6 +53,7 @@ class BadInputError(DsconvertError, ValueError):
     def __init__(self, reason: str, path: Optional[str] = None):
         super().__init__(f"{path}: {reason}" if path else reason, path)
         self.reason = reason
+        self._init_args = (reason, path)
 
 
 class MissingDependencyError(DsconvertError, ImportError):

@@ -205,3 +205,17 @@ def test_file_vanishing_before_its_shard_is_skipped_as_unreadable(tmp_path, imag
     assert result.entry.num_samples == 15
     assert [(s.path, s.reason) for s in result.skipped] == [
         (source.samples[2].files[0].path, "unreadable: No such file or directory")]
+
+
+def test_errors_keep_their_path_across_processes():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(BadInputError("empty file (0 bytes)", "cat/x.jpg")))
+    assert (err.reason, err.path, str(err)) == ("empty file (0 bytes)", "cat/x.jpg", "cat/x.jpg: empty file (0 bytes)")
+
+
+def test_strict_with_a_process_pool(tmp_path, image_folder):
+    write(os.path.join(image_folder, "dog", "zzz.jpg"), b"garbage")
+    with pytest.raises(BadInputError) as exc:
+        convert(image_folder, str(tmp_path / "out"), strict=True, workers=2, samples_per_shard=3)
+    assert exc.value.path == "dog/zzz.jpg"
