@@ -14,15 +14,15 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .codecs import check_field
-from .errors import BadInputError
+from .errors import BadInputError, ManifestError
 from .keys import escape_path
-from .manifest import ShardEntry
+from .manifest import ShardEntry, write_json_atomic
 from .source import Sample, Skipped
 
-__all__ = ["ShardSpec", "ShardResult", "plan_shards", "parse_size", "read_sample"]
+__all__ = ["ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_sample"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class ShardSpec:
     verify: bool = True
     max_image_pixels: Optional[int] = None
     strict: bool = False
+    options: Dict[str, Any] = field(default_factory=dict)  # format-specific (decode, resize...)
 
     def digest(self) -> str:
         d = asdict(self)
@@ -107,3 +108,72 @@ def read_sample(spec: ShardSpec, sample: Sample) -> Dict[str, bytes]:
             raise BadInputError(exc.reason, escape_path(f.path)) from None
         fields[f.field] = data
     return fields
+
+
+RECORD_SCHEMA = 1
+
+
+class ShardRecord:
+    """A finished shard's record, ``NAME.index.json``, written after the shard itself.
+
+    Common to every format: the spec digest (for resume), size and sha256, and per sample the
+    key, label and source paths (columns), plus what the shard skipped. A format adds its own
+    columns in ``extra`` (wds: each member's data offset and size).
+    """
+
+    COMMON = ("schema_version", "format", "shard", "spec_sha256", "bytes", "sha256", "num_samples",
+              "fields", "keys", "labels", "sources", "skipped")
+
+    def __init__(self, d: Dict[str, Any]):
+        self.d = d
+        self.name: str = d["shard"]
+        self.spec_sha256: str = d["spec_sha256"]
+        self.bytes: int = d["bytes"]
+        self.keys: List[str] = d["keys"]
+        self.labels: Optional[List[int]] = d["labels"]
+
+    @classmethod
+    def build(cls, fmt: str, spec: ShardSpec, keys: List[str], labels: Optional[List[int]],
+              sources: List[List[str]], nbytes: int, sha256: str, skipped: List[Skipped],
+              fields: Dict[str, str], extra: Dict[str, Any]) -> "ShardRecord":
+        d: Dict[str, Any] = {
+            "schema_version": RECORD_SCHEMA, "format": fmt, "shard": spec.name,
+            "spec_sha256": spec.digest(), "bytes": nbytes, "sha256": sha256,
+            "num_samples": len(keys), "fields": dict(sorted(fields.items())), "keys": keys,
+            "labels": labels, "sources": sources,
+            "skipped": [{"path": s.path, "reason": s.reason} for s in skipped],
+        }
+        d.update(extra)
+        return cls(d)
+
+    def save(self, path: str) -> None:
+        write_json_atomic(path, self.d)
+
+    @classmethod
+    def load(cls, path: str, fmt: str) -> "ShardRecord":
+        try:
+            with open(path, "rb") as f:
+                d = json.loads(f.read())
+        except ValueError as exc:
+            raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
+        if not isinstance(d, dict) or d.get("format") != fmt or not isinstance(d.get("schema_version"), int):
+            raise ManifestError(f"{path}: not a dsconvert {fmt} shard record", path)
+        if d["schema_version"] > RECORD_SCHEMA:
+            raise ManifestError(f"{path}: record schema {d['schema_version']} is newer than supported", path)
+        n = d.get("num_samples")
+        try:
+            ok = (isinstance(n, int) and all(k in d for k in cls.COMMON) and len(d["keys"]) == n
+                  and len(d["sources"]) == n and (d["labels"] is None or len(d["labels"]) == n)
+                  and isinstance(d["bytes"], int) and isinstance(d["skipped"], list))
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ManifestError(f"{path}: shard record columns are missing or of unequal length", path)
+        return cls(d)
+
+    def result(self, index_name: str) -> ShardResult:
+        d = self.d
+        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name)
+        skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
+        files = sum(len(s) for s in d["sources"])
+        return ShardResult(entry, skipped, dict(d["fields"]), files)

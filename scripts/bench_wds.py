@@ -4,7 +4,8 @@ Conversion (photos/s, single process unless said): dsconvert (--no-verify, and w
 default verification), webdataset's own ShardWriter loop, and GNU `tar -cf`.
 Reading (samples/s and MB/s, decode="raw"): the original small files, our shards, the same
 shards through webdataset.WebDataset, and litdata's StreamingDataset over the same photos
-written by litdata.optimize(); warm (page cache hot, best of 5 after a warm-up) and cold
+written by litdata.optimize(); warm (page cache hot; each reader in its own process, best of
+5 runs after a warm-up, the readers taking turns for 3 rounds) and cold
 (every file's pages written back and evicted with posix_fadvise, then one run in a fresh
 process, median of 5 processes; a reader that keeps files mapped cannot fake a cold run). Then the same reads through a FUSE passthrough
 that sleeps --delay-ms in every open() and read(), as network storage would.
@@ -128,40 +129,52 @@ READERS = {"small_files": _small_files, "dsconvert_wds": _ours, "webdataset_read
 
 
 def read_child(reader: str, path: str, mode: str, repeats: int) -> float:
-    """In a fresh process: one cold run (pages evicted first; no earlier run in this process
-    can keep them mapped), or the best of ``repeats`` warm runs after a warm-up run."""
+    """In a fresh process, one cold run: pages evicted first, and no earlier run in this
+    process can keep them mapped; or warm runs (:func:`warm_child`)."""
+    if mode == "warm":
+        return warm_child(reader, path, repeats)
     fn = READERS[reader](path)
-    if mode == "cold":
-        evict_page_cache(files_of(path))
-        return timed(fn)["per_s"]
+    evict_page_cache(files_of(path))
+    return timed(fn)["per_s"]
+
+
+def warm_child(reader: str, path: str, repeats: int) -> float:
+    """In a fresh process: a warm-up run, then the best of ``repeats`` warm runs."""
+    fn = READERS[reader](path)
     fn()
     return max(timed(fn)["per_s"] for _ in range(repeats))
 
 
-def measure_read(reader: str, path: str, n: int, nbytes: int, res: Dict, repeats: int = 5) -> None:
-    def child(mode: str) -> float:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", reader, path, mode,
-               "--repeats", str(repeats)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        return float(out.strip().splitlines()[-1])
+def _child(args: List[str]) -> str:
+    cmd = [sys.executable, os.path.abspath(__file__)] + args
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
-    rates = {"warm": child("warm"), "cold": sorted(child("cold") for _ in range(repeats))[repeats // 2]}
-    for label in ("warm", "cold"):
-        per_s = rates[label]
-        res[f"{reader}_{label}"] = {"per_s": per_s, "items": n, "mb_per_s": per_s * nbytes / n / 1e6}
+
+def measure_reads(pairs: List[List[str]], n: int, nbytes: int, res: Dict, repeats: int = 5) -> None:
+    # Each reader in its own process (one reader's garbage must not tax another's allocator),
+    # and the readers take turns, round after round, so that all of them see the same
+    # background load, which a shared 2-core machine varies from second to second.
+    warm = {reader: 0.0 for reader, _ in pairs}
+    for _ in range(3):
+        for reader, path in pairs:
+            rate = float(_child(["--child", reader, path, "warm", "--repeats", str(repeats)]))
+            warm[reader] = max(warm[reader], rate)
+    for reader, path in pairs:
+        cold = sorted(float(_child(["--child", reader, path, "cold"])) for _ in range(repeats))[repeats // 2]
+        for label, per_s in (("warm", warm[reader]), ("cold", cold)):
+            res[f"{reader}_{label}"] = {"per_s": per_s, "items": n, "mb_per_s": per_s * nbytes / n / 1e6}
 
 
 def bench_read(src: str, ours_out: str, work: str, with_litdata: bool) -> Dict[str, Dict]:
     res: Dict[str, Dict] = {}
     small = files_of(src)
     n, nbytes = len(small), sum(os.path.getsize(p) for p in small)
-    measure_read("small_files", src, n, nbytes, res)
-    measure_read("dsconvert_wds", ours_out, n, nbytes, res)
-    measure_read("webdataset_reader", ours_out, n, nbytes, res)
+    pairs = [["small_files", src], ["dsconvert_wds", ours_out], ["webdataset_reader", ours_out]]
     if with_litdata:
         lit = os.path.join(work, "litdata")
         litdata_optimize(src, lit)
-        measure_read("litdata_streaming", lit, n, nbytes, res)
+        pairs.append(["litdata_streaming", lit])
+    measure_reads(pairs, n, nbytes, res)
     return res
 
 

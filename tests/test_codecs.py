@@ -9,7 +9,6 @@ from PIL import Image
 from dsconvert import BadInputError
 from dsconvert.codecs import check_field, check_image, decode_field, decode_image, jpeg_decoders
 
-from conftest import encode
 
 
 def test_pil_mode_is_exactly_imagefolders_loader(image_kinds):

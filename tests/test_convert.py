@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from dsconvert import BadInputError, DsconvertError, Manifest, OutputExistsError, OutputLockedError, convert
+from dsconvert import BadInputError, DsconvertError, OutputExistsError, OutputLockedError, convert
 from dsconvert.cli import main
 
 from conftest import encode, make_image_folder, write

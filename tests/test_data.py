@@ -1,14 +1,12 @@
 """open_dataset as a drop-in for ImageFolder, with DataLoader workers and ranks."""
 
 import hashlib
-import io
 import json
 import os
 from collections import Counter
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from dsconvert import convert, open_dataset
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import mmap
 import os
 import random
@@ -39,19 +38,18 @@ from bisect import bisect_right
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ..codecs import DECODE_MODES, decode_field, decode_image, encode_class, field_kind
-from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
-from ..errors import BadInputError, ManifestError
-from ..keys import escape_path
-from ..manifest import Manifest, ShardEntry, write_json_atomic
-from ..shards import ShardResult, ShardSpec, read_sample
-from ..source import Sample, Skipped
-from ..storage import atomic_write, is_latency_bound
 from .._torch import iterable_dataset
+from ..codecs import DECODE_MODES, decode_field, decode_image, encode_class
+from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
+from ..errors import ManifestError
+from ..manifest import Manifest, ShardEntry
+from ..shards import ShardRecord, ShardSpec
+from ..source import Sample
+from ..storage import is_latency_bound
+from ._base import BaseWriter, Sink
 
-__all__ = ["WdsWriter", "WdsDataset", "ShardIndex"]  # noqa: F822 (WdsDataset: see __getattr__)
+__all__ = ["WdsWriter", "WdsDataset", "load_record"]  # noqa: F822 (WdsDataset: see __getattr__)
 
-INDEX_SCHEMA = 1
 TAR_MTIME = 0
 
 
@@ -105,154 +103,67 @@ def sample_tar_bytes(sample: Sample, with_cls: bool) -> int:
     return total + (_tar_member_bytes(f"{sample.key}.cls", 8) if with_cls else 0)
 
 
-class WdsWriter:
-    """Writes one shard per spec; stateless, so it runs on any executor's worker."""
+class _TarSink(Sink):
+    """Appends samples as tar members, hashing the bytes as they pass."""
+
+    def __init__(self, spec: ShardSpec, file: Any):
+        self.hashing = _HashingFile(file)
+        self.tf = tarfile.TarFile(fileobj=self.hashing, mode="w", format=tarfile.PAX_FORMAT)
+        self.classification = spec.sample_type == "classification"
+        self.members: List[Tuple[str, int, int]] = []  # (field, offset, size) per member
+        self.position: List[int] = []  # sample number of each member
+
+    def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
+        if self.classification:
+            data["cls"] = encode_class(sample.label)
+        n = len(self.position) and self.position[-1] + 1
+        for name in sorted(data):
+            offset, size = _add_member(self.tf, f"{sample.key}.{name}", data[name])
+            self.members.append((name, offset, size))
+            self.position.append(n)
+        return data
+
+    def close(self) -> Dict[str, Any]:
+        self.tf.close()
+        self.sha256 = self.hashing.sha256.hexdigest()
+        count = self.position[-1] + 1 if self.position else 0
+        columns: Dict[str, Dict[str, List[int]]] = {}
+        for (name, offset, size), i in zip(self.members, self.position):
+            col = columns.setdefault(name, {"offset": [-1] * count, "size": [-1] * count})
+            col["offset"][i] = offset
+            col["size"][i] = size
+        return {"members": dict(sorted(columns.items()))}
+
+
+class WdsWriter(BaseWriter):
+    """Writes one tar shard per spec; stateless, so it runs on any executor's worker."""
 
     format = "wds"
     suffix = ".tar"
-
-    overhead = TAR_TRAILER  # bytes a shard has beyond its samples
+    overhead = TAR_TRAILER
 
     @staticmethod
     def sample_bytes(sample: Sample, classification: bool) -> int:
         return sample_tar_bytes(sample, classification)
 
-    @staticmethod
-    def shard_name(prefix: str, index: int) -> str:
-        return f"{prefix}-{index:06d}.tar"
-
-    @staticmethod
-    def index_name(shard_name: str) -> str:
-        return shard_name[: -len(".tar")] + ".index.json"
-
     @classmethod
-    def files_of(cls, entry: ShardEntry) -> List[str]:
-        return [entry.name] + ([entry.index] if entry.index else [])
-
-    @classmethod
-    def write_shard(cls, spec: ShardSpec) -> ShardResult:
-        classification = spec.sample_type == "classification"
-        skipped: List[Skipped] = []
-        keys: List[str] = []
-        labels: List[int] = []
-        sources: List[List[str]] = []
-        fields: Dict[str, str] = {}
-        members: List[Tuple[str, int, int]] = []
-        with atomic_write(os.path.join(spec.out_dir, spec.name)) as raw:
-            sink = _HashingFile(raw)
-            tf = tarfile.TarFile(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT)
-            for sample in spec.samples:
-                try:
-                    data = read_sample(spec, sample)
-                except BadInputError as exc:
-                    if spec.strict:
-                        raise
-                    for f in sample.files:
-                        skipped.append(Skipped(escape_path(f.path), exc.reason))
-                    continue
-                if classification:
-                    data["cls"] = encode_class(sample.label)
-                    labels.append(int(sample.label))
-                for name in sorted(data):
-                    offset, size = _add_member(tf, f"{sample.key}.{name}", data[name])
-                    members.append((f"{sample.key}.{name}", offset, size))
-                    fields[name] = field_kind(name)
-                keys.append(sample.key)
-                sources.append([escape_path(f.path) for f in sample.files])
-            tf.close()
-        index = ShardIndex.build(spec, keys, labels if classification else None, sources, members,
-                                 sink.size, sink.sha256.hexdigest(), skipped, fields)
-        write_json_atomic(os.path.join(spec.out_dir, cls.index_name(spec.name)), index.to_dict())
-        return index.result()
-
-    @classmethod
-    def completed(cls, spec: ShardSpec) -> Optional[ShardResult]:
-        """The result of an earlier run of exactly this spec, if its shard is intact."""
-        path = os.path.join(spec.out_dir, cls.index_name(spec.name))
-        try:
-            index = ShardIndex.load(path)
-            size = os.path.getsize(os.path.join(spec.out_dir, spec.name))
-        except (OSError, ManifestError):
-            return None
-        if index.spec_sha256 != spec.digest() or size != index.bytes:
-            return None
-        result = index.result()
-        result.resumed = True
-        return result
+    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
+        return _TarSink(spec, file)
 
 
-class ShardIndex:
-    """Per-shard index: what the shard holds, where each member's data starts, what was skipped."""
-
-    def __init__(self, d: Dict[str, Any]):
-        self.d = d
-        self.name: str = d["shard"]
-        self.spec_sha256: str = d["spec_sha256"]
-        self.bytes: int = d["bytes"]
-        self.keys: List[str] = d["keys"]
-        self.labels: Optional[List[int]] = d["labels"]
-        self.members: Dict[str, Dict[str, List[int]]] = d["members"]
-
-    @classmethod
-    def build(cls, spec, keys, labels, sources, members, nbytes, sha256, skipped, fields):
-        by_field: Dict[str, Dict[str, List[int]]] = {}
-        position = {k: i for i, k in enumerate(keys)}
-        for name, offset, size in members:
-            key, _, fld = name.rpartition(".")
-            col = by_field.setdefault(fld, {"offset": [-1] * len(keys), "size": [-1] * len(keys)})
-            col["offset"][position[key]] = offset
-            col["size"][position[key]] = size
-        return cls({
-            "schema_version": INDEX_SCHEMA,
-            "format": "wds",
-            "shard": spec.name,
-            "spec_sha256": spec.digest(),
-            "bytes": nbytes,
-            "sha256": sha256,
-            "num_samples": len(keys),
-            "fields": fields,
-            "keys": keys,
-            "labels": labels,
-            "sources": sources,
-            "members": dict(sorted(by_field.items())),
-            "skipped": [{"path": s.path, "reason": s.reason} for s in skipped],
-        })
-
-    def to_dict(self) -> Dict[str, Any]:
-        return self.d
-
-    @classmethod
-    def load(cls, path: str) -> "ShardIndex":
-        try:
-            with open(path, "rb") as f:
-                d = json.loads(f.read())
-        except ValueError as exc:
-            raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
-        if not isinstance(d, dict) or d.get("format") != "wds" or not isinstance(d.get("schema_version"), int):
-            raise ManifestError(f"{path}: not a dsconvert wds shard index", path)
-        if d["schema_version"] > INDEX_SCHEMA:
-            raise ManifestError(f"{path}: index schema {d['schema_version']} is newer than supported", path)
-        n = d.get("num_samples")
-        try:
-            ok = (
-                isinstance(n, int) and len(d["keys"]) == n
-                and (d["labels"] is None or len(d["labels"]) == n)
-                and all(len(c["offset"]) == n and len(c["size"]) == n for c in d["members"].values())
-                and isinstance(d["bytes"], int)
-            )
-        except (KeyError, TypeError, AttributeError):
-            ok = False
-        if not ok:
-            raise ManifestError(f"{path}: shard index columns are missing or of unequal length", path)
-        return cls(d)
-
-    def result(self) -> ShardResult:
-        d = self.d
-        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"],
-                           WdsWriter.index_name(d["shard"]))
-        skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
-        files = sum(len(s) for s in d["sources"])
-        return ShardResult(entry, skipped, dict(d["fields"]), files)
+def load_record(path: str) -> ShardRecord:
+    """A wds shard record, checked to have a member column per field of equal length."""
+    record = ShardRecord.load(path, "wds")
+    members = record.d.get("members")
+    n = len(record.keys)
+    try:
+        ok = isinstance(members, dict) and all(
+            len(c["offset"]) == n and len(c["size"]) == n for c in members.values())
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ManifestError(f"{path}: member columns are missing or of unequal length", path)
+    return record
 
 
 class _MappedBytes:
@@ -346,14 +257,14 @@ class _OpenShard:
     """A shard and its index, as columns of Python ints, read through one byte source."""
 
     def __init__(self, root: str, entry: ShardEntry, bytes_limit: int):
-        index = ShardIndex.load(os.path.join(root, entry.index or WdsWriter.index_name(entry.name)))
+        index = load_record(os.path.join(root, entry.index or WdsWriter.index_name(entry.name)))
         self.path = os.path.join(root, entry.name)
         self.size = os.path.getsize(self.path)
         if self.size != index.bytes:
             raise ManifestError(f"{self.path}: {self.size} bytes, but its index says {index.bytes}", self.path)
         self.index = index
         self._image: Optional[List[Tuple[int, int]]] = None
-        self.fields = [(name, col["offset"], col["size"]) for name, col in index.members.items()]
+        self.fields = [(name, col["offset"], col["size"]) for name, col in index.d["members"].items()]
         for _, offsets, sizes in self.fields:
             for o, sz in zip(offsets, sizes):
                 if o >= 0 and (o + sz > self.size or sz > bytes_limit):
@@ -517,6 +428,12 @@ class _WdsDataset:
             wid, _ = worker_info()
             rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
             items = _shuffled(items, self.buffer_size, rng)
+        plain = (self.manifest.sample_type == "classification" and self.decode == "raw"
+                 and self.transform is None and self.target_transform is None)
+        if plain:  # the raw fast path: nothing to decode or transform
+            for shard, i, raw in items:
+                yield raw, shard.index.labels[i]
+            return
         for shard, i, raw in items:
             yield self._decode(shard, i, raw)
 
