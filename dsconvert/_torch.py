@@ -11,23 +11,30 @@ from typing import Dict
 
 from .optional import optional_import
 
-__all__ = ["iterable_dataset"]
+__all__ = ["iterable_dataset", "map_dataset"]
 
 _made: Dict[str, type] = {}
 
 
-def iterable_dataset(cls: type, name: str) -> type:
-    """``cls`` with ``torch.utils.data.IterableDataset`` as second base, named ``name`` in
-    ``cls``'s module (so instances pickle into DataLoader workers); ``cls`` without torch."""
+def _with_torch_base(cls: type, name: str, base: str) -> type:
     key = f"{cls.__module__}.{name}"
     if key not in _made:
         data = optional_import("torch.utils.data")
-        if data is None:
-            made = type(name, (cls,), {})
-        else:
-            made = type(name, (cls, data.IterableDataset), {})
+        bases = (cls,) if data is None else (cls, getattr(data, base))
+        made = type(name, bases, {})
         made.__module__ = cls.__module__
         made.__qualname__ = name
         made.__doc__ = cls.__doc__
         _made[key] = made
     return _made[key]
+
+
+def iterable_dataset(cls: type, name: str) -> type:
+    """``cls`` with ``torch.utils.data.IterableDataset`` as second base, named ``name`` in
+    ``cls``'s module (so instances pickle into DataLoader workers); ``cls`` without torch."""
+    return _with_torch_base(cls, name, "IterableDataset")
+
+
+def map_dataset(cls: type, name: str) -> type:
+    """The same with ``torch.utils.data.Dataset``: a map-style dataset for samplers."""
+    return _with_torch_base(cls, name, "Dataset")

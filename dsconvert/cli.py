@@ -15,10 +15,12 @@ from collections import Counter
 from typing import Iterator, List, Optional
 
 from . import __version__
+from .codecs import DECODERS, parse_hw
 from .convert import EXIT_SKIPPED, convert
 from .errors import DsconvertError
 from .formats import FORMATS
 from .manifest import Manifest
+from .sizing import format_size
 from .source import LAYOUTS
 
 __all__ = ["main", "build_parser"]
@@ -29,6 +31,13 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _hw(text: str):
+    try:
+        return parse_hw(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", metavar="SRC", help="source folder (ImageFolder or flat) or list file")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
     p.add_argument("--format", choices=sorted(FORMATS), default="wds",
-                   help="output format: wds = WebDataset tar shards (default: %(default)s)")
+                   help="output format: wds = WebDataset tar shards; hdf5 = HDF5 files (encoded "
+                   "bytes, or pixels with --decode); npy = decoded, memory-mappable pixel cache "
+                   "for local SSD (default: %(default)s)")
     p.add_argument("--layout", choices=LAYOUTS, default="auto",
                    help="source layout; auto detects ImageFolder class folders, flat "
                    "basename-grouped files with sidecars, or a list file (default: %(default)s)")
@@ -76,6 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip images with more pixels than N as decompression bombs "
                    "(default: Pillow's MAX_IMAGE_PIXELS)")
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default: %(default)s)")
+    d = p.add_argument_group("decoded outputs (--format npy, or hdf5 with --decode)")
+    d.add_argument("--decode", action="store_true",
+                   help="hdf5: store decoded RGB pixels instead of the encoded bytes")
+    size = d.add_mutually_exclusive_group()
+    size.add_argument("--resize", type=_positive_int, metavar="SHORT",
+                      help="resize the shorter side to SHORT pixels (aspect kept; Pillow's bilinear "
+                      "filter, as torchvision's Resize(SHORT) on PIL images)")
+    size.add_argument("--size", type=_hw, metavar="HxW",
+                      help="resize every image to exactly H x W pixels (bilinear)")
+    d.add_argument("--decoder", choices=DECODERS, default="auto",
+                   help="JPEG decoder: auto = PyTurboJPEG or simplejpeg when they load (within one "
+                   "level of Pillow on average), pil = Pillow's exact pixels (default: %(default)s)")
+    d.add_argument("--force", action="store_true",
+                   help="write even when the estimated output is larger than the free space")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
     p.set_defaults(func=_cmd_shard)
 
@@ -86,14 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skipped", action="store_true", help="list every skipped input")
     p.set_defaults(func=_cmd_info)
     return parser
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
 
 
 def _skip_summary(manifest: Manifest, limit: int) -> List[str]:
@@ -112,7 +129,9 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         args.src, args.output, args.format, layout=args.layout,
         samples_per_shard=args.samples_per_shard, shard_size=args.shard_size,
         workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
-        max_image_pixels=args.max_image_pixels, prefix=args.prefix, progress=not args.quiet,
+        max_image_pixels=args.max_image_pixels, prefix=args.prefix, decode=args.decode,
+        resize=args.resize, size=args.size, decoder=args.decoder, force=args.force,
+        progress=not args.quiet,
     )
     m = result.manifest
     if not args.quiet:
@@ -124,7 +143,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
             rate = m.num_samples / result.seconds if result.seconds else 0.0
             resumed = f", {result.shards_resumed} kept from an earlier run" if result.shards_resumed else ""
             print(f"wrote {m.num_samples} samples in {len(m.shards)} {m.format} shard(s), "
-                  f"{_size(total)}, to {result.out_dir} in {result.seconds:.1f} s "
+                  f"{format_size(total)}, to {result.out_dir} in {result.seconds:.1f} s "
                   f"({rate:.0f} samples/s){resumed}")
         if m.skipped:
             print("\n".join(_skip_summary(m, 10)), file=sys.stderr)
@@ -136,8 +155,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     total = sum(s.bytes for s in m.shards)
     print(f"format:      {m.format} (schema {m.schema_version}, {m.created_by})")
     print(f"source:      {m.source.get('url')} ({m.source.get('layout')})")
-    print(f"samples:     {m.num_samples} ({m.sample_type})")
-    print(f"shards:      {len(m.shards)}, {_size(total)}")
+    print(f"samples:     {m.num_samples} ({m.sample_type}, {m.stored})")
+    if m.stored == "decoded":
+        o = m.options
+        shape = f"resize {o.get('resize')}" if o.get("resize") else (
+            f"size {o['size'][0]}x{o['size'][1]}" if o.get("size") else "full size")
+        print(f"pixels:      RGB uint8, {shape}, JPEG decoder {o.get('decoder')}")
+    print(f"shards:      {len(m.shards)}, {format_size(total)}")
     print(f"fields:      {', '.join(f'{k} ({v})' for k, v in m.fields.items())}")
     if m.classes is not None:
         shown = ", ".join(m.classes[:8]) + (", ..." if len(m.classes) > 8 else "")

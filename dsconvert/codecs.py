@@ -35,6 +35,13 @@ __all__ = [
     "decode_image",
     "encode_class",
     "jpeg_decoders",
+    "DECODERS",
+    "resolve_decoder",
+    "decode_rgb",
+    "resize_rgb",
+    "resized_shape",
+    "image_size",
+    "parse_hw",
 ]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, without the dots
@@ -254,3 +261,82 @@ def decode_field(field: str, data: bytes, mode: str = "pil") -> Any:
     if kind == "npy":
         return np.load(io.BytesIO(data), allow_pickle=False)
     return data
+
+
+# --- decoded caches ---------------------------------------------------------------------
+
+DECODERS = ("auto", "pil", "turbojpeg", "simplejpeg")
+# The resampling filter of --resize/--size: torchvision's Resize default on PIL images
+RESIZE_FILTER = "bilinear"
+
+
+def resolve_decoder(name: str = "auto") -> str:
+    """The JPEG decoder a decoded cache will be written with: ``auto`` -> the fastest that
+    loads here. A named one that does not load is an error, never a silent substitute."""
+    if name not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, not {name!r}")
+    loaded = [n for n, _ in jpeg_decoders()]
+    if name == "auto":
+        return loaded[0]
+    if name not in loaded:
+        from .errors import MissingDependencyError
+
+        hint = optional.INSTALL_HINTS.get(name, f"pip install {name}")
+        raise MissingDependencyError(f"the {name} decoder does not load here: run `{hint}`")
+    return name
+
+
+def decode_rgb(data: bytes, decoder: str = "pil") -> np.ndarray:
+    """HWC uint8 RGB pixels, as ``np.asarray(Image.open(f).convert("RGB"))``, with JPEGs
+    through the named fast decoder (CMYK and non-JPEG data always through Pillow)."""
+    if decoder != "pil" and data[:3] == _JPEG_MAGIC and not _is_cmyk_jpeg(data):
+        fn = dict(jpeg_decoders()).get(decoder)
+        if fn is not None:
+            try:
+                return np.ascontiguousarray(fn(data))
+            except Exception:
+                pass
+    return np.asarray(_pil_rgb(data))
+
+
+def resized_shape(height: int, width: int, resize: Optional[int] = None,
+                  size: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
+    """(h, w) after ``--resize SHORT`` (shorter side to SHORT, torchvision's rounding) or
+    ``--size HxW``; unchanged without either."""
+    if size is not None:
+        return int(size[0]), int(size[1])
+    if resize is None:
+        return height, width
+    short, long_ = (height, width) if height <= width else (width, height)
+    new_long = int(resize * long_ / short)
+    return (resize, new_long) if height <= width else (new_long, resize)
+
+
+def resize_rgb(pixels: np.ndarray, resize: Optional[int] = None,
+               size: Optional[Tuple[int, int]] = None) -> np.ndarray:
+    """Resize with Pillow's bilinear filter (antialiased when shrinking), as
+    ``torchvision.transforms.Resize`` does on PIL images."""
+    h, w = pixels.shape[:2]
+    nh, nw = resized_shape(h, w, resize, size)
+    if (nh, nw) == (h, w):
+        return pixels
+    img = Image.fromarray(pixels).resize((nw, nh), Image.Resampling.BILINEAR)
+    return np.asarray(img)
+
+
+def image_size(path: str) -> Tuple[int, int]:
+    """(height, width) from the file's header, without decoding."""
+    with Image.open(path) as img:
+        w, h = img.size
+    return h, w
+
+
+def parse_hw(text: str) -> Tuple[int, int]:
+    """'224x224' -> (224, 224): height x width."""
+    try:
+        h, w = (int(v) for v in str(text).lower().split("x"))
+    except ValueError:
+        raise ValueError(f"size must be HxW, e.g. 224x224, not {text!r}") from None
+    if h < 1 or w < 1:
+        raise ValueError(f"size must be positive, not {text!r}")
+    return h, w

@@ -15,15 +15,19 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import __version__
-from .errors import BadInputError, DsconvertError, OutputExistsError, OutputLockedError
-from .formats import FORMATS, writer_class
+from .codecs import resolve_decoder
+from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
+                     OutputExistsError, OutputLockedError, SourceError)
+from .formats import CAN_DECODE, DECODED_ONLY, FORMATS, writer_class
 from .manifest import MANIFEST_NAME, Manifest
 from .progress import progress_bar
 from .shards import ShardResult, ShardSpec, parse_size, plan_shards
+from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
+from .storage import free_bytes, mount_of
 
 __all__ = ["convert", "ConvertResult", "EXIT_SKIPPED"]
 
@@ -114,17 +118,33 @@ def _remove_stale(out_dir: str, prefix: str, keep: set) -> None:
 
 
 def _make_specs(source: Source, fmt: str, out_dir: str, prefix: str, samples_per_shard: int,
-                shard_bytes: int, verify: bool, strict: bool, max_image_pixels: Optional[int]) -> List[ShardSpec]:
+                shard_bytes: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
+                format_options: Dict[str, Any], bytes_ratio: float) -> List[ShardSpec]:
+    """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels)."""
     writer = writer_class(fmt)
     sample_type = "classification" if source.layout in ("imagefolder", "list") else "dict"
     classification = sample_type == "classification"
     ranges = plan_shards(source.samples, samples_per_shard, max(1, shard_bytes - writer.overhead),
-                         size_of=lambda s: writer.sample_bytes(s, classification))
+                         size_of=lambda s: int(writer.sample_bytes(s, classification) * bytes_ratio))
     return [
         ShardSpec(fmt, i, writer.shard_name(prefix, i), source.root, out_dir, sample_type,
-                  tuple(source.samples[a:b]), verify, max_image_pixels, strict)
+                  tuple(source.samples[a:b]), verify, max_image_pixels, strict, format_options)
         for i, (a, b) in enumerate(ranges)
     ]
+
+
+def _check_space(out_dir: str, prefix: str, needed: SizeEstimate, fmt: str) -> None:
+    """Refuse to start when the output cannot fit (shards already there count as written)."""
+    shard = re.compile(rf"^{re.escape(prefix)}-\d{{6}}\.")
+    present = sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir) if shard.match(n))
+    free = free_bytes(out_dir)
+    if needed.bytes - present > free:
+        hint = " (--resize SHORT or --size HxW shrinks decoded caches)" if fmt in CAN_DECODE else ""
+        raise InsufficientSpaceError(
+            f"the {fmt} output needs {needed.describe()} but {mount_of(out_dir)[0]} has "
+            f"{format_size(free)} free; free some room, choose another --output{hint}, or pass --force",
+            out_dir,
+        )
 
 
 def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar) -> List[ShardResult]:
@@ -186,6 +206,11 @@ def convert(
     overwrite: bool = False,
     max_image_pixels: Optional[int] = None,
     prefix: str = "shard",
+    decode: bool = False,
+    resize: Optional[int] = None,
+    size: Optional[Tuple[int, int]] = None,
+    decoder: str = "auto",
+    force: bool = False,
     executor: Optional[cf.Executor] = None,
     progress: bool = False,
 ) -> ConvertResult:
@@ -195,13 +220,29 @@ def convert(
     ``result.manifest.skipped`` (``strict=True`` raises :class:`BadInputError` instead). A
     finished output is left as it is (``already_complete``) unless ``overwrite``; a finished
     output made with other options raises :class:`OutputExistsError`.
+
+    Decoded outputs (``format="npy"``, or ``"hdf5"`` with ``decode=True``) hold RGB pixels,
+    optionally resized (``resize`` = shorter side, or ``size`` = (height, width)); JPEGs are
+    decoded with ``decoder`` (``auto``: the fastest that loads; ``pil`` for Pillow's exact
+    pixels). Before writing, the output's size is estimated and a file system without room
+    for it refuses the conversion with :class:`InsufficientSpaceError` unless ``force``.
     """
     if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+        raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+        raise OptionError(f"layout must be one of {LAYOUTS}, not {layout!r}")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
-        raise ValueError(f"prefix must be a plain file name stem, not {prefix!r}")
+        raise OptionError(f"prefix must be a plain file name stem, not {prefix!r}")
+    decode = decode or format in DECODED_ONLY
+    if decode and format not in CAN_DECODE:
+        raise OptionError(f"decode=True needs a format that stores pixels ({', '.join(CAN_DECODE)})")
+    if (resize is not None or size is not None) and not decode:
+        raise OptionError("resize/size apply to decoded outputs: --format npy, or hdf5 with --decode")
+    if resize is not None and size is not None:
+        raise OptionError("give resize (shorter side) or size (HxW), not both")
+    if resize is not None and int(resize) < 1:
+        raise OptionError(f"resize must be >= 1, not {resize}")
+    decoder_name = resolve_decoder(decoder) if decode else None
     shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
     workers = available_cpus() if workers is None else max(1, int(workers))
     src_abs = os.path.abspath(src)
@@ -210,6 +251,7 @@ def convert(
     options = _shaping_options(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
         verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,
+        decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name,
     )
     started = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
@@ -233,8 +275,20 @@ def convert(
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)
 
+        if format != "wds" and source.layout not in ("imagefolder", "list"):
+            raise SourceError(
+                f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "
+                f"source, and {src_abs} was scanned as {source.layout} (use --format wds)", src_abs)
+        estimate = estimate_output_bytes(source, decode, resize, size)
+        if not force:
+            _check_space(out_dir, prefix, estimate, format)
+        format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
+                          "decoder": decoder_name}
+        if format == "hdf5":
+            format_options["classes"] = source.classes
+        ratio = estimate.bytes / source.nbytes if decode and source.nbytes else 1.0
         specs = _make_specs(source, format, out_dir, prefix, samples_per_shard, shard_bytes,
-                            verify, strict, max_image_pixels)
+                            verify, strict, max_image_pixels, format_options, ratio)
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
             results = _run(specs, workers, executor, bar)
 
@@ -242,6 +296,7 @@ def convert(
         keep = {name for r in results for name in writer.files_of(r.entry)}
         _remove_stale(out_dir, prefix, keep)
         manifest = _build_manifest(src_abs, source, format, specs, results, options)
+        manifest.stored = "decoded" if decode else "encoded"
         manifest.save(out_dir)
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,

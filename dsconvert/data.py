@@ -8,7 +8,15 @@ from typing import Any, Callable, Optional
 from .formats import FORMATS, dataset_class
 from .manifest import Manifest
 
-__all__ = ["open_dataset"]
+__all__ = ["open_dataset", "CachedDataset"]  # noqa: F822 (CachedDataset: see __getattr__)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CachedDataset":  # imported on first use (it subclasses torch's Dataset)
+        from .cached import CachedDataset
+
+        return CachedDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_dataset(
@@ -26,7 +34,10 @@ def open_dataset(
     sources a dict of decoded fields with ``__key__``.
 
     Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
-    ``even`` (None | "pad" | "drop"); see :class:`dsconvert.formats.wds.WdsDataset`.
+    ``even`` (None | "pad" | "drop"), ``prefetch``; see :class:`dsconvert.formats.wds.WdsDataset`.
+    hdf5 and npy outputs are map-style (``len``, indexing; shuffle and DDP through the
+    DataLoader's sampler, e.g. ``DistributedSampler``); decoded ones have no ``"raw"`` mode,
+    and npy's ``"numpy"`` mode returns zero-copy, read-only views of the memory map.
     """
     root = os.path.abspath(path)
     manifest = Manifest.load(root)

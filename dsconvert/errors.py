@@ -12,6 +12,8 @@ __all__ = [
     "BadInputError",
     "MissingDependencyError",
     "OutputLockedError",
+    "InsufficientSpaceError",
+    "OptionError",
 ]
 
 
@@ -25,6 +27,10 @@ class DsconvertError(Exception):
 
     def __reduce__(self):  # keep ``path`` (and ``reason``) when raised in a worker process
         return (type(self), self._init_args)
+
+
+class OptionError(DsconvertError, ValueError):
+    """Options that do not go together (``--resize`` with ``--format wds``, say)."""
 
 
 class SourceError(DsconvertError, ValueError):
@@ -41,6 +47,10 @@ class OutputExistsError(DsconvertError, FileExistsError):
 
 class OutputLockedError(DsconvertError, BlockingIOError):
     """Another conversion is writing into the same output directory."""
+
+
+class InsufficientSpaceError(DsconvertError, OSError):
+    """The output's file system has no room for the (estimated) output; ``--force`` overrides."""
 
 
 class BadInputError(DsconvertError, ValueError):

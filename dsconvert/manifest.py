@@ -12,6 +12,7 @@ Schema version 1::
       "created_by": "dsconvert 0.1.0",
       "source": {"url": "/data/train", "layout": "imagefolder"},
       "sample_type": "classification",      # (image, label) tuples; or "dict"
+      "stored": "encoded",                  # or "decoded": pixels (hdf5 --decode, npy)
       "classes": ["cat", "dog"],            # null when the source has none
       "fields": {"jpg": "image", "cls": "class"},
       "num_samples": 1234,
@@ -44,6 +45,7 @@ __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "write_j
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "dsconvert.json"
 SAMPLE_TYPES = ("classification", "dict")
+STORED = ("encoded", "decoded")
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Manifest:
     accounting: Dict[str, int] = field(default_factory=dict)
     options: Dict[str, Any] = field(default_factory=dict)
     created_by: str = ""
+    stored: str = "encoded"  # "decoded": the shards hold pixels (hdf5 --decode, npy)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> Dict[str, Any]:
@@ -101,6 +104,7 @@ class Manifest:
             _expect(isinstance(d.get(name), kind) and not isinstance(d.get(name), bool), where, name, desc)
         _expect(d["sample_type"] in SAMPLE_TYPES, where, "sample_type", f"one of {SAMPLE_TYPES}")
         _expect(d["num_samples"] >= 0, where, "num_samples", ">= 0")
+        _expect(d.get("stored", "encoded") in STORED, where, "stored", f"one of {STORED}")
         classes = d.get("classes")
         _expect(
             classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
@@ -130,6 +134,7 @@ class Manifest:
             accounting=d.get("accounting", {}),
             options=d.get("options", {}),
             created_by=d.get("created_by", ""),
+            stored=d.get("stored", "encoded"),
             schema_version=version,
         )
 

@@ -12,7 +12,7 @@ import contextlib
 import os
 from typing import IO, Iterable, Iterator, Tuple
 
-__all__ = ["atomic_write", "evict_page_cache", "mount_of", "is_latency_bound", "LATENCY_BOUND_FS"]
+__all__ = ["atomic_write", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "LATENCY_BOUND_FS"]
 
 
 @contextlib.contextmanager
@@ -86,3 +86,12 @@ def mount_of(path: str) -> Tuple[str, str]:
 def is_latency_bound(path: str) -> bool:
     fstype = mount_of(path)[1]
     return fstype.split(".")[0] in LATENCY_BOUND_FS or fstype.startswith("fuse")
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged user may still write on the file system holding ``path``."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe)
+    return st.f_bavail * st.f_frsize

@@ -35,7 +35,7 @@ def test_python_m_and_quiet(tmp_path, image_folder):
                          capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout == "" and run.stderr == ""
     info = subprocess.run([sys.executable, "-m", "dsconvert", "info", str(out)], capture_output=True, text=True)
-    assert "samples:     16 (classification)" in info.stdout
+    assert "samples:     16 (classification, encoded)" in info.stdout
 
 
 def test_conversion_never_imports_torch(tmp_path, image_folder):

@@ -8,12 +8,17 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, Tuple
 
-__all__ = ["FORMATS", "writer_class", "dataset_class"]
+__all__ = ["FORMATS", "DECODED_ONLY", "CAN_DECODE", "writer_class", "dataset_class"]
 
 # id -> (module, writer class, dataset class)
 FORMATS: Dict[str, Tuple[str, str, str]] = {
     "wds": ("dsconvert.formats.wds", "WdsWriter", "WdsDataset"),
+    "hdf5": ("dsconvert.formats.hdf5", "HdfWriter", "HdfDataset"),
+    "npy": ("dsconvert.formats.npy", "NpyWriter", "NpyDataset"),
 }
+# formats that hold decoded pixels always, or when asked (--decode)
+DECODED_ONLY = ("npy",)
+CAN_DECODE = ("hdf5", "npy")
 
 
 def _load(fmt: str, slot: int) -> Any:

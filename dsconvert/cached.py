@@ -1,0 +1,292 @@
+"""``CachedDataset``: decode once, in the first epoch; read a memory map in every later one.
+
+For users who cannot run an offline conversion: wrap the map-style dataset you already have
+(without random augmentation; pass that as ``transform``)::
+
+    ds = CachedDataset(ImageFolder("/nfs/train"), "/ssd/cache", transform=augment)
+
+Cache folder layout, lock-free for any number of DataLoader workers writing at once:
+
+``data-<pid>-<nonce>.bin``
+    pixels appended by one process, HWC uint8, back to back.
+``log-<pid>-<nonce>.bin``
+    that process's records, appended after the pixels they describe, 44 bytes each:
+    ``<qqiiiqII``: index, offset, height, width, channels (0 for a 2-D image), label, CRC-32
+    of the pixels, magic. A record whose magic, length, extent or CRC does not check out is a
+    write that a crash cut short: it is ignored and the sample computed again, never served.
+``index.npy`` + ``files.json``
+    written (atomically) once every sample is cached and every CRC has been checked: later
+    processes load it instead of replaying the logs, and trust it without re-checking CRCs.
+``cache.json``
+    the number of samples, so a cache is never reused for a different dataset.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import struct
+import time
+import uuid
+import warnings
+import zlib
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import numpy as np
+from PIL import Image
+
+from ._torch import map_dataset
+from .errors import ManifestError
+from .storage import atomic_write
+
+__all__ = ["CachedDataset"]  # noqa: F822 (made on first use: see __getattr__)
+
+RECORD = struct.Struct("<qqiiiqII")
+MAGIC = 0xD5C0C4E1
+INDEX_DTYPE = np.dtype([("file", "<i4"), ("offset", "<i8"), ("height", "<i4"), ("width", "<i4"),
+                        ("channels", "<i4"), ("label", "<i8")])
+REFRESH_SECONDS = 2.0  # a miss re-reads other processes' logs at most this often
+
+Entry = Tuple[str, int, int, int, int, int, Optional[int]]  # file, offset, h, w, c, label, crc (None: checked)
+
+
+def _as_pixels(image: Any) -> np.ndarray:
+    """The image as uint8 HWC (or HW) pixels: RGB for PIL images of other modes."""
+    if isinstance(image, Image.Image):
+        if image.mode not in ("RGB", "L"):
+            image = image.convert("RGB")
+        return np.asarray(image)
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8 or arr.ndim not in (2, 3):
+        raise TypeError(f"CachedDataset caches uint8 HWC/HW images or PIL images, got {arr.dtype} {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+class _State:
+    """What one process knows of the cache, and its own append-only files."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.pid = os.getpid()
+        self.entries: Dict[int, Entry] = {}
+        self.log_pos: Dict[str, int] = {}
+        self.maps: Dict[str, np.ndarray] = {}
+        self.last_refresh = 0.0
+        self.data_fd: Optional[int] = None
+        self.log_fd: Optional[int] = None
+        self.data_name = ""
+        self.data_end = 0
+        self.broken = False  # writing failed once (disk full...): serve without caching
+
+
+class _CachedDataset:
+    """Map-style dataset caching a wrapped map-style dataset's decoded ``(image, label)``."""
+
+    def __init__(self, dataset: Any, cache_dir: str, transform: Optional[Callable] = None,
+                 target_transform: Optional[Callable] = None, decode: str = "pil"):
+        if decode not in ("pil", "numpy"):
+            raise ValueError(f"decode must be 'pil' or 'numpy', not {decode!r}")
+        self.dataset = dataset
+        self.cache_dir = os.path.abspath(cache_dir)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.decode = decode
+        self.n = len(dataset)
+        os.makedirs(self.cache_dir, exist_ok=True)
+        meta_path = os.path.join(self.cache_dir, "cache.json")
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            meta = {"schema_version": 1, "num_samples": self.n}
+            with atomic_write(meta_path, "w") as f:
+                json.dump(meta, f)
+        except ValueError as exc:
+            raise ManifestError(f"{meta_path}: not valid JSON ({exc}); remove the cache folder", meta_path) from None
+        if meta.get("num_samples") != self.n:
+            raise ManifestError(
+                f"{self.cache_dir} caches a dataset of {meta.get('num_samples')} samples, not {self.n}; "
+                "use another cache_dir or remove this one", self.cache_dir)
+        self._state: Optional[_State] = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_state"] = None  # file descriptors and maps belong to one process
+        return state
+
+    # --- state --------------------------------------------------------------------------
+
+    def _st(self) -> _State:
+        st = self._state
+        if st is None or st.pid != os.getpid():
+            st = self._state = _State(self.cache_dir)
+            self._load_index(st)
+            self._refresh(st)
+            if len(st.entries) == self.n:
+                self._consolidate(st)
+        return st
+
+    def _load_index(self, st: _State) -> None:
+        try:
+            with open(os.path.join(self.cache_dir, "files.json")) as f:
+                files = json.load(f)
+            rows = np.load(os.path.join(self.cache_dir, "index.npy"))
+        except (OSError, ValueError):
+            return
+        if len(rows) != self.n:
+            return
+        for i, (fi, o, h, w, c, label) in enumerate(rows.tolist()):
+            st.entries[i] = (files[fi], o, h, w, c, label, None)
+
+    def _refresh(self, st: _State) -> None:
+        """Read the records other processes appended since the last look."""
+        st.last_refresh = time.monotonic()
+        for log in sorted(glob.glob(os.path.join(self.cache_dir, "log-*.bin"))):
+            name = os.path.basename(log)
+            start = st.log_pos.get(name, 0)
+            try:
+                with open(log, "rb") as f:
+                    f.seek(start)
+                    blob = f.read()
+            except OSError:
+                continue
+            usable = len(blob) - len(blob) % RECORD.size  # a torn last record waits (or is lost)
+            data_name = "data-" + name[len("log-"):]
+            try:
+                data_size = os.path.getsize(os.path.join(self.cache_dir, data_name))
+            except OSError:
+                data_size = -1
+            for pos in range(0, usable, RECORD.size):
+                i, o, h, w, c, label, crc, magic = RECORD.unpack_from(blob, pos)
+                if magic != MAGIC or not 0 <= i < self.n or i in st.entries:
+                    continue
+                if o < 0 or o + h * w * max(c, 1) > data_size:
+                    continue
+                st.entries[i] = (data_name, o, h, w, c, label, crc)
+            st.log_pos[name] = start + usable
+
+    def _map(self, st: _State, name: str, end: int) -> np.ndarray:
+        m = st.maps.get(name)
+        if m is None or len(m) < end:
+            path = os.path.join(self.cache_dir, name)
+            m = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+            st.maps[name] = m
+        return m
+
+    def _pixels(self, st: _State, i: int) -> Optional[np.ndarray]:
+        """The cached pixels of sample i, or None when absent or failing their CRC."""
+        entry = st.entries.get(i)
+        if entry is None:
+            return None
+        name, o, h, w, c, label, crc = entry
+        nbytes = h * w * max(c, 1)
+        flat = self._map(st, name, o + nbytes)[o: o + nbytes]
+        if crc is not None:
+            if zlib.crc32(flat) != crc:
+                del st.entries[i]  # cut short or damaged: compute it again
+                return None
+            st.entries[i] = entry[:6] + (None,)
+        return flat.reshape((h, w, c) if c else (h, w))
+
+    def _append(self, st: _State, i: int, pixels: np.ndarray, label: int) -> None:
+        if st.broken:
+            return
+        try:
+            if st.data_fd is None:
+                tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                st.data_name = f"data-{tag}.bin"
+                st.data_fd = os.open(os.path.join(self.cache_dir, st.data_name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                st.log_fd = os.open(os.path.join(self.cache_dir, f"log-{tag}.bin"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                st.data_end = 0
+            _write_all(st.data_fd, memoryview(pixels).cast("B"))
+            h, w = pixels.shape[:2]
+            c = pixels.shape[2] if pixels.ndim == 3 else 0
+            record = RECORD.pack(i, st.data_end, h, w, c, label, zlib.crc32(pixels), MAGIC)
+            _write_all(st.log_fd, record)  # only now is the sample visible to anyone
+            st.entries[i] = (st.data_name, st.data_end, h, w, c, label, None)
+            st.data_end += pixels.nbytes
+        except OSError as exc:
+            st.broken = True
+            warnings.warn(f"CachedDataset stops caching in this process: {exc}", RuntimeWarning)
+
+    def _consolidate(self, st: _State) -> None:
+        """Check every CRC once and write index.npy, unless it exists or another process is
+        doing it (then the CRCs are checked sample by sample as they are read)."""
+        if os.path.exists(os.path.join(self.cache_dir, "index.npy")):
+            return
+        lock_fd = os.open(os.path.join(self.cache_dir, ".consolidate.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+            for i in range(self.n):
+                if self._pixels(st, i) is None:
+                    return  # one was damaged: not complete after all
+            files = sorted({e[0] for e in st.entries.values()})
+            fid = {name: k for k, name in enumerate(files)}
+            rows = np.array([(fid[e[0]],) + e[1:6] for e in (st.entries[i] for i in range(self.n))],
+                            dtype=INDEX_DTYPE)
+            with atomic_write(os.path.join(self.cache_dir, "files.json"), "w") as f:
+                json.dump(files, f)
+            with atomic_write(os.path.join(self.cache_dir, "index.npy")) as f:
+                np.save(f, rows)
+        finally:
+            os.close(lock_fd)
+
+    # --- the dataset --------------------------------------------------------------------
+
+    @property
+    def is_complete(self) -> bool:
+        """True when every sample is cached (later reads never touch the wrapped dataset)."""
+        st = self._st()
+        if len(st.entries) < self.n:
+            self._refresh(st)
+        return len(st.entries) == self.n
+
+    def __getitem__(self, index: int) -> Tuple[Any, Any]:
+        i = int(index)
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(f"sample index {index} out of range for {self.n} samples")
+        st = self._st()
+        pixels = self._pixels(st, i)
+        if pixels is None and time.monotonic() - st.last_refresh > REFRESH_SECONDS:
+            self._refresh(st)  # another worker may have cached it meanwhile
+            pixels = self._pixels(st, i)
+        if pixels is None:
+            image, label = self.dataset[i]
+            try:
+                label = int(label)
+            except (TypeError, ValueError):
+                raise TypeError(f"CachedDataset caches integer labels, got {label!r}") from None
+            pixels = _as_pixels(image)
+            self._append(st, i, pixels, label)
+        else:
+            label = st.entries[i][5]
+        image = pixels if self.decode == "numpy" else Image.fromarray(pixels)
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label
+
+
+def _write_all(fd: int, data: Any) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CachedDataset":  # a torch Dataset when torch is installed; made on first use
+        cls = map_dataset(_CachedDataset, "CachedDataset")
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

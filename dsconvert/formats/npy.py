@@ -1,0 +1,147 @@
+"""Decoded ``.npy`` caches for local SSD: pixels memory-mapped, no decode at read time.
+
+Byte layout of one output folder::
+
+    shard-000000.npy           a 1-D uint8 array (NumPy's .npy format, header padded to 128
+                               bytes): the RGB pixels of every sample, HWC, packed back to
+                               back, so images of any size need no padding
+    shard-000000.samples.npy   a structured array, one row per sample: offset (int64, into
+                               the pixel array), height, width, channels (int32), label (int64)
+    shard-000000.index.json    the shard record (keys, source paths, skipped inputs, digest)
+    dsconvert.json             the manifest; ``options.decoder`` names the JPEG decoder used
+
+Without dsconvert::
+
+    pixels = np.load("shard-000000.npy", mmap_mode="r")
+    rows = np.load("shard-000000.samples.npy")
+    o, h, w, c, label = rows[i]
+    image = pixels[o:o + h * w * c].reshape(h, w, c)
+
+Pixels are what ``Image.open(f).convert("RGB")`` gives (PNG exactly; JPEG exactly through
+Pillow, within one level on average through PyTurboJPEG/simplejpeg), then resized with
+Pillow's bilinear filter when ``--resize SHORT`` or ``--size HxW`` was given.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+from .._torch import map_dataset
+from ..codecs import decode_rgb, resize_rgb
+from ..errors import BadInputError
+from ..manifest import ShardEntry
+from ..shards import ShardSpec
+from ..source import Sample
+from ..storage import atomic_write
+from ._base import BaseWriter, Sink
+from ._map import MapReader
+
+__all__ = ["NpyWriter", "NpyDataset", "SAMPLE_DTYPE", "decode_sample_pixels"]  # noqa: F822
+
+HEADER_BYTES = 128
+SAMPLE_DTYPE = np.dtype([("offset", "<i8"), ("height", "<i4"), ("width", "<i4"),
+                         ("channels", "<i4"), ("label", "<i8")])
+
+
+def npy_header(length: int) -> bytes:
+    """The .npy (version 1.0) header of a 1-D uint8 array, padded to HEADER_BYTES, so that
+    it can be written first as a placeholder and rewritten in place once the length is known."""
+    text = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }" % length
+    body = text.ljust(HEADER_BYTES - 10 - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
+
+
+def decode_sample_pixels(spec: ShardSpec, data: bytes) -> np.ndarray:
+    """Decode (and resize) one image as the spec says, or raise BadInputError."""
+    opts = spec.options
+    try:
+        pixels = decode_rgb(data, opts.get("decoder", "pil"))
+        size = tuple(opts["size"]) if opts.get("size") else None
+        return np.ascontiguousarray(resize_rgb(pixels, opts.get("resize"), size))
+    except BadInputError:
+        raise
+    except Exception as exc:  # --no-verify let a bad image through: skip it now
+        raise BadInputError(f"cannot decode image: {exc}") from None
+
+
+def image_field(data: Dict[str, bytes]) -> str:
+    return next(name for name in data if name != "cls")
+
+
+class _PixelSink(Sink):
+    def __init__(self, spec: ShardSpec, file: Any, path: str):
+        self.spec = spec
+        self.file = file
+        self.path = path
+        self.file.write(npy_header(0))
+        self.length = 0
+        self.rows: List[Tuple[int, int, int, int, int]] = []
+
+    def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
+        name = image_field(data)
+        pixels = decode_sample_pixels(self.spec, data[name])
+        h, w, c = pixels.shape
+        self.file.write(pixels.data)
+        self.rows.append((self.length, h, w, c, int(sample.label)))
+        self.length += pixels.nbytes
+        return {name: data[name]}
+
+    def close(self) -> Dict[str, Any]:
+        self.file.seek(0)
+        self.file.write(npy_header(self.length))
+        self.file.seek(0, os.SEEK_END)
+        rows_name = NpyWriter.rows_name(self.spec.name)
+        with atomic_write(os.path.join(self.spec.out_dir, rows_name)) as f:
+            np.save(f, np.array(self.rows, dtype=SAMPLE_DTYPE))
+        return {"samples_file": rows_name}
+
+
+class NpyWriter(BaseWriter):
+    format = "npy"
+    suffix = ".npy"
+    overhead = HEADER_BYTES
+
+    @staticmethod
+    def rows_name(shard_name: str) -> str:
+        return shard_name[: -len(".npy")] + ".samples.npy"
+
+    @classmethod
+    def files_of(cls, entry: ShardEntry) -> List[str]:
+        return super().files_of(entry) + [cls.rows_name(entry.name)]
+
+    @classmethod
+    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
+        return _PixelSink(spec, file, path)
+
+
+class _NpyDataset(MapReader):
+    """Map-style dataset over npy caches: ``decode="numpy"`` returns zero-copy, read-only
+    views of the memory map; ``"pil"`` PIL images. See :func:`dsconvert.open_dataset`."""
+
+    def _open(self, entry: ShardEntry) -> Any:
+        pixels = np.load(os.path.join(self.root, entry.name), mmap_mode="r").view(np.ndarray)
+        rows = np.load(os.path.join(self.root, NpyWriter.rows_name(entry.name)))
+        if len(rows) != entry.num_samples:
+            from ..errors import ManifestError
+
+            raise ManifestError(f"{entry.name}: {len(rows)} rows for {entry.num_samples} samples")
+        spans = [(int(o), (int(h), int(w), int(c)), int(h) * int(w) * int(c))
+                 for o, h, w, c in zip(rows["offset"], rows["height"], rows["width"], rows["channels"])]
+        return pixels, spans, rows["label"].tolist()
+
+    def _read(self, handle: Any, j: int) -> Tuple[Any, int]:
+        pixels, spans, labels = handle
+        o, shape, n = spans[j]
+        return pixels[o: o + n].reshape(shape), labels[j]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NpyDataset":  # a torch Dataset when torch is installed; made on first use
+        cls = map_dataset(_NpyDataset, "NpyDataset")
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

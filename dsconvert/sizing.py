@@ -1,0 +1,67 @@
+"""How big an output will be, before writing it: exact for encoded bytes, sampled for pixels.
+
+Decoded caches hold H x W x 3 bytes per image, which can be 10x the JPEGs; finding that out
+when the disk fills at 80 % is the outcome this prevents. Image sizes come from file headers
+(no decode) of a seeded random sample, exact when the dataset is no larger than the sample.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .codecs import image_size, is_image_field, resized_shape
+from .source import Source
+
+__all__ = ["SizeEstimate", "estimate_output_bytes", "format_size"]
+
+
+@dataclass
+class SizeEstimate:
+    bytes: int
+    sampled: int  # images whose headers were read (0: sizes came from the scan)
+    exact: bool
+
+    def describe(self) -> str:
+        how = "exact" if self.exact else f"estimated from {self.sampled} sampled images"
+        return f"{format_size(self.bytes)} ({how})"
+
+
+def format_size(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units, as disks are sold and ``df -H`` shows)."""
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        n /= 1000
+        if n < 1000 or unit == "PB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] = None,
+                          size: Optional[Tuple[int, int]] = None, sample: int = 500,
+                          seed: int = 0) -> SizeEstimate:
+    """Bytes of the output: the source's bytes when stored encoded, pixels when decoded."""
+    if not decoded:
+        return SizeEstimate(source.nbytes, 0, True)
+    images = [(s, f) for s in source.samples for f in s.files if is_image_field(f.field)]
+    if not images:
+        return SizeEstimate(0, 0, True)
+    if size is not None:
+        return SizeEstimate(len(images) * size[0] * size[1] * 3, 0, True)
+    picked = images if len(images) <= sample else random.Random(seed).sample(images, sample)
+    total = counted = 0
+    for _, f in picked:
+        path = f.path if os.path.isabs(f.path) else os.path.join(source.root, f.path)
+        try:
+            h, w = resized_shape(*image_size(path), resize=resize)
+        except Exception:
+            continue  # unreadable now: it will be skipped, and takes no room
+        total += h * w * 3
+        counted += 1
+    if counted == 0:
+        return SizeEstimate(0, len(picked), False)
+    exact = len(picked) == len(images)
+    return SizeEstimate(total if exact else int(total / counted * len(images)), len(picked), exact)

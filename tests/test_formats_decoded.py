@@ -1,0 +1,224 @@
+"""hdf5 and npy: round trips against PIL, readable without dsconvert, fork-safe readers."""
+
+import os
+import subprocess
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dsconvert import InsufficientSpaceError, OptionError, SourceError, convert, open_dataset
+from dsconvert.codecs import resized_shape
+
+from conftest import make_image_folder, pil_loader, reference_image_folder, write
+
+h5py = pytest.importorskip("h5py")
+
+# (format, convert options, decode modes to check)
+CASES = [
+    ("wds", {}, ("pil", "numpy", "raw")),
+    ("hdf5", {}, ("pil", "numpy", "raw")),
+    ("hdf5", {"decode": True, "decoder": "pil"}, ("pil", "numpy")),
+    ("npy", {"decoder": "pil"}, ("pil", "numpy")),
+    ("npy", {}, ("pil", "numpy")),  # the fastest decoder that loads
+]
+
+
+def _ids(case):
+    fmt, opts, _ = case
+    return fmt + "".join(f"-{k}={v}" for k, v in opts.items())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_round_trip_against_pil(tmp_path, mixed_folder, case):
+    fmt, opts, modes = case
+    out = str(tmp_path / "out")
+    m = convert(mixed_folder, out, format=fmt, samples_per_shard=3, workers=1, **opts).manifest
+    assert m.num_samples == 7 and not m.skipped
+    reference = reference_image_folder(mixed_folder)
+    exact_jpeg = fmt == "wds" or not m.options.get("decode") or m.options.get("decoder") == "pil"
+    for mode in modes:
+        ds = open_dataset(out, decode=mode)
+        assert len(ds) == 7
+        samples = list(ds) if fmt == "wds" else [ds[i] for i in range(len(ds))]
+        for (image, label), (path, ref_label) in zip(samples, reference):
+            assert label == ref_label
+            if mode == "raw":
+                assert image == open(path, "rb").read()
+                continue
+            ref = np.asarray(pil_loader(path))
+            got = np.asarray(image)
+            assert got.shape == ref.shape and got.dtype == np.uint8, path
+            if mode == "pil":
+                assert image.mode == "RGB"
+            if exact_jpeg or not path.lower().endswith(".jpg"):
+                assert np.array_equal(got, ref), (mode, path)  # PNG always exact
+            else:
+                assert np.abs(got.astype(int) - ref).mean() <= 1.0, (mode, path)
+
+
+def test_decoded_outputs_refuse_raw(tmp_path, image_folder):
+    out = str(tmp_path / "npy")
+    convert(image_folder, out, format="npy", workers=1)
+    with pytest.raises(ValueError, match="no encoded bytes"):
+        open_dataset(out, decode="raw")
+
+
+def test_npy_views_are_zero_copy(tmp_path, image_folder):
+    out = str(tmp_path / "npy")
+    convert(image_folder, out, format="npy", workers=1)
+    arr, _ = open_dataset(out, decode="numpy")[3]
+    import mmap
+
+    assert not arr.flags.owndata and not arr.flags.writeable
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, mmap.mmap)  # a view of the shard's memory map, not a copy
+
+
+def test_npy_readable_with_numpy_alone(tmp_path, image_folder):
+    out = tmp_path / "npy"
+    convert(image_folder, str(out), format="npy", decoder="pil", samples_per_shard=10, workers=1)
+    reference = reference_image_folder(image_folder)
+    i = 0
+    for shard in sorted(out.glob("shard-*.samples.npy")):
+        pixels = np.load(str(shard).replace(".samples.npy", ".npy"), mmap_mode="r")
+        for o, h, w, c, label in np.load(shard).tolist():
+            image = np.asarray(pixels[o: o + h * w * c]).reshape(h, w, c)
+            path, ref_label = reference[i]
+            assert label == ref_label and np.array_equal(image, np.asarray(pil_loader(path)))
+            i += 1
+    assert i == 16
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_hdf5_readable_with_h5py_alone(tmp_path, image_folder, decode):
+    out = tmp_path / "h5"
+    convert(image_folder, str(out), format="hdf5", decode=decode, decoder="pil", workers=1)
+    reference = reference_image_folder(image_folder)
+    with h5py.File(out / "shard-000000.h5", "r") as f:
+        assert f.attrs["dsconvert_format"] == "hdf5"
+        assert f.attrs["stored"] == ("decoded" if decode else "encoded")
+        assert list(f["keys"].asstr()[:2]) == ["cat/cat_0000", "cat/cat_0001"]
+        for i, (path, label) in enumerate(reference):
+            assert f["labels"][i] == label
+            if decode:
+                image = f["images"][i].reshape(f["shapes"][i])
+                assert np.array_equal(image, np.asarray(pil_loader(path)))
+            else:
+                assert f["images"][i].tobytes() == open(path, "rb").read()
+    if shutil.which("h5ls"):  # Debian's HDF5 1.10 tools read the default file format
+        listing = subprocess.run(["h5ls", str(out / "shard-000000.h5")], capture_output=True, text=True, check=True).stdout
+        assert "images" in listing and "labels" in listing
+
+
+def test_fixed_size_and_resize(tmp_path, photos):
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 3, "b": 2}, size=(120, 80))
+    out = str(tmp_path / "fixed")
+    convert(src, out, format="hdf5", decode=True, size=(32, 48), decoder="pil", workers=1)
+    with h5py.File(os.path.join(out, "shard-000000.h5")) as f:
+        assert f["images"].shape == (5, 32, 48, 3) and f["images"].chunks == (1, 32, 48, 3)
+    arr, _ = open_dataset(out, decode="numpy")[0]
+    assert arr.shape == (32, 48, 3)
+    out = str(tmp_path / "short")
+    convert(src, out, format="npy", resize=40, decoder="pil", workers=1)
+    ds = open_dataset(out, decode="numpy")
+    reference = reference_image_folder(src)
+    for i, (path, _) in enumerate(reference):
+        ref = pil_loader(path)
+        h, w = resized_shape(ref.height, ref.width, resize=40)
+        assert (h, w) == (40, 60)  # torchvision's Resize(40) on 120x80 (w x h)
+        expected = np.asarray(ref.resize((w, h), Image.Resampling.BILINEAR))
+        assert np.array_equal(ds[i][0], expected)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "npy"])
+def test_map_style_with_dataloader_workers(tmp_path, image_folder, fmt):
+    torch = pytest.importorskip("torch")
+    out = str(tmp_path / fmt)
+    convert(image_folder, out, format=fmt, samples_per_shard=5, workers=1)
+    ds = open_dataset(out, decode="numpy", transform=lambda a: torch.from_numpy(np.array(a[:8, :8])))
+    ds[0]  # open a handle in the parent before the workers fork
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    labels = sorted(int(y) for _, ys in loader for y in ys)
+    assert labels == sorted(label for _, label in reference_image_folder(image_folder))
+    assert isinstance(ds, torch.utils.data.Dataset) and not isinstance(ds, torch.utils.data.IterableDataset)
+    with pytest.raises(IndexError):
+        ds[16]
+    assert ds[-1][1] == ds[15][1]
+
+
+@pytest.mark.parametrize("fmt, opts", [("hdf5", {}), ("hdf5", {"decode": True}), ("npy", {})])
+def test_bad_inputs_deterministic_and_resumable(tmp_path, image_folder, image_kinds, fmt, opts):
+    good = image_kinds["baseline"][1]
+    write(os.path.join(image_folder, "dog", "truncated.jpg"), good[: len(good) // 2])
+    write(os.path.join(image_folder, "dog", "zero.jpg"), b"")
+    a = convert(image_folder, str(tmp_path / "a"), format=fmt, samples_per_shard=4, workers=1, **opts).manifest
+    assert sorted(s["path"] for s in a.skipped) == ["dog/truncated.jpg", "dog/zero.jpg"]
+    assert a.num_samples == 16
+    b = str(tmp_path / "b")
+    convert(image_folder, b, format=fmt, samples_per_shard=4, workers=2, **opts)
+    names = sorted(os.listdir(tmp_path / "a"))
+    assert names == sorted(os.listdir(b))
+    for name in names:
+        if not name.startswith("."):
+            assert (tmp_path / "a" / name).read_bytes() == open(os.path.join(b, name), "rb").read(), name
+    os.unlink(os.path.join(b, "dsconvert.json"))
+    os.unlink(os.path.join(b, sorted(n for n in names if n.endswith(".index.json"))[1]))
+    again = convert(image_folder, b, format=fmt, samples_per_shard=4, workers=1, **opts)
+    assert again.shards_written == 1 and again.shards_resumed == len(a.shards) - 1
+
+
+def test_no_verify_still_skips_undecodable_images_for_pixels(tmp_path, image_folder):
+    write(os.path.join(image_folder, "dog", "text.jpg"), b"not an image\n" * 10)
+    m = convert(image_folder, str(tmp_path / "npy"), format="npy", verify=False, workers=1).manifest
+    assert [s["path"] for s in m.skipped] == ["dog/text.jpg"]
+    assert m.skipped[0]["reason"].startswith("cannot decode image")
+
+
+def test_disk_space_refusal(tmp_path, image_folder, monkeypatch):
+    import importlib
+
+    conv = importlib.import_module("dsconvert.convert")  # the module, not the function
+
+    monkeypatch.setattr(conv, "free_bytes", lambda path: 10_000)  # a nearly full disk
+    with pytest.raises(InsufficientSpaceError) as exc:
+        convert(image_folder, str(tmp_path / "npy"), format="npy", workers=1)
+    message = str(exc.value)
+    assert "needs 331.8 kB (exact)" in message and "has 10.0 kB free" in message
+    assert "--force" in message and "--resize" in message
+    assert isinstance(exc.value, OSError)
+    assert not os.path.exists(tmp_path / "npy" / "dsconvert.json")
+    m = convert(image_folder, str(tmp_path / "npy"), format="npy", workers=1, force=True).manifest
+    assert m.num_samples == 16
+    monkeypatch.setattr(conv, "free_bytes", lambda path: 10**12)
+    convert(image_folder, str(tmp_path / "wds"), workers=1)
+
+
+def test_decoded_size_estimate_is_exact_for_small_sets(image_folder):
+    from dsconvert.sizing import estimate_output_bytes
+    from dsconvert.source import scan
+
+    source = scan(image_folder)
+    est = estimate_output_bytes(source, decoded=True)
+    assert est.exact and est.bytes == 16 * 96 * 72 * 3
+    assert estimate_output_bytes(source, decoded=True, resize=36).bytes == 16 * 48 * 36 * 3
+    assert estimate_output_bytes(source, decoded=False).bytes == source.nbytes
+    sampled = estimate_output_bytes(source, decoded=True, sample=5)
+    assert not sampled.exact and sampled.sampled == 5 and sampled.bytes == est.bytes
+
+
+def test_option_errors(tmp_path, image_folder, photos):
+    with pytest.raises(OptionError, match="decode=True needs"):
+        convert(image_folder, str(tmp_path / "x"), format="wds", decode=True)
+    with pytest.raises(OptionError, match="resize/size apply to decoded outputs"):
+        convert(image_folder, str(tmp_path / "x"), format="hdf5", resize=32)
+    flat = str(tmp_path / "flat")
+    write(os.path.join(flat, "a.jpg"), open(reference_image_folder(image_folder)[0][0], "rb").read())
+    write(os.path.join(flat, "a.json"), b"{}")
+    with pytest.raises(SourceError, match="needs an ImageFolder or list source"):
+        convert(flat, str(tmp_path / "y"), format="npy")
