@@ -32,7 +32,7 @@ import time
 import uuid
 import warnings
 import zlib
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -71,6 +71,7 @@ class _State:
         self.folder = folder
         self.pid = os.getpid()
         self.entries: Dict[int, Entry] = {}
+        self.spares: Dict[int, List[Entry]] = {}  # other records of the same sample
         self.log_pos: Dict[str, int] = {}
         self.maps: Dict[str, np.ndarray] = {}
         self.last_refresh = 0.0
@@ -163,11 +164,15 @@ class _CachedDataset:
                 data_size = -1
             for pos in range(0, usable, RECORD.size):
                 i, o, h, w, c, label, crc, magic = RECORD.unpack_from(blob, pos)
-                if magic != MAGIC or not 0 <= i < self.n or i in st.entries:
+                if magic != MAGIC or not 0 <= i < self.n:
                     continue
                 if o < 0 or o + h * w * max(c, 1) > data_size:
                     continue
-                st.entries[i] = (data_name, o, h, w, c, label, crc)
+                entry = (data_name, o, h, w, c, label, crc)
+                if i in st.entries:  # cached twice (or again after damage): keep as a spare
+                    st.spares.setdefault(i, []).append(entry)
+                else:
+                    st.entries[i] = entry
             st.log_pos[name] = start + usable
 
     def _map(self, st: _State, name: str, end: int) -> np.ndarray:
@@ -179,17 +184,23 @@ class _CachedDataset:
         return m
 
     def _pixels(self, st: _State, i: int) -> Optional[np.ndarray]:
-        """The cached pixels of sample i, or None when absent or failing their CRC."""
-        entry = st.entries.get(i)
-        if entry is None:
-            return None
-        name, o, h, w, c, label, crc = entry
-        nbytes = h * w * max(c, 1)
-        flat = self._map(st, name, o + nbytes)[o: o + nbytes]
-        if crc is not None:
-            if zlib.crc32(flat) != crc:
-                del st.entries[i]  # cut short or damaged: compute it again
+        """The cached pixels of sample i, or None when absent or every record of it fails
+        its CRC (cut short or damaged: the caller computes it again)."""
+        while True:
+            entry = st.entries.get(i)
+            if entry is None:
                 return None
+            name, o, h, w, c, label, crc = entry
+            nbytes = h * w * max(c, 1)
+            flat = self._map(st, name, o + nbytes)[o: o + nbytes]
+            if crc is None or zlib.crc32(flat) == crc:
+                break
+            spares = st.spares.get(i)
+            if spares:
+                st.entries[i] = spares.pop(0)
+            else:
+                del st.entries[i]
+        if crc is not None:
             st.entries[i] = entry[:6] + (None,)
         return flat.reshape((h, w, c) if c else (h, w))
 
