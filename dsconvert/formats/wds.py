@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import io
 import mmap
+import operator
 import os
 import random
 import tarfile
@@ -265,10 +266,10 @@ class _OpenShard:
         self.index = index
         self._image: Optional[List[Tuple[int, int]]] = None
         self.fields = [(name, col["offset"], col["size"]) for name, col in index.d["members"].items()]
-        for _, offsets, sizes in self.fields:
-            for o, sz in zip(offsets, sizes):
-                if o >= 0 and (o + sz > self.size or sz > bytes_limit):
-                    raise ManifestError(f"{self.path}: index points outside the shard", self.path)
+        for _, offsets, sizes in self.fields:  # absent members are (-1, -1)
+            if offsets and (max(map(operator.add, offsets, sizes)) > self.size or max(sizes) > bytes_limit
+                            or min(offsets) < -1 or min(sizes) < -1):
+                raise ManifestError(f"{self.path}: index points outside the shard", self.path)
         self.source: Any = None
 
     def open(self, first: int, stop: int, prefetch: bool) -> None:
@@ -289,9 +290,13 @@ class _OpenShard:
         get = self.source.get
         return {name: get(o[i], s[i]) for name, o, s in self.fields if o[i] >= 0}
 
-    def image(self, i: int) -> bytes:
-        if self._image is None:  # per sample, the one member that is not the label
+    def _image_spans(self) -> List[Tuple[int, int]]:
+        """Per sample, (offset, size) of the one member that is not the label."""
+        if self._image is None:
             cols = [(o, sz) for name, o, sz in self.fields if name != "cls"]
+            if len(cols) == 1 and (not cols[0][0] or min(cols[0][0]) >= 0):  # one image field
+                self._image = list(zip(*cols[0]))
+                return self._image
             spans = []
             for j in range(len(self.index.keys)):
                 span = next(((o[j], sz[j]) for o, sz in cols if o[j] >= 0), None)
@@ -299,8 +304,22 @@ class _OpenShard:
                     raise ManifestError(f"{self.index.name}: sample {self.index.keys[j]} has no image member")
                 spans.append(span)
             self._image = spans
-        o, sz = self._image[i]
-        return self.source.get(o, sz)
+        return self._image
+
+    def images(self, first: int, stop: int) -> Iterator[Tuple[int, bytes]]:
+        """(position, image bytes) of samples [first, stop): the hot loop of raw reading,
+        so it slices the memory map directly when there is one."""
+        spans = self._image_spans()
+        mm = getattr(self.source, "mm", None)
+        if mm is not None:
+            for i in range(first, stop):
+                o, sz = spans[i]
+                yield i, mm[o: o + sz]
+        else:
+            get = self.source.get
+            for i in range(first, stop):
+                o, sz = spans[i]
+                yield i, get(o, sz)
 
 
 class _WdsDataset:
@@ -399,8 +418,12 @@ class _WdsDataset:
             shard = _OpenShard(self.root, shards[k], self.max_member_bytes)
             shard.open(first, first + run, self.prefetch)
             try:
-                for i in range(first, first + run):
-                    yield shard, i, shard.image(i) if classification else shard.raw_fields(i)
+                if classification:
+                    for i, raw in shard.images(first, first + run):
+                        yield shard, i, raw
+                else:
+                    for i in range(first, first + run):
+                        yield shard, i, shard.raw_fields(i)
             finally:
                 shard.close()
             pos += run
