@@ -48,7 +48,8 @@ __all__ = [
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
 CLASS_EXTENSIONS = ("cls", "cls2", "class", "label", "index")
 TEXT_EXTENSIONS = ("txt", "text")
-DECODE_MODES = ("pil", "numpy", "raw")
+DECODE_MODES = ("pil", "numpy", "raw", "buffer")
+ENCODED_MODES = ("raw", "buffer")  # modes that hand out the encoded bytes themselves
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -227,10 +228,18 @@ def _is_cmyk_jpeg(data: bytes) -> bool:
     return False
 
 
-def decode_image(data: bytes, mode: str = "pil") -> Any:
-    """Decode image bytes: ``pil`` -> RGB PIL image, ``numpy`` -> HWC uint8, ``raw`` -> bytes."""
+def as_buffer(data: Any) -> np.ndarray:
+    """Encoded bytes as a read-only 1-D uint8 array (zero-copy where ``data`` is a view)."""
+    return data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+
+
+def decode_image(data: Any, mode: str = "pil") -> Any:
+    """Decode image bytes: ``pil`` -> RGB PIL image, ``numpy`` -> HWC uint8, ``raw`` -> bytes,
+    ``buffer`` -> the encoded bytes as a uint8 array (zero-copy from a memory map)."""
     if mode == "raw":
-        return data
+        return bytes(data) if not isinstance(data, bytes) else data
+    if mode == "buffer":
+        return as_buffer(data)
     if mode == "pil":
         return _pil_rgb(data)
     if mode == "numpy":
@@ -245,10 +254,13 @@ def decode_image(data: bytes, mode: str = "pil") -> Any:
     raise ValueError(f"decode must be one of {DECODE_MODES}, not {mode!r}")
 
 
-def decode_field(field: str, data: bytes, mode: str = "pil") -> Any:
+def decode_field(field: str, data: Any, mode: str = "pil") -> Any:
     """Decode one field of a dict sample by its kind; never unpickles."""
     if mode == "raw":
-        return data
+        return bytes(data) if not isinstance(data, bytes) else data
+    if mode == "buffer":
+        return as_buffer(data)
+    data = bytes(data) if not isinstance(data, bytes) else data
     kind = field_kind(field)
     if kind == "image":
         return decode_image(data, mode)

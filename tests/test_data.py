@@ -173,3 +173,21 @@ def test_works_without_torch_semantics(big_out):
         open_dataset(big_out, decode="tensor")
     with pytest.raises(ValueError, match="even must be one of"):
         open_dataset(big_out, even="yes")
+
+
+def test_buffer_mode_is_zero_copy_and_crosses_workers(converted_mixed):
+    import mmap
+
+    src, out = converted_mixed
+    reference = reference_image_folder(src)
+    for prefetch in (False, True):
+        views = list(open_dataset(out, decode="buffer", prefetch=prefetch))
+        for (buf, label), (path, ref_label) in zip(views, reference):
+            assert buf.dtype == np.uint8 and not buf.flags.writeable
+            assert buf.tobytes() == open(path, "rb").read() and label == ref_label
+    first = list(open_dataset(out, decode="buffer"))[0][0]
+    while isinstance(first, np.ndarray):
+        first = first.base
+    assert isinstance(first, memoryview) and isinstance(first.obj, mmap.mmap)  # a view of the map
+    got = list(DataLoader(open_dataset(out, decode="buffer"), batch_size=None, num_workers=2))
+    assert sorted(np.asarray(b).tobytes() for b, _ in got) == sorted(open(p, "rb").read() for p, _ in reference)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from ..codecs import DECODE_MODES
+from ..codecs import DECODE_MODES, ENCODED_MODES
 from ..manifest import Manifest, ShardEntry
 
 __all__ = ["MapReader"]
@@ -34,9 +34,9 @@ class MapReader:
         if manifest.sample_type != "classification":
             raise ValueError(f"{root}: {manifest.format} outputs hold (image, label) samples only")
         self.stored = getattr(manifest, "stored", "encoded")
-        if decode == "raw" and self.stored == "decoded":
+        if decode in ENCODED_MODES and self.stored == "decoded":
             raise ValueError(f"{root} stores decoded pixels, so there are no encoded bytes for "
-                             "decode='raw'; use decode='numpy' or 'pil'")
+                             f"decode={decode!r}; use decode='numpy' or 'pil'")
         self.root = root
         self.manifest = manifest
         self.transform = transform

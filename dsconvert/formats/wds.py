@@ -39,8 +39,10 @@ from bisect import bisect_right
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
+
 from .._torch import iterable_dataset
-from ..codecs import DECODE_MODES, decode_field, decode_image, encode_class
+from ..codecs import DECODE_MODES, ENCODED_MODES, decode_field, decode_image, encode_class
 from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
 from ..errors import ManifestError
 from ..manifest import Manifest, ShardEntry
@@ -179,7 +181,10 @@ class _MappedBytes:
 
     def close(self) -> None:
         if self.mm is not None:
-            self.mm.close()  # safe: get() hands out copies, never views
+            try:
+                self.mm.close()
+            except BufferError:
+                pass  # decode="buffer" views still use it; it closes when they are gone
 
 
 _pools: Dict[int, ThreadPoolExecutor] = {}
@@ -306,12 +311,18 @@ class _OpenShard:
             self._image = spans
         return self._image
 
-    def images(self, first: int, stop: int) -> Iterator[Tuple[int, bytes]]:
+    def images(self, first: int, stop: int, views: bool = False) -> Iterator[Tuple[int, Any]]:
         """(position, image bytes) of samples [first, stop): the hot loop of raw reading,
-        so it slices the memory map directly when there is one."""
+        so it slices the memory map directly when there is one. With ``views``, zero-copy
+        uint8 array views of the map instead of bytes, where the shard is mapped."""
         spans = self._image_spans()
         mm = getattr(self.source, "mm", None)
-        if mm is not None:
+        if mm is not None and views:
+            whole = np.frombuffer(mm, dtype=np.uint8)
+            for i in range(first, stop):
+                o, sz = spans[i]
+                yield i, whole[o: o + sz]
+        elif mm is not None:
             for i in range(first, stop):
                 o, sz = spans[i]
                 yield i, mm[o: o + sz]
@@ -319,7 +330,8 @@ class _OpenShard:
             get = self.source.get
             for i in range(first, stop):
                 o, sz = spans[i]
-                yield i, get(o, sz)
+                data = get(o, sz)
+                yield i, np.frombuffer(data, dtype=np.uint8) if views else data
 
 
 class _WdsDataset:
@@ -419,7 +431,7 @@ class _WdsDataset:
             shard.open(first, first + run, self.prefetch)
             try:
                 if classification:
-                    for i, raw in shard.images(first, first + run):
+                    for i, raw in shard.images(first, first + run, views=self.decode == "buffer"):
                         yield shard, i, raw
                 else:
                     for i in range(first, first + run):
@@ -451,7 +463,7 @@ class _WdsDataset:
             wid, _ = worker_info()
             rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
             items = _shuffled(items, self.buffer_size, rng)
-        plain = (self.manifest.sample_type == "classification" and self.decode == "raw"
+        plain = (self.manifest.sample_type == "classification" and self.decode in ENCODED_MODES
                  and self.transform is None and self.target_transform is None)
         if plain:  # the raw fast path: nothing to decode or transform
             for shard, i, raw in items:
