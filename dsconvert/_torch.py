@@ -7,11 +7,11 @@ never pay torch's import (1-2 s).
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Callable, Dict
 
 from .optional import optional_import
 
-__all__ = ["iterable_dataset", "map_dataset"]
+__all__ = ["iterable_dataset", "map_dataset", "lazy_module_attr"]
 
 _made: Dict[str, type] = {}
 
@@ -38,3 +38,17 @@ def iterable_dataset(cls: type, name: str) -> type:
 def map_dataset(cls: type, name: str) -> type:
     """The same with ``torch.utils.data.Dataset``: a map-style dataset for samplers."""
     return _with_torch_base(cls, name, "Dataset")
+
+
+def lazy_module_attr(namespace: Dict[str, Any], name: str, cls: type, kind: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that makes ``name`` (``cls`` on torch's base of ``kind``,
+    "iterable" or "map") on first access, so importing the module never imports torch."""
+    make = iterable_dataset if kind == "iterable" else map_dataset
+
+    def __getattr__(attr: str) -> Any:
+        if attr == name:
+            made = namespace[name] = make(cls, name)
+            return made
+        raise AttributeError(f"module {namespace['__name__']!r} has no attribute {attr!r}")
+
+    return __getattr__

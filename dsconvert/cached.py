@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from ._torch import map_dataset
+from ._torch import lazy_module_attr
 from .errors import ManifestError
 from .storage import atomic_write
 
@@ -295,9 +295,5 @@ def _write_all(fd: int, data: Any) -> None:
         view = view[os.write(fd, view):]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "CachedDataset":  # a torch Dataset when torch is installed; made on first use
-        cls = map_dataset(_CachedDataset, "CachedDataset")
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# CachedDataset subclasses torch's Dataset when torch is installed, made on first use
+__getattr__ = lazy_module_attr(globals(), "CachedDataset", _CachedDataset, "map")

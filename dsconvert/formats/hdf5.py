@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._torch import map_dataset
+from .._torch import lazy_module_attr
 from ..manifest import ShardEntry
 from ..optional import require
 from ..shards import ShardSpec
@@ -140,9 +140,5 @@ class _HdfDataset(MapReader):
         return item, labels[j]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "HdfDataset":  # a torch Dataset when torch is installed; made on first use
-        cls = map_dataset(_HdfDataset, "HdfDataset")
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# HdfDataset subclasses torch's Dataset when torch is installed, made on first use
+__getattr__ = lazy_module_attr(globals(), "HdfDataset", _HdfDataset, "map")

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .._torch import map_dataset
+from .._torch import lazy_module_attr
 from ..codecs import decode_rgb, resize_rgb
 from ..errors import BadInputError
 from ..manifest import ShardEntry
@@ -139,9 +139,5 @@ class _NpyDataset(MapReader):
         return pixels[o: o + n].reshape(shape), labels[j]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "NpyDataset":  # a torch Dataset when torch is installed; made on first use
-        cls = map_dataset(_NpyDataset, "NpyDataset")
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# NpyDataset subclasses torch's Dataset when torch is installed, made on first use
+__getattr__ = lazy_module_attr(globals(), "NpyDataset", _NpyDataset, "map")

@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._torch import iterable_dataset
+from .._torch import lazy_module_attr
 from ..codecs import DECODE_MODES, ENCODED_MODES, decode_field, decode_image, encode_class
 from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
 from ..errors import ManifestError
@@ -487,11 +487,5 @@ def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[A
     yield from buffer
 
 
-def __getattr__(name: str) -> Any:
-    # WdsDataset subclasses torch's IterableDataset when torch is installed; it is made on
-    # first use so that conversion (which only needs WdsWriter) never imports torch.
-    if name == "WdsDataset":
-        cls = iterable_dataset(_WdsDataset, "WdsDataset")
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# WdsDataset subclasses torch's Dataset when torch is installed, made on first use
+__getattr__ = lazy_module_attr(globals(), "WdsDataset", _WdsDataset, "iterable")
