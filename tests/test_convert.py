@@ -107,14 +107,15 @@ def _wait_group_gone(pgid, timeout=10.0):
         time.sleep(0.01)
 
 
-def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path, photos):
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "npy"])
+def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path, photos, fmt):
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"a": 150, "b": 150}, size=(640, 480))
     reference = str(tmp_path / "reference")
-    convert(src, reference, samples_per_shard=5, workers=1)
+    convert(src, reference, fmt, samples_per_shard=5, workers=1)
     out = str(tmp_path / "out")
     cmd = [sys.executable, "-m", "dsconvert", "shard", src, "-o", out, "--samples-per-shard", "5",
-           "--workers", "2", "-q"]
+           "--workers", "2", "--format", fmt, "-q"]
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
         deadline = time.time() + 60
@@ -131,7 +132,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path, photos):
     assert not os.path.exists(os.path.join(out, "dsconvert.json")), "the kill came too late to test resume"
     finished = sum(n.endswith(".index.json") for n in os.listdir(out))
     assert 4 <= finished < 60
-    result = convert(src, out, samples_per_shard=5, workers=2)
+    result = convert(src, out, fmt, samples_per_shard=5, workers=2)
     assert result.shards_resumed >= 4 and result.shards_resumed + result.shards_written == 60
     assert _outputs(out) == _outputs(reference)  # no sample lost or duplicated, no temp left
     assert result.manifest.num_samples == 300
