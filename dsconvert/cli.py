@@ -17,7 +17,7 @@ from typing import Iterator, List, Optional
 from . import __version__
 from .codecs import DECODERS, parse_hw
 from .convert import EXIT_SKIPPED, convert
-from .errors import DsconvertError
+from .errors import DsconvertError, SourceError
 from .formats import FORMATS
 from .manifest import Manifest
 from .sizing import format_size
@@ -104,6 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
     p.set_defaults(func=_cmd_shard)
 
+    p = sub.add_parser(
+        "analyze", help="find why loading SRC is slow, and the command that fixes it",
+        description="Measure SRC at rest: inventory, read latency and throughput (cold, with the page "
+        "cache evicted, and warm; sequential and random; 1..N concurrent readers), decode cost per "
+        "codec and library, and the read/prep stall of one DataLoader worker; then name the "
+        "bottleneck and the dsconvert command that removes it, with the predicted speedup.")
+    p.add_argument("src", metavar="SRC", help="source folder or list file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.analyze/1)")
+    p.add_argument("--target", type=float, metavar="N",
+                   help="samples/s the GPUs consume: say whether the loader keeps up")
+    p.add_argument("--sample", type=_positive_int, default=200, metavar="N",
+                   help="files to measure, stratified by folder and size (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    p.add_argument("--time-budget", type=float, default=30.0, metavar="S",
+                   help="seconds for the inventory walk; beyond it the rest is estimated (default: %(default)s)")
+    p.add_argument("--output-dir", metavar="DIR",
+                   help="where a conversion would go: its free space decides which formats fit "
+                   "(default: the current folder)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    p.set_defaults(func=_cmd_analyze)
+
     p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
                        description="Print what OUT/dsconvert.json records: format, samples, "
                        "shards, classes and every skipped input with its reason.")
@@ -148,6 +169,19 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         if m.skipped:
             print("\n".join(_skip_summary(m, 10)), file=sys.stderr)
     return EXIT_SKIPPED if m.skipped else 0
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from .analyze import analyze
+    from .analyze.report import render_json, render_text
+
+    if not os.path.exists(args.src):
+        raise SourceError(f"source does not exist: {args.src}", args.src)
+    log = None if args.quiet or args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    report = analyze(args.src, target=args.target, sample=args.sample, seed=args.seed,
+                     time_budget=args.time_budget, output_dir=args.output_dir, log=log)
+    print(render_json(report) if args.json else render_text(report))
+    return 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

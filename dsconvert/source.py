@@ -38,7 +38,8 @@ from .codecs import IMAGE_EXTENSIONS, is_image_field
 from .errors import SourceError
 from .keys import disambiguate, encode_key
 
-__all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan"]
+__all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
+           "looks_like_image_folder", "is_ignored"]
 
 LAYOUTS = ("auto", "imagefolder", "flat", "list")
 LIST_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
@@ -99,7 +100,7 @@ class Source:
 ProgressFn = Callable[[int], None]
 
 
-def _is_ignored(name: str) -> bool:
+def is_ignored(name: str) -> bool:
     return name.startswith(".") or name in OS_LITTER
 
 
@@ -109,9 +110,13 @@ def _split_ext(name: str) -> Tuple[str, str]:
 
 
 @dataclass
-class _Dir:
+class FolderListing:
+    """One folder's files, as the walkers see it (the layout test needs no more)."""
+
     rel: str  # "" for the root
     files: List[Tuple[str, int, int]]  # (name, size, mtime_ns), sorted by name
+
+
 
 
 class _Walker:
@@ -123,15 +128,15 @@ class _Walker:
         self.skipped: List[Skipped] = []
         self.ignored: List[Skipped] = []
 
-    def walk(self, rel: str = "") -> List[_Dir]:
+    def walk(self, rel: str = "") -> List[FolderListing]:
         top = os.path.join(self.root, rel) if rel else self.root
         st = os.stat(top)
-        dirs: List[_Dir] = []
+        dirs: List[FolderListing] = []
         self._walk(rel, {(st.st_dev, st.st_ino)}, dirs)
         dirs.sort(key=lambda d: d.rel)
         return dirs
 
-    def _walk(self, rel: str, ancestors: set, out: List[_Dir]) -> None:
+    def _walk(self, rel: str, ancestors: set, out: List[FolderListing]) -> None:
         path = os.path.join(self.root, rel) if rel else self.root
         files: List[Tuple[str, int, int]] = []
         subdirs: List[Tuple[str, Tuple[int, int]]] = []
@@ -143,7 +148,7 @@ class _Walker:
         for entry in entries:
             name = entry.name
             relpath = f"{rel}/{name}" if rel else name
-            if _is_ignored(name):
+            if is_ignored(name):
                 self.ignored.append(Skipped(relpath, "hidden file or OS metadata"))
                 continue
             try:
@@ -168,14 +173,14 @@ class _Walker:
             else:
                 self.skipped.append(Skipped(relpath, "not a regular file"))
         files.sort()
-        out.append(_Dir(rel, files))
+        out.append(FolderListing(rel, files))
         if self.progress is not None:
             self.progress(len(files))
         for sub, ident in subdirs:
             self._walk(sub, ancestors | {ident}, out)
 
 
-def _image_folder(root: str, walker: _Walker, dirs: Sequence[_Dir]) -> Source:
+def _image_folder(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> Source:
     top = dirs[0]
     classes = sorted({d.rel.split("/", 1)[0] for d in dirs[1:]})
     label_of = {c: i for i, c in enumerate(classes)}
@@ -206,7 +211,7 @@ def _image_folder(root: str, walker: _Walker, dirs: Sequence[_Dir]) -> Source:
     return Source(root, "imagefolder", samples, classes, walker.skipped, walker.ignored)
 
 
-def _flat(root: str, walker: _Walker, dirs: Sequence[_Dir]) -> Source:
+def _flat(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> Source:
     samples: List[Sample] = []
     for d in dirs:
         groups: Dict[str, List[Tuple[str, str, int, int]]] = {}
@@ -233,7 +238,9 @@ def _flat(root: str, walker: _Walker, dirs: Sequence[_Dir]) -> Source:
     return Source(root, "flat", samples, None, walker.skipped, walker.ignored)
 
 
-def _looks_like_image_folder(dirs: Sequence[_Dir]) -> bool:
+def looks_like_image_folder(dirs: Sequence[FolderListing]) -> bool:
+    """ImageFolder when the root holds folders and no images, and no image under them has a
+    sidecar of the same stem; ``dirs[0]`` is the root."""
     top = dirs[0]
     if len(dirs) < 2 or any(is_image_field(_split_ext(n)[1]) for n, _, _ in top.files):
         return False
@@ -345,7 +352,7 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None) 
     walker = _Walker(src, progress)
     dirs = walker.walk()
     if layout == "auto":
-        layout = "imagefolder" if _looks_like_image_folder(dirs) else "flat"
+        layout = "imagefolder" if looks_like_image_folder(dirs) else "flat"
     if layout == "imagefolder":
         source = _image_folder(src, walker, dirs)
     else:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import IO, Iterable, Iterator, Tuple
+from typing import IO, Any, Dict, Iterable, Iterator, Tuple
 
-__all__ = ["atomic_write", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "LATENCY_BOUND_FS"]
+__all__ = ["atomic_write", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
+           "LATENCY_BOUND_FS"]
 
 
 @contextlib.contextmanager
@@ -95,3 +96,19 @@ def free_bytes(path: str) -> int:
         probe = os.path.dirname(probe)
     st = os.statvfs(probe)
     return st.f_bavail * st.f_frsize
+
+
+_KINDS = {"ext2": "local-disk", "ext3": "local-disk", "ext4": "local-disk", "xfs": "local-disk",
+          "btrfs": "local-disk", "zfs": "local-disk", "f2fs": "local-disk", "vfat": "local-disk",
+          "tmpfs": "tmpfs", "ramfs": "tmpfs", "nfs": "nfs", "nfs4": "nfs", "ceph": "cephfs",
+          "overlay": "overlay", "9p": "vm-share", "virtiofs": "vm-share", "cifs": "smb", "smb3": "smb",
+          "lustre": "lustre", "gpfs": "gpfs", "beegfs": "beegfs", "glusterfs": "glusterfs"}
+
+
+def storage_kind(path: str) -> Dict[str, Any]:
+    """What ``path`` is stored on: kind (local-disk, tmpfs, nfs, cephfs, fuse, overlay, ...),
+    the file system type and mount point from /proc/self/mounts, and whether every request
+    pays a round trip (see LATENCY_BOUND_FS)."""
+    point, fstype = mount_of(path)
+    kind = "fuse" if fstype.startswith("fuse") else _KINDS.get(fstype, fstype)
+    return {"kind": kind, "fstype": fstype, "mount": point, "latency_bound": is_latency_bound(path)}

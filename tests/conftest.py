@@ -5,11 +5,17 @@ from __future__ import annotations
 import io
 import os
 import random
+import shutil
+import subprocess
+import sys
+import time
 from typing import Dict, List, Tuple
 
 import numpy as np
 import pytest
 from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="session")
@@ -106,3 +112,27 @@ def pil_loader(path: str) -> Image.Image:
 
 def same_pixels(a, b) -> bool:
     return np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.fixture
+def slow_mount(tmp_path, request):
+    """The slow FUSE passthrough of scripts/slowfs.py, mounted over a folder of ours."""
+    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount"):
+        pytest.skip("this machine has no FUSE (/dev/fuse and fusermount: apt-get install fuse libfuse2)")
+    pytest.importorskip("fuse", reason="fusepy is not installed")
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "slowfs.py"), str(backing),
+                             str(mnt), "--delay-ms", str(getattr(request, "param", 2))], stderr=subprocess.PIPE)
+    deadline = time.time() + 10
+    while not os.path.ismount(mnt):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.skip(f"FUSE mount failed here: {proc.stderr.read().decode()[-300:]}")
+        time.sleep(0.05)
+    try:
+        yield backing, mnt
+    finally:
+        subprocess.run(["fusermount", "-u", str(mnt)], check=False)
+        proc.wait(timeout=10)

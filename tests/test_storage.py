@@ -1,10 +1,4 @@
 import os
-import shutil
-import subprocess
-import sys
-import time
-
-import pytest
 
 from dsconvert.storage import evict_page_cache, is_latency_bound, mount_of
 
@@ -22,30 +16,6 @@ def test_evict_page_cache_counts_files(tmp_path):
     a = tmp_path / "a"
     a.write_bytes(b"x" * 100_000)
     assert evict_page_cache([str(a), str(tmp_path / "missing")]) == 1
-
-
-@pytest.fixture
-def slow_mount(tmp_path):
-    """The slow FUSE passthrough of scripts/slowfs.py, mounted over a folder of ours."""
-    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount"):
-        pytest.skip("this machine has no FUSE (/dev/fuse and fusermount: apt-get install fuse libfuse2)")
-    pytest.importorskip("fuse", reason="fusepy is not installed")
-    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
-    backing.mkdir()
-    mnt.mkdir()
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "slowfs.py"), str(backing),
-                             str(mnt), "--delay-ms", "2"], stderr=subprocess.PIPE)
-    deadline = time.time() + 10
-    while not os.path.ismount(mnt):
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.skip(f"FUSE mount failed here: {proc.stderr.read().decode()[-300:]}")
-        time.sleep(0.05)
-    try:
-        yield backing, mnt
-    finally:
-        subprocess.run(["fusermount", "-u", str(mnt)], check=False)
-        proc.wait(timeout=10)
 
 
 def test_fuse_mount_is_latency_bound_and_read_with_prefetch(slow_mount, photos):

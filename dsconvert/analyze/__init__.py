@@ -1,0 +1,120 @@
+"""``dsconvert analyze``: why is loading slow, and what to run about it.
+
+:func:`analyze` measures the source at rest (inventory, read cost cold and warm, the
+concurrency sweep, decode cost per codec and library, the differential stall measurement),
+then :func:`dsconvert.analyze.verdict.decide` turns the measurements into a verdict. The
+report is a plain dict, versioned (``schema``/``schema_version``), rendered by
+:mod:`dsconvert.analyze.report` as a terminal table or JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ..codecs import field_kind, jpeg_decoders, resized_shape
+from ..convert import available_cpus
+from ..progress import progress_bar
+from ..storage import free_bytes, storage_kind
+from .inventory import Inventory, take_inventory
+from .measure import (concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
+                      memory_bandwidth, read_pass, stall_rates)
+from .sampling import stratified_sample
+from .verdict import Measurements, Verdict, decide
+
+__all__ = ["analyze", "REPORT_SCHEMA", "REPORT_VERSION", "Measurements", "Verdict", "decide"]
+
+REPORT_SCHEMA = "dsconvert.analyze"
+REPORT_VERSION = 1
+SUGGESTED_SHORT_SIDE = 256  # a --resize that still allows the usual 224-pixel crops
+
+
+def _files_per_sample(inv: Inventory) -> float:
+    if inv.layout in ("imagefolder", "list") or not inv.entries:
+        return 1.0
+    stems = {p.rpartition(".")[0] or p for p, _ in inv.entries}
+    return len(inv.entries) / max(1, len(stems))
+
+
+def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: int = 0,
+            time_budget: float = 30.0, output_dir: Optional[str] = None,
+            sweep_levels: Optional[List[int]] = None, progress: bool = False,
+            log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Measure ``src`` and return the report (see the module doc and the README's schema)."""
+    say = log or (lambda msg: None)
+    started = time.perf_counter()
+    src = os.path.abspath(src)
+    storage = storage_kind(src)
+    say(f"inventory of {src} ({storage['kind']}, {storage['fstype']} at {storage['mount']})")
+    with progress_bar(progress, "inventory", unit=" files") as bar:
+        inv = take_inventory(src, time_budget=time_budget, progress=bar.update)
+    picked = stratified_sample(inv.entries, sample, seed)
+    base = src if os.path.isdir(src) else os.path.dirname(src)
+    paths = [os.path.join(base, p) for p, _ in picked]
+    images = [p for p in paths if field_kind(p) == "image"]
+    say(f"reading {len(paths)} sampled files cold and warm, sequential and random")
+    cold = read_pass(paths, cold=True, order="sequential")
+    cold_random = read_pass(paths, cold=True, order="random", seed=seed)
+    warm = read_pass(paths, cold=False, order="sequential")
+    fixed_ms, fit_mb_s = fit_fixed_cost(cold.pop("latencies_ms"), cold.pop("sizes"))
+    for r in (cold_random, warm):
+        r.pop("latencies_ms")
+        r.pop("sizes")
+    cores = available_cpus()
+    levels = sweep_levels or sorted({1, 2, 4, 8, 16, cores})
+    say(f"concurrency sweep over {levels} readers")
+    sweep = concurrency_sweep(paths[: max(16, min(len(paths), 128))], levels)
+    say(f"decode cost of {len(images)} images per codec and library")
+    costs, other = decode_costs(images)
+    geometry = image_geometry(images)
+    stall = stall_rates(images[:64]) if images else {}
+    mem_mb_s = memory_bandwidth()
+
+    fps = _files_per_sample(inv)
+    num_samples = int(inv.estimated_files / fps) if fps else 0
+    mean_sample_bytes = inv.estimated_bytes / max(1, num_samples)
+    # the sample's codec mix, weighted as it occurs: library -> ms per sample
+    mix: Dict[str, float] = {}
+    measured = {c: per for c, per in costs.items() if "pil" in per}
+    for lib in sorted({lib for per in measured.values() for lib in per}):
+        mix[lib] = sum(per["pil"]["share"] * per.get(lib, per["pil"])["ms"] for per in measured.values())
+    decoded = geometry.get("decoded_bytes_mean", 0.0)
+    resize = None
+    resized = 0.0
+    if geometry and geometry["short_side_median"] > SUGGESTED_SHORT_SIDE:
+        resize = SUGGESTED_SHORT_SIDE
+        h = geometry["height"]["p50"]
+        w = geometry["width"]["p50"]
+        rh, rw = resized_shape(int(h), int(w), resize=resize)
+        resized = decoded * (rh * rw) / max(1.0, h * w)
+    out_dir = output_dir or os.getcwd()
+    free = free_bytes(out_dir)
+    m = Measurements(
+        source=src, storage_kind=storage["kind"], latency_bound_storage=storage["latency_bound"],
+        num_samples=num_samples, files_per_sample=fps, mean_sample_bytes=mean_sample_bytes,
+        fixed_ms=fixed_ms, bandwidth_mb_s=max(r["mb_per_s"] for r in sweep) if sweep else fit_mb_s,
+        sweep=[(r["readers"], r["files_per_s"]) for r in sweep],
+        prep_only_per_s=stall.get("prep_only_per_s", 0.0), fetch_only_per_s=stall.get("fetch_only_per_s", cold["files_per_s"]),
+        both_per_s=stall.get("both_per_s", cold["files_per_s"]), decode_ms=mix, cores=cores,
+        numpy_decoder=jpeg_decoders()[0][0],
+        decoded_bytes_per_sample=decoded, resized_bytes_per_sample=resized, suggested_resize=resize,
+        memory_bandwidth_mb_s=mem_mb_s, free_bytes=free, output_dir=out_dir if output_dir else "OUT", target=target,
+    )
+    verdict = decide(m)
+    return {
+        "schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION, "source": src,
+        "seconds": round(time.perf_counter() - started, 3),
+        "storage": storage,
+        "inventory": inv.to_dict(),
+        "sample": {"files": len(paths), "images": len(images), "seed": seed, "strata": "top-level folder x size quartile"},
+        "read": {"cold_sequential": cold, "cold_random": cold_random, "warm": warm,
+                 "fixed_ms_per_file": fixed_ms, "fit_bandwidth_mb_s": fit_mb_s},
+        "sweep": sweep,
+        "decode": {"per_codec": costs, "per_sample_ms": mix, "images": geometry, **other},
+        "stall": stall,
+        "memory_bandwidth_mb_s": mem_mb_s,
+        "disk": {"output_dir": out_dir, "free_bytes": free},
+        "measurements": m.__dict__,
+        "verdict": verdict.to_dict(),
+    }

@@ -1,0 +1,220 @@
+"""Measurements on the sample: read latency and throughput (cold and warm, sequential and
+random, 1..N concurrent readers), decode cost per codec and library, and the differential
+stall measurement of DS-Analyzer/CoorDL (VLDB '21): prep with no I/O, fetch with no prep,
+and both together, so read stall and prep stall come from measurement, not a guess.
+
+Cold reads evict each file's pages with posix_fadvise(DONTNEED) first (see
+dsconvert.storage): the host's own cache may still serve some of them, so cold figures are
+compared with warm ones from the same run, never with absolute numbers.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from ..codecs import IMAGE_EXTENSIONS, decode_rgb, field_kind, jpeg_decoders
+from ..storage import evict_page_cache
+from .inventory import quantiles
+
+__all__ = ["read_pass", "concurrency_sweep", "fit_fixed_cost", "decode_costs", "stall_rates",
+           "memory_bandwidth", "image_geometry"]
+
+
+def _read(path: str) -> Tuple[int, float]:
+    t = time.perf_counter()
+    with open(path, "rb") as f:
+        n = len(f.read())
+    return n, time.perf_counter() - t
+
+
+def _summary(results: List[Tuple[int, float]], wall: float) -> Dict[str, float]:
+    lat = [r[1] * 1000 for r in results]
+    nbytes = sum(r[0] for r in results)
+    q = quantiles(lat, (0.5, 0.9, 0.99))
+    return {"files": len(results), "bytes": nbytes, "seconds": wall,
+            "files_per_s": len(results) / wall if wall else 0.0,
+            "mb_per_s": nbytes / wall / 1e6 if wall else 0.0,
+            "latency_ms": {k: round(v, 4) for k, v in q.items()},
+            "latency_mean_ms": sum(lat) / len(lat) if lat else 0.0}
+
+
+def read_pass(paths: Sequence[str], cold: bool, order: str = "sequential", seed: int = 0) -> Dict:
+    """One reader: open + read + close each file; per-file latency quantiles and throughput."""
+    paths = list(paths)
+    if order == "random":
+        random.Random(seed).shuffle(paths)
+    if cold:
+        evict_page_cache(paths)
+    t = time.perf_counter()
+    results = [_read(p) for p in paths]
+    out = _summary(results, time.perf_counter() - t)
+    out.update(cold=cold, order=order, latencies_ms=[round(r[1] * 1000, 4) for r in results],
+               sizes=[r[0] for r in results])
+    return out
+
+
+def concurrency_sweep(paths: Sequence[str], levels: Sequence[int] = (1, 2, 4, 8, 16)) -> List[Dict]:
+    """Cold reads of the same files by 1, 2, 4, ... threads: throughput that grows with readers
+    means latency-bound storage (parallelism hides it); flat means bandwidth (or CPU) bound."""
+    out = []
+    for n in levels:
+        evict_page_cache(paths)
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            t = time.perf_counter()
+            results = list(pool.map(_read, paths))
+            wall = time.perf_counter() - t
+        row = _summary(results, wall)
+        row["readers"] = n
+        out.append(row)
+    return out
+
+
+def fit_fixed_cost(latencies_ms: Sequence[float], sizes: Sequence[int]) -> Tuple[float, float]:
+    """Least-squares ``latency = fixed + size / bandwidth``: (fixed ms per file, MB/s).
+    The fixed part is what many small files pay again and again; a tar shard pays it once."""
+    x = np.asarray(sizes, dtype=float)
+    y = np.asarray(latencies_ms, dtype=float)
+    if len(x) < 3 or np.ptp(x) == 0:
+        return float(np.median(y)) if len(y) else 0.0, 0.0
+    slope, intercept = np.polyfit(x, y, 1)
+    fixed = float(max(0.0, min(intercept, np.median(y))))
+    bandwidth = float(1e-3 / slope) if slope > 0 else 0.0  # bytes per ms -> MB/s
+    return fixed, bandwidth
+
+
+def _codec_of(path: str, head: bytes) -> str:
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    return path.rpartition(".")[2].lower()
+
+
+def decode_costs(paths: Sequence[str], per_codec: int = 40) -> Tuple[Dict[str, Dict[str, Dict[str, float]]], Dict[str, float]]:
+    """Per codec (by content, not extension) and per library that loads: ms per image and
+    megapixels/s, decoding from memory; plus the cost of np.load for .npy files."""
+    blobs: Dict[str, List[bytes]] = {}
+    seen: Dict[str, int] = {}  # images per codec in the sample (the mix), before the cap
+    npys: List[bytes] = []
+    for p in paths:
+        ext = p.rpartition(".")[2].lower()
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if ext == "npy":
+            npys.append(data)
+        elif ext in IMAGE_EXTENSIONS:
+            codec = _codec_of(p, data[:8])
+            seen[codec] = seen.get(codec, 0) + 1
+            if len(blobs.setdefault(codec, [])) < per_codec:
+                blobs[codec].append(data)
+    libs = [name for name, _ in jpeg_decoders()]
+    costs: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for codec, items in sorted(blobs.items()):
+        costs[codec] = {}
+        for lib in (libs if codec == "jpeg" else ["pil"]):
+            try:
+                decode_rgb(items[0], lib)  # warm-up: library load, caches
+            except Exception:
+                pass
+            pixels = 0
+            ok = 0
+            t = time.perf_counter()
+            for data in items:
+                try:
+                    arr = decode_rgb(data, lib)
+                except Exception:
+                    continue
+                pixels += arr.shape[0] * arr.shape[1]
+                ok += 1
+            wall = time.perf_counter() - t
+            if ok:
+                costs[codec][lib] = {"ms": wall / ok * 1000, "mp_per_s": pixels / wall / 1e6, "images": ok,
+                                     "share": seen[codec] / sum(seen.values())}
+    other: Dict[str, float] = {}
+    if npys:
+        t = time.perf_counter()
+        for data in npys:
+            np.load(io.BytesIO(data), allow_pickle=False)
+        other["npy_load_ms"] = (time.perf_counter() - t) / len(npys) * 1000
+    return costs, other
+
+
+def image_geometry(paths: Sequence[str]) -> Dict:
+    """Width, height and megapixel quantiles from file headers (no decode)."""
+    from PIL import Image
+
+    ws, hs = [], []
+    for p in paths:
+        if field_kind(p) != "image":
+            continue
+        try:
+            with Image.open(p) as img:
+                w, h = img.size
+        except Exception:
+            continue
+        ws.append(w)
+        hs.append(h)
+    if not ws:
+        return {}
+    mp = [w * h / 1e6 for w, h in zip(ws, hs)]
+    return {"images": len(ws), "width": quantiles(ws, (0.1, 0.5, 0.9)), "height": quantiles(hs, (0.1, 0.5, 0.9)),
+            "megapixels": quantiles(mp, (0.1, 0.5, 0.9)),
+            "decoded_bytes_mean": sum(w * h * 3 for w, h in zip(ws, hs)) / len(ws),
+            "short_side_median": float(np.median([min(w, h) for w, h in zip(ws, hs)]))}
+
+
+def stall_rates(paths: Sequence[str], decoder: str = "pil") -> Dict[str, float]:
+    """Samples/s of one worker: prep only (decode from memory), fetch only (cold reads, no
+    decode), and both (cold read then decode), over the same image files."""
+    images = [p for p in paths if field_kind(p) == "image"]
+    if not images:
+        return {}
+    blobs = []
+    for p in images:
+        with open(p, "rb") as f:
+            blobs.append(f.read())
+
+    def prep(data: bytes) -> None:
+        try:
+            decode_rgb(data, decoder)
+        except Exception:
+            pass
+
+    t = time.perf_counter()
+    for data in blobs:
+        prep(data)
+    prep_only = len(blobs) / (time.perf_counter() - t)
+    evict_page_cache(images)
+    t = time.perf_counter()
+    for p in images:
+        _read(p)
+    fetch_only = len(images) / (time.perf_counter() - t)
+    evict_page_cache(images)
+    t = time.perf_counter()
+    for p in images:
+        with open(p, "rb") as f:
+            prep(f.read())
+    both = len(images) / (time.perf_counter() - t)
+    return {"decoder": decoder, "images": len(images), "prep_only_per_s": prep_only,
+            "fetch_only_per_s": fetch_only, "both_per_s": both}
+
+
+def memory_bandwidth(mb: int = 64, repeats: int = 3) -> float:
+    """MB/s of a large memcpy: the ceiling of a warm decoded (npy) cache."""
+    src = np.ones(mb << 20, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, mb * 1.048576 / (time.perf_counter() - t))
+    return best

@@ -1,0 +1,124 @@
+"""The analyze report as a terminal table (colour only on a tty) or as JSON.
+
+JSON schema ``dsconvert.analyze`` version 1 (a stable subset; more keys may be added):
+
+    schema, schema_version, source, seconds
+    storage      {kind, fstype, mount, latency_bound}
+    inventory    {files, bytes, dirs, complete, estimated_files, estimated_bytes, seconds,
+                  max_depth, layout, extensions{ext: n}, size_quantiles{p0..p100},
+                  fanout_quantiles{p0..p100}}
+    sample       {files, images, seed, strata}
+    read         {cold_sequential, cold_random, warm: {files, bytes, seconds, files_per_s,
+                  mb_per_s, latency_ms{p50,p90,p99}, latency_mean_ms}, fixed_ms_per_file,
+                  fit_bandwidth_mb_s}
+    sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}}]
+    decode       {per_codec{codec: {library: {ms, mp_per_s, images, share}}},
+                  per_sample_ms{library: ms}, images{width, height, megapixels, ...},
+                  npy_load_ms?}
+    stall        {decoder, images, prep_only_per_s, fetch_only_per_s, both_per_s}
+    disk         {output_dir, free_bytes}
+    measurements the verdict's input (dsconvert.analyze.verdict.Measurements)
+    verdict      {bottleneck, summary, evidence[], commands[], per_worker_ms{read, overhead,
+                  decode, total}, workers, loader_per_s, predicted_per_s{option: n},
+                  output_bytes{option: n}, fits{option: bool}, recommended,
+                  predicted_speedup, keeps_up, notes[]}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Dict, List
+
+from ..sizing import format_size
+
+__all__ = ["render_text", "render_json"]
+
+
+def render_json(report: Dict[str, Any]) -> str:
+    return json.dumps(report, indent=1, default=float)
+
+
+def _style(text: str, code: str, tty: bool) -> str:
+    return f"\033[{code}m{text}\033[0m" if tty else text
+
+
+def render_text(report: Dict[str, Any], tty: bool = None) -> str:
+    if tty is None:
+        tty = sys.stdout.isatty()
+    v = report["verdict"]
+    inv = report["inventory"]
+    rd = report["read"]
+    lines: List[str] = []
+    add = lines.append
+    bold = lambda t: _style(t, "1", tty)  # noqa: E731
+    add(bold(f"dsconvert analyze {report['source']}"))
+    colour = "32" if v["bottleneck"] == "none" else "31"
+    add(_style(f"verdict: {v['summary']}", "1;" + colour, tty))
+    for e in v["evidence"]:
+        add(f"  - {e}")
+    if v["commands"]:
+        add(bold("fix:"))
+        for c in v["commands"]:
+            add(f"  {c}")
+    if v["recommended"]:
+        add(f"  fastest output that fits: {v['recommended']}, predicted {v['predicted_per_s'][v['recommended']]:,.0f} "
+            f"samples/s with {v['workers']} workers: {v['predicted_speedup']:.1f}x today's {v['loader_per_s']:,.0f}")
+    for n in v["notes"]:
+        add(f"  note: {n}")
+    add("")
+    st = report["storage"]
+    est = "" if inv["complete"] else f" (walk stopped at the time budget; about {inv['estimated_files']:,} in all)"
+    add(bold("source"))
+    add(f"  storage    {st['kind']} ({st['fstype']} at {st['mount']})")
+    add(f"  files      {inv['files']:,} in {inv['dirs']:,} folders, {format_size(inv['bytes'])}{est}; layout {inv['layout']}")
+    q = inv["size_quantiles"]
+    if q:
+        add("  sizes      " + "  ".join(f"{k} {format_size(q[k])}" for k in ("p10", "p50", "p90", "p99", "p100")))
+    add("  types      " + ", ".join(f"{k or '(none)'} {n:,}" for k, n in list(inv["extensions"].items())[:6]))
+    fq = inv["fanout_quantiles"]
+    if fq:
+        add(f"  fan-out    {fq['p50']:.0f} files per folder (p50), {fq['p100']:.0f} max; depth {inv['max_depth']}")
+    add("")
+    add(bold(f"read cost ({report['sample']['files']} sampled files, seed {report['sample']['seed']})"))
+    add(f"  {'':18s}{'files/s':>10s}{'MB/s':>10s}{'p50 ms':>10s}{'p90 ms':>10s}{'p99 ms':>10s}")
+    for label, key in (("cold, sequential", "cold_sequential"), ("cold, random", "cold_random"), ("warm", "warm")):
+        r = rd[key]
+        lat = r["latency_ms"]
+        add(f"  {label:18s}{r['files_per_s']:10,.0f}{r['mb_per_s']:10,.1f}{lat.get('p50', 0):10.3f}"
+            f"{lat.get('p90', 0):10.3f}{lat.get('p99', 0):10.3f}")
+    add(f"  per-file fixed cost {rd['fixed_ms_per_file']:.3f} ms (cold; fitted latency = fixed + size / bandwidth)")
+    add("  concurrency (cold): " + ", ".join(f"{r['readers']} -> {r['files_per_s']:,.0f} files/s" for r in report["sweep"]))
+    add("")
+    dec = report["decode"]
+    add(bold("decode cost (from memory)"))
+    for codec, libs in dec["per_codec"].items():
+        share = next(iter(libs.values()))["share"]
+        add(f"  {codec:5s} ({share:.0%} of images): " + ", ".join(
+            f"{lib} {c['ms']:.2f} ms ({c['mp_per_s']:.0f} MP/s)" for lib, c in libs.items()))
+    g = dec.get("images") or {}
+    if g:
+        add(f"  images     {g['width']['p50']:.0f}x{g['height']['p50']:.0f} median, "
+            f"{g['megapixels']['p10']:.2f}-{g['megapixels']['p90']:.2f} MP (p10-p90)")
+    if "npy_load_ms" in dec:
+        add(f"  np.load    {dec['npy_load_ms']:.3f} ms per file")
+    s = report.get("stall") or {}
+    if s:
+        add(bold("stall (one worker, measured)"))
+        add(f"  decode only {s['prep_only_per_s']:,.0f}/s, read only (cold) {s['fetch_only_per_s']:,.0f}/s, "
+            f"both {s['both_per_s']:,.0f}/s")
+        pw = v["per_worker_ms"]
+        add(f"  per sample: read {pw['read']:.3f} ms + per-file overhead {pw['overhead']:.3f} ms + decode "
+            f"{pw['decode']:.3f} ms = {pw['total']:.3f} ms")
+    add("")
+    add(bold(f"outputs (predicted samples/s with {v['workers']} workers; free at {report['disk']['output_dir']}: "
+             f"{format_size(report['disk']['free_bytes'])})"))
+    add(f"  {'source as it is':24s}{v['loader_per_s']:12,.0f}")
+    for k, rate in v["predicted_per_s"].items():
+        fit = "" if v["fits"][k] else "  (does not fit)"
+        add(f"  {k:24s}{rate:12,.0f}   {format_size(v['output_bytes'][k])}{fit}")
+    if v["keeps_up"] is not None:
+        add(_style(f"target: {'the loader keeps up' if v['keeps_up'] else 'the loader cannot keep up'}",
+                   "32" if v["keeps_up"] else "31", tty))
+    add(f"({report['seconds']:.1f} s)")
+    return "\n".join(lines)

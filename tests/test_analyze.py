@@ -1,0 +1,116 @@
+"""analyze on real trees: a slow FUSE mount, large JPEGs on local disk, tiny files."""
+
+import json
+import os
+import random
+
+import pytest
+from PIL import Image
+
+from dsconvert.analyze import analyze
+from dsconvert.analyze.inventory import quantiles, take_inventory
+from dsconvert.analyze.report import render_text
+from dsconvert.analyze.sampling import stratified_sample
+from dsconvert.cli import main
+
+from conftest import encode, make_image_folder, write
+
+
+def test_quantiles_interpolate_like_numpy():
+    np = pytest.importorskip("numpy")
+    values = [3, 1, 4, 1, 5, 9, 2, 6]
+    q = quantiles(values, (0.0, 0.5, 0.9, 0.99, 1.0))
+    for key, p in (("p0", 0), ("p50", 50), ("p90", 90), ("p99", 99), ("p100", 100)):
+        assert q[key] == pytest.approx(np.percentile(values, p))
+
+
+def test_inventory_counts_and_layout(tmp_path, photos):
+    root = str(tmp_path / "src")
+    make_image_folder(root, photos, {"a": 5, "b": 3})
+    write(os.path.join(root, "a", ".DS_Store"), b"x")
+    os.symlink(root, os.path.join(root, "b", "loop"))
+    inv = take_inventory(root)
+    assert inv.files == 8 and inv.dirs == 3 and inv.complete and inv.layout == "imagefolder"
+    assert inv.extensions == {"jpg": 8}
+    sizes = sorted(os.path.getsize(os.path.join(root, p)) for p, _ in inv.entries)
+    assert inv.bytes == sum(sizes) and inv.size_quantiles["p100"] == sizes[-1]
+    assert inv.fanout_quantiles["p100"] == 5 and inv.max_depth == 1
+
+
+def test_inventory_time_budget_estimates_the_rest(tmp_path):
+    root = tmp_path / "many"
+    for d in range(30):
+        for f in range(10):
+            write(str(root / f"d{d:02d}" / f"f{f}.txt"), b"12345")
+    inv = take_inventory(str(root), time_budget=0.0, threads=1)
+    assert not inv.complete and inv.files < 300
+    assert inv.estimated_files >= inv.files and abs(inv.estimated_files - 300) <= 10
+
+
+def test_stratified_sample_is_seeded_and_covers_strata():
+    entries = [(f"c{c}/f{i}.jpg", (i % 40) * 1000 + c) for c in range(5) for i in range(200)]
+    a = stratified_sample(entries, 40, seed=1)
+    assert a == stratified_sample(entries, 40, seed=1) != stratified_sample(entries, 40, seed=2)
+    assert len(a) == 40
+    assert {p.split("/")[0] for p, _ in a} == {f"c{c}" for c in range(5)}
+    sizes = sorted(s for _, s in entries)
+    small = sum(1 for _, s in a if s <= sizes[len(sizes) // 4])
+    assert 5 <= small <= 15  # about a quarter from the smallest size quartile
+    assert stratified_sample(entries[:10], 40) == sorted(entries[:10])
+
+
+@pytest.mark.parametrize("slow_mount", [4], indirect=True)
+def test_slow_mount_is_storage_latency(slow_mount, photos):
+    backing, mnt = slow_mount
+    make_image_folder(str(backing / "src"), photos, {"a": 30, "b": 30}, size=(64, 48))
+    report = analyze(str(mnt / "src"), sample=40, sweep_levels=[1, 4, 8])
+    v = report["verdict"]
+    assert report["storage"]["kind"] == "fuse" and report["storage"]["latency_bound"]
+    assert v["bottleneck"] == "storage-latency", v["summary"]
+    assert report["read"]["cold_sequential"]["latency_ms"]["p50"] >= 8  # 4 ms in open + 4 ms in read
+    sweep = {r["readers"]: r["files_per_s"] for r in report["sweep"]}
+    assert sweep[8] > 3 * sweep[1]  # parallel readers hide latency
+    assert v["commands"][0].startswith(f"dsconvert shard {mnt / 'src'} --format wds")
+    assert v["predicted_speedup"] > 3
+
+
+def test_large_jpegs_on_local_disk_are_decode_bound(tmp_path, photos):
+    root = tmp_path / "big"
+    rng = random.Random(0)
+    names = list(photos)
+    for i in range(12):
+        img = photos[names[i % len(names)]].convert("RGB").resize((2400, 1800), Image.Resampling.BICUBIC)
+        write(str(root / f"c{i % 2}" / f"{i}.jpg"), encode(img, quality=rng.randint(95, 98)))
+    report = analyze(str(root), sample=12, sweep_levels=[1, 2])
+    v = report["verdict"]
+    assert v["bottleneck"] == "decode", v["summary"]
+    assert v["per_worker_ms"]["decode"] > v["per_worker_ms"]["read"] + v["per_worker_ms"]["overhead"]
+    jpeg = report["decode"]["per_codec"]["jpeg"]
+    assert "pil" in jpeg and jpeg["pil"]["mp_per_s"] > 0
+    assert report["decode"]["images"]["width"]["p50"] == 2400
+    assert report["verdict"]["recommended"] is not None
+
+
+def test_tiny_files_are_per_file_overhead_bound(tmp_path, photos):
+    root = tmp_path / "tiny"
+    img = photos["rocket"].convert("RGB").resize((12, 12))
+    for i in range(300):
+        write(str(root / f"s{i % 10}" / f"{i}.png"), encode(img.rotate(i), "PNG"))
+    report = analyze(str(root), sample=300, sweep_levels=[1, 2])
+    v = report["verdict"]
+    assert v["bottleneck"] == "small-files", (v["summary"], v["per_worker_ms"])
+    assert report["inventory"]["size_quantiles"]["p50"] < 1000
+
+
+def test_cli_text_and_json(tmp_path, image_folder, capsys):
+    assert main(["analyze", image_folder, "--json", "--sample", "16", "--target", "10"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema"] == "dsconvert.analyze" and report["schema_version"] == 1
+    assert report["sample"]["files"] == 16 and report["inventory"]["files"] == 16
+    assert report["verdict"]["keeps_up"] is True and report["verdict"]["bottleneck"] == "none"
+    assert main(["analyze", image_folder, "-q", "--sample", "8"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"dsconvert analyze {image_folder}") and "verdict:" in text
+    assert "\033[" not in text  # no colour when stdout is not a tty
+    assert "\033[" in render_text(report, tty=True)
+    assert main(["analyze", str(tmp_path / "nope")]) == 1
