@@ -114,3 +114,22 @@ def test_cli_text_and_json(tmp_path, image_folder, capsys):
     assert "\033[" not in text  # no colour when stdout is not a tty
     assert "\033[" in render_text(report, tty=True)
     assert main(["analyze", str(tmp_path / "nope")]) == 1
+
+
+def test_npy_load_measured_and_pickles_never_loaded(tmp_path):
+    import pickle
+
+    np = pytest.importorskip("numpy")
+    root = tmp_path / "arrays"
+    for i in range(6):
+        buf = __import__("io").BytesIO()
+        np.save(buf, np.arange(100 * i, dtype=np.float32))
+        write(str(root / f"{i}.npy"), buf.getvalue())
+    marker = tmp_path / "executed"
+    # a pickle that would create a file if anyone unpickled it
+    evil = pickle.dumps(type("Boom", (), {"__reduce__": lambda self: (open, (str(marker), "w"))})())
+    write(str(root / "x.pkl"), evil)
+    report = analyze(str(root), sweep_levels=[1])
+    assert report["decode"]["npy_load_ms"] > 0
+    assert "not measured" in report["decode"]["pickle"]
+    assert not marker.exists()

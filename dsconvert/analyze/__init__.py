@@ -66,7 +66,11 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: i
     say(f"concurrency sweep over {levels} readers")
     sweep = concurrency_sweep(paths[: max(16, min(len(paths), 128))], levels)
     say(f"decode cost of {len(images)} images per codec and library")
-    costs, other = decode_costs(images)
+    costs, other = decode_costs(images + [p for p in paths if p.lower().endswith(".npy")])
+    pickles = sum(n for ext, n in inv.extensions.items() if ext in ("pkl", "pickle"))
+    if pickles:
+        other["pickle"] = (f"{pickles} pickle files: unpickling is not measured, since it runs code "
+                           "from the data; a decoded npy cache or np.save'd arrays avoid it")
     geometry = image_geometry(images)
     stall = stall_rates(images[:64]) if images else {}
     mem_mb_s = memory_bandwidth()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-import threading
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -17,8 +16,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..source import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
+from ..storage import is_latency_bound
 
 __all__ = ["Inventory", "take_inventory", "quantiles"]
+
+LAYOUT_FOLDERS = 256
 
 
 def quantiles(values: List[float], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Dict[str, float]:
@@ -98,10 +100,14 @@ def _estimate_rest(inv: Inventory, root: str, pending: List[str], threads: int, 
     inv.estimated_bytes = inv.bytes + int(len(pending) * (nbytes + subdirs * seen_bytes))
 
 
-def take_inventory(root: str, time_budget: float = 30.0, threads: int = 8,
+def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] = None,
                    keep_entries: int = 2_000_000, progress: Optional[Callable[[int], None]] = None) -> Inventory:
-    """Walk ``root`` for at most ``time_budget`` seconds; see the module doc."""
+    """Walk ``root`` for at most ``time_budget`` seconds; see the module doc. ``threads``
+    defaults to 16 on latency-bound storage (NFS, FUSE...), where listings overlap their round
+    trips, and 2 on local disks, where more threads only contend for the GIL."""
     root = os.path.abspath(root)
+    if threads is None:
+        threads = 16 if is_latency_bound(root) else 2
     started = time.perf_counter()
     inv = Inventory(root)
     if os.path.isfile(root):
@@ -115,13 +121,14 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: int = 8,
     fanout: List[float] = []
     exts: Counter = Counter()
     listings: List[FolderListing] = []
-    lock = threading.Lock()
     pending_dirs: List[str] = []
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dsconvert-inventory") as pool:
-        running = {pool.submit(_list, root, "")}
+        running = {pool.submit(_list, root, ""): ""}
         while running:
-            done, running = wait(running, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            over = time.perf_counter() - started > time_budget
             for fut in done:
+                running.pop(fut)
                 rel, files, subdirs = fut.result()
                 inv.dirs += 1
                 inv.max_depth = max(inv.max_depth, rel.count("/") + 1 if rel else 0)
@@ -136,16 +143,19 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: int = 8,
                 inv.files += len(files)
                 if progress is not None:
                     progress(len(files))
-                over = time.perf_counter() - started > time_budget
-                with lock:
-                    for child, ident in subdirs:
-                        if ident in seen:
-                            continue  # a symlink loop or a second link to a folder
-                        seen.add(ident)
-                        if over:
-                            pending_dirs.append(child)
-                        else:
-                            running.add(pool.submit(_list, root, child))
+                for child, ident in subdirs:
+                    if ident in seen:
+                        continue  # a symlink loop or a second link to a folder
+                    seen.add(ident)
+                    if over:
+                        pending_dirs.append(child)
+                    else:
+                        running[pool.submit(_list, root, child)] = child
+            if over:  # out of time: what has not started yet is left to the estimate
+                for fut, rel in list(running.items()):
+                    if fut.cancel():
+                        running.pop(fut)
+                        pending_dirs.append(rel)
     inv.complete = not pending_dirs
     inv.estimated_files, inv.estimated_bytes = inv.files, inv.bytes
     if pending_dirs:
@@ -156,6 +166,7 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: int = 8,
     inv.fanout_quantiles = quantiles(fanout)
     listings.sort(key=lambda d: d.rel)
     inv.entries.sort()
-    if listings and looks_like_image_folder(listings):
+    # the layout test reads every name; a few hundred folders (the root first) decide it
+    if listings and looks_like_image_folder(listings[:LAYOUT_FOLDERS]):
         inv.layout = "imagefolder"
     return inv

@@ -14,7 +14,7 @@ JSON schema ``dsconvert.analyze`` version 1 (a stable subset; more keys may be a
     sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}}]
     decode       {per_codec{codec: {library: {ms, mp_per_s, images, share}}},
                   per_sample_ms{library: ms}, images{width, height, megapixels, ...},
-                  npy_load_ms?}
+                  npy_load_ms?, pickle? (why it was not measured)}
     stall        {decoder, images, prep_only_per_s, fetch_only_per_s, both_per_s}
     disk         {output_dir, free_bytes}
     measurements the verdict's input (dsconvert.analyze.verdict.Measurements)
@@ -102,6 +102,8 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
             f"{g['megapixels']['p10']:.2f}-{g['megapixels']['p90']:.2f} MP (p10-p90)")
     if "npy_load_ms" in dec:
         add(f"  np.load    {dec['npy_load_ms']:.3f} ms per file")
+    if "pickle" in dec:
+        add(f"  pickle     {dec['pickle']}")
     s = report.get("stall") or {}
     if s:
         add(bold("stall (one worker, measured)"))
