@@ -179,7 +179,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise SourceError(f"source does not exist: {args.src}", args.src)
     log = None if args.quiet or args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = analyze(args.src, target=args.target, sample=args.sample, seed=args.seed,
-                     time_budget=args.time_budget, output_dir=args.output_dir, log=log)
+                     time_budget=args.time_budget, output_dir=args.output_dir, log=log,
+                     progress=not args.quiet and sys.stderr.isatty())
     print(render_json(report) if args.json else render_text(report))
     return 0
 

@@ -12,7 +12,7 @@ def make(**kw):
         sweep=[(1, 4000.0), (2, 4300.0), (4, 4400.0)], prep_only_per_s=800.0, fetch_only_per_s=4000.0,
         both_per_s=700.0, decode_ms={"pil": 1.25, "turbojpeg": 0.68}, cores=4, numpy_decoder="turbojpeg",
         decoded_bytes_per_sample=500 * 375 * 3, resized_bytes_per_sample=341 * 256 * 3, suggested_resize=256,
-        memory_bandwidth_mb_s=8000.0, free_bytes=10**12, output_dir="/ssd/out",
+        memory_bandwidth_mb_s=8000.0, free_bytes=10**12, output_dir="/ssd",
     )
     base.update(kw)
     return Measurements(**base)
@@ -24,8 +24,10 @@ def test_decode_bound_recommends_the_fastest_fitting_output():
     assert v.per_worker_ms["decode"] == pytest.approx(1.25)
     assert v.per_worker_ms["total"] == pytest.approx(1000 / 700)
     assert v.recommended == "npy --resize 256"
-    assert v.commands[0] == "dsconvert shard /data/train --format npy -o /ssd/out --resize 256"
-    assert any('decode="numpy"' in c and "turbojpeg" in c for c in v.commands)
+    assert v.commands[0] == "dsconvert shard /data/train --format npy -o /ssd/train-npy --resize 256"
+    assert v.commands == ["dsconvert shard /data/train --format npy -o /ssd/train-npy --resize 256"]
+    assert v.alternative == ["dsconvert shard /data/train --format wds -o /ssd/train-wds",
+                             'open_dataset("/ssd/train-wds", decode="numpy")  # decodes JPEGs with turbojpeg']
     assert v.predicted_speedup == pytest.approx(v.predicted_per_s["npy --resize 256"] / v.loader_per_s)
     # 4 workers, decode-bound: 4 x 700 = 2,800/s, below the storage rate and the 4 x 800 CPU limit
     assert v.loader_per_s == pytest.approx(2800)
@@ -35,8 +37,8 @@ def test_disk_budget_excludes_what_does_not_fit():
     v = decide(make(free_bytes=20 * 10**9))  # npy needs 56 GB, resized 26 GB, wds 11 GB
     assert not v.fits["npy"] and not v.fits["npy --resize 256"] and v.fits["wds"]
     assert v.recommended == "wds+turbojpeg"
-    assert v.commands == ["dsconvert shard /data/train --format wds -o /ssd/out",
-                          'open_dataset("/ssd/out", decode="numpy")  # decodes JPEGs with turbojpeg']
+    assert v.commands == ["dsconvert shard /data/train --format wds -o /ssd/train-wds",
+                          'open_dataset("/ssd/train-wds", decode="numpy")  # decodes JPEGs with turbojpeg']
     assert any("would need" in n for n in v.notes)
 
 
@@ -44,7 +46,7 @@ def test_storage_latency():
     v = decide(make(storage_kind="nfs", latency_bound_storage=True, fixed_ms=8.0, fetch_only_per_s=110.0,
                     both_per_s=100.0, sweep=[(1, 110.0), (4, 420.0), (16, 1500.0)]))
     assert v.bottleneck == "storage-latency"
-    assert v.commands[0] == "dsconvert shard /data/train --format wds -o /ssd/out"
+    assert v.commands[0] == "dsconvert shard /data/train --format wds -o /ssd/train-wds"
     assert "scale 13.6x" in v.evidence[1] and "latency-bound" in v.evidence[1]
     assert v.predicted_speedup > 5
     assert any("local SSD" in n for n in v.notes)

@@ -18,7 +18,7 @@ JSON schema ``dsconvert.analyze`` version 1 (a stable subset; more keys may be a
     stall        {decoder, images, prep_only_per_s, fetch_only_per_s, both_per_s}
     disk         {output_dir, free_bytes}
     measurements the verdict's input (dsconvert.analyze.verdict.Measurements)
-    verdict      {bottleneck, summary, evidence[], commands[], per_worker_ms{read, overhead,
+    verdict      {bottleneck, summary, evidence[], commands[], alternative[], per_worker_ms{read, overhead,
                   decode, total}, workers, loader_per_s, predicted_per_s{option: n},
                   output_bytes{option: n}, fits{option: bool}, recommended,
                   predicted_speedup, keeps_up, notes[]}
@@ -60,6 +60,10 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
     if v["commands"]:
         add(bold("fix:"))
         for c in v["commands"]:
+            add(f"  {c}")
+    if v.get("alternative"):
+        add(bold("or, keeping the encoded bytes:"))
+        for c in v["alternative"]:
             add(f"  {c}")
     if v["recommended"]:
         add(f"  fastest output that fits: {v['recommended']}, predicted {v['predicted_per_s'][v['recommended']]:,.0f} "

@@ -14,6 +14,7 @@ npy cache replaces decode by a memory copy.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -57,6 +58,7 @@ class Verdict:
     summary: str
     evidence: List[str]
     commands: List[str]
+    alternative: List[str]  # another fix, when the first needs more room (decoded) than it
     per_worker_ms: Dict[str, float]  # read, overhead, decode, total
     workers: int
     loader_per_s: float  # the source as it is, N workers
@@ -157,17 +159,27 @@ def decide(m: Measurements) -> Verdict:
     else:
         bottleneck = "decode"
 
-    src, out = m.source, m.output_dir
+    src = m.source
+
+    def out_for(fmt: str) -> str:  # OUT stands for "where you want it" when no folder was given
+        if m.output_dir == "OUT":
+            return "OUT"
+        return posixpath.join(m.output_dir, f"{posixpath.basename(src.rstrip('/')) or 'data'}-{fmt}")
+
     commands: List[str] = []
     if bottleneck in ("storage-latency", "small-files", "storage-bandwidth"):
-        commands.append(f"dsconvert shard {src} --format wds -o {out}")
+        commands.append(f"dsconvert shard {src} --format wds -o {out_for('wds')}")
     if recommended and recommended.startswith("npy"):
         resize = recommended.split("--resize ")[1] if "--resize" in recommended else None
-        commands.append(f"dsconvert shard {src} --format npy -o {out}" + (f" --resize {resize}" if resize else ""))
-    if bottleneck == "decode" and fast_lib != "pil":  # the alternative that keeps encoded bytes
-        if not commands:
-            commands.append(f"dsconvert shard {src} --format wds -o {out}")
-        commands.append(f'open_dataset("{out}", decode="numpy")  # decodes JPEGs with {fast_lib}')
+        commands.append(f"dsconvert shard {src} --format npy -o {out_for('npy')}" + (f" --resize {resize}" if resize else ""))
+    alternative: List[str] = []
+    if bottleneck == "decode" and fast_lib != "pil":  # keeps the encoded bytes: a small output
+        fast = [f"dsconvert shard {src} --format wds -o {out_for('wds')}",
+                f'open_dataset("{out_for("wds")}", decode="numpy")  # decodes JPEGs with {fast_lib}']
+        if commands:
+            alternative = fast
+        else:
+            commands = fast
     notes = ["predictions are the ceiling of reading and decoding; transforms, collate and worker "
              "IPC come on top (`dsconvert bench` measures the whole loader)"]
     if "pil" in m.decode_ms and fast_lib == "pil" and bottleneck == "decode":
@@ -176,7 +188,8 @@ def decide(m: Measurements) -> Verdict:
         notes.append("write the shards to local SSD: the conversion is then also the pre-cache")
     for k, ok in fits.items():
         if not ok:
-            notes.append(f"{k} would need {sizes[k] / 1e9:.1f} GB, more than the {m.free_bytes / 1e9:.1f} GB free at {out}")
+            notes.append(f"{k} would need {sizes[k] / 1e9:.1f} GB, more than the {m.free_bytes / 1e9:.1f} GB free "
+                         f"at {m.output_dir}")
 
     summaries = {  # lambdas: only the chosen one is formatted (a target may be None)
         "storage-latency": lambda: f"loading is bound by storage latency ({m.fixed_ms:.1f} ms per file on {m.storage_kind})",
@@ -190,7 +203,7 @@ def decide(m: Measurements) -> Verdict:
     if m.target is not None and not keeps_up:
         summary += f"; {loader:,.0f} samples/s with {n} workers is short of the {m.target:,.0f}/s target"
     return Verdict(
-        bottleneck=bottleneck, summary=summary, evidence=evidence, commands=commands,
+        bottleneck=bottleneck, summary=summary, evidence=evidence, commands=commands, alternative=alternative,
         per_worker_ms={"read": t_transfer * 1000, "overhead": t_overhead * 1000, "decode": t_prep * 1000,
                        "total": t_sample * 1000},
         workers=n, loader_per_s=loader, predicted_per_s=predicted, output_bytes=sizes, fits=fits,
