@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from .errors import MissingDependencyError
 
-__all__ = ["require", "optional_import", "torch", "turbojpeg", "simplejpeg"]
+__all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "INSTALL_HINTS"]
 
 # module name -> what the user should run to get it
 INSTALL_HINTS = {
@@ -23,6 +23,8 @@ INSTALL_HINTS = {
     "simplejpeg": "pip install simplejpeg",
     "litdata": "pip install 'dsconvert[bench]'",
     "fuse": "apt-get install -y fuse libfuse2 && pip install fusepy",
+    "skimage.data": "pip install 'dsconvert[demo]'",
+    "h5py": "pip install h5py",
 }
 
 
@@ -41,10 +43,6 @@ def require(name: str, purpose: str) -> ModuleType:
         hint = INSTALL_HINTS.get(name, f"pip install {name}")
         raise MissingDependencyError(f"{purpose} needs the '{name}' package: run `{hint}`")
     return module
-
-
-def torch() -> Optional[ModuleType]:
-    return optional_import("torch")
 
 
 _turbo_cache: dict = {}
