@@ -189,21 +189,33 @@ def stall_rates(paths: Sequence[str], decoder: str = "pil") -> Dict[str, float]:
         except Exception:
             pass
 
-    t = time.perf_counter()
-    for data in blobs:
-        prep(data)
-    prep_only = len(blobs) / (time.perf_counter() - t)
-    evict_page_cache(images)
-    t = time.perf_counter()
-    for p in images:
-        _read(p)
-    fetch_only = len(images) / (time.perf_counter() - t)
-    evict_page_cache(images)
-    t = time.perf_counter()
-    for p in images:
-        with open(p, "rb") as f:
-            prep(f.read())
-    both = len(images) / (time.perf_counter() - t)
+    def best(run, repeats: int, cold: bool) -> float:
+        """Fastest of a few passes: a shared machine's noise only ever slows a pass down."""
+        rates = []
+        for _ in range(repeats):
+            if cold:
+                evict_page_cache(images)
+            t = time.perf_counter()
+            run()
+            rates.append(len(images) / (time.perf_counter() - t))
+        return max(rates)
+
+    def prep_all() -> None:
+        for data in blobs:
+            prep(data)
+
+    def fetch_all() -> None:
+        for p in images:
+            _read(p)
+
+    def both_all() -> None:
+        for p in images:
+            with open(p, "rb") as f:
+                prep(f.read())
+
+    prep_only = best(prep_all, 3, cold=False)
+    fetch_only = best(fetch_all, 2, cold=True)
+    both = best(both_all, 2, cold=True)
     return {"decoder": decoder, "images": len(images), "prep_only_per_s": prep_only,
             "fetch_only_per_s": fetch_only, "both_per_s": both}
 
