@@ -181,7 +181,7 @@ def decide(m: Measurements) -> Verdict:
         else:
             commands = fast
     notes = ["predictions are the ceiling of reading and decoding; transforms, collate and worker "
-             "IPC come on top (`dsconvert bench` measures the whole loader)"]
+             "IPC come on top (time a DataLoader pass for the whole loader)"]
     if "pil" in m.decode_ms and fast_lib == "pil" and bottleneck == "decode":
         notes.append("no faster JPEG decoder loads here: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
     if bottleneck == "storage-latency":
