@@ -17,7 +17,7 @@ import json
 import os
 import struct
 import warnings
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -188,27 +188,23 @@ def _pil_decoder(data: bytes) -> np.ndarray:
     return np.asarray(_pil_rgb(data))
 
 
+_decoders: Dict[int, List[Tuple[str, Callable[[bytes], np.ndarray]]]] = {}
+
+
 def jpeg_decoders() -> List[Tuple[str, Callable[[bytes], np.ndarray]]]:
-    """The JPEG -> RGB array decoders that load in this process, fastest first."""
-    found: List[Tuple[str, Callable[[bytes], np.ndarray]]] = []
-    for name, make in (("turbojpeg", _turbo_decoder), ("simplejpeg", _simplejpeg_decoder)):
-        decoder = make()
-        if decoder is not None:
-            found.append((name, decoder))
-    found.append(("pil", _pil_decoder))
-    return found
-
-
-_fast_jpeg: dict = {}
-
-
-def _fast_jpeg_decoder() -> Optional[Callable[[bytes], np.ndarray]]:
+    """The JPEG -> RGB array decoders that load in this process, fastest first (probed once
+    per process: a forked worker probes again, so no C handle crosses a fork)."""
     pid = os.getpid()
-    if pid not in _fast_jpeg:
-        _fast_jpeg.clear()
-        chain = jpeg_decoders()
-        _fast_jpeg[pid] = chain[0][1] if chain[0][0] != "pil" else None
-    return _fast_jpeg[pid]
+    if pid not in _decoders:
+        _decoders.clear()
+        found: List[Tuple[str, Callable[[bytes], np.ndarray]]] = []
+        for name, make in (("turbojpeg", _turbo_decoder), ("simplejpeg", _simplejpeg_decoder)):
+            decoder = make()
+            if decoder is not None:
+                found.append((name, decoder))
+        found.append(("pil", _pil_decoder))
+        _decoders[pid] = found
+    return _decoders[pid]
 
 
 def _is_cmyk_jpeg(data: bytes) -> bool:
@@ -243,14 +239,7 @@ def decode_image(data: Any, mode: str = "pil") -> Any:
     if mode == "pil":
         return _pil_rgb(data)
     if mode == "numpy":
-        if data[:3] == _JPEG_MAGIC and not _is_cmyk_jpeg(data):
-            fast = _fast_jpeg_decoder()
-            if fast is not None:
-                try:
-                    return fast(data)
-                except Exception:
-                    pass  # not something libjpeg-turbo's fast path takes: PIL decides
-        return _pil_decoder(data)
+        return decode_rgb(data, jpeg_decoders()[0][0])
     raise ValueError(f"decode must be one of {DECODE_MODES}, not {mode!r}")
 
 
@@ -278,8 +267,6 @@ def decode_field(field: str, data: Any, mode: str = "pil") -> Any:
 # --- decoded caches ---------------------------------------------------------------------
 
 DECODERS = ("auto", "pil", "turbojpeg", "simplejpeg")
-# The resampling filter of --resize/--size: torchvision's Resize default on PIL images
-RESIZE_FILTER = "bilinear"
 
 
 def resolve_decoder(name: str = "auto") -> str:
@@ -302,13 +289,13 @@ def decode_rgb(data: bytes, decoder: str = "pil") -> np.ndarray:
     """HWC uint8 RGB pixels, as ``np.asarray(Image.open(f).convert("RGB"))``, with JPEGs
     through the named fast decoder (CMYK and non-JPEG data always through Pillow)."""
     if decoder != "pil" and data[:3] == _JPEG_MAGIC and not _is_cmyk_jpeg(data):
-        fn = dict(jpeg_decoders()).get(decoder)
-        if fn is not None:
-            try:
-                return np.ascontiguousarray(fn(data))
-            except Exception:
-                pass
-    return np.asarray(_pil_rgb(data))
+        for name, fn in jpeg_decoders():
+            if name == decoder:
+                try:
+                    return np.ascontiguousarray(fn(data))
+                except Exception:
+                    break  # not something libjpeg-turbo's fast path takes: Pillow decides
+    return _pil_decoder(data)
 
 
 def resized_shape(height: int, width: int, resize: Optional[int] = None,
