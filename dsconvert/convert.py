@@ -22,6 +22,7 @@ from .codecs import resolve_decoder
 from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
                      OutputExistsError, OutputLockedError, SourceError)
 from .formats import CAN_DECODE, DECODED_ONLY, FORMATS, writer_class
+from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest
 from .progress import progress_bar
 from .shards import ShardResult, ShardSpec, parse_size, plan_shards
@@ -106,10 +107,15 @@ def _remove_previous(out_dir: str, manifest: Manifest) -> None:
     os.unlink(os.path.join(out_dir, MANIFEST_NAME))
 
 
+def _shard_files(prefix: str) -> str:
+    """The pattern of the files a conversion writes per shard: PREFIX-NNNNNN.<suffixes>."""
+    return rf"{re.escape(prefix)}-\d{{6}}\.[a-z0-9.]+"
+
+
 def _remove_stale(out_dir: str, prefix: str, keep: set) -> None:
     """Remove our shards and indexes that the current plan does not contain, and temp files
     left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.storage.atomic_write`)."""
-    shard = rf"{re.escape(prefix)}-\d{{6}}\.[a-z0-9.]+"
+    shard = _shard_files(prefix)
     stale = re.compile(rf"^{shard}$")
     temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)})\.\d+\.tmp$")
     for name in os.listdir(out_dir):
@@ -122,7 +128,7 @@ def _make_specs(source: Source, fmt: str, out_dir: str, prefix: str, samples_per
                 format_options: Dict[str, Any], bytes_ratio: float) -> List[ShardSpec]:
     """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels)."""
     writer = writer_class(fmt)
-    sample_type = "classification" if source.layout in ("imagefolder", "list") else "dict"
+    sample_type = source.sample_type
     classification = sample_type == "classification"
     ranges = plan_shards(source.samples, samples_per_shard, max(1, shard_bytes - writer.overhead),
                          size_of=lambda s: int(writer.sample_bytes(s, classification) * bytes_ratio))
@@ -135,7 +141,7 @@ def _make_specs(source: Source, fmt: str, out_dir: str, prefix: str, samples_per
 
 def _check_space(out_dir: str, prefix: str, needed: SizeEstimate, fmt: str) -> None:
     """Refuse to start when the output cannot fit (shards already there count as written)."""
-    shard = re.compile(rf"^{re.escape(prefix)}-\d{{6}}\.")
+    shard = re.compile(rf"^{_shard_files(prefix)}$")
     present = sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir) if shard.match(n))
     free = free_bytes(out_dir)
     if needed.bytes - present > free:
@@ -275,7 +281,7 @@ def convert(
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)
 
-        if format != "wds" and source.layout not in ("imagefolder", "list"):
+        if format != "wds" and source.sample_type != "classification":
             raise SourceError(
                 f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "
                 f"source, and {src_abs} was scanned as {source.layout} (use --format wds)", src_abs)
@@ -295,18 +301,15 @@ def convert(
         writer = writer_class(format)
         keep = {name for r in results for name in writer.files_of(r.entry)}
         _remove_stale(out_dir, prefix, keep)
-        manifest = _build_manifest(src_abs, source, format, specs, results, options)
-        manifest.stored = "decoded" if decode else "encoded"
+        manifest = _build_manifest(src_abs, source, format, results, options, decode)
         manifest.save(out_dir)
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,
                          time.perf_counter() - started)
 
 
-def _build_manifest(url: str, source: Source, fmt: str, specs: List[ShardSpec],
-                    results: List[ShardResult], options: Dict[str, Any]) -> Manifest:
-    from .keys import escape_path
-
+def _build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult],
+                    options: Dict[str, Any], decoded: bool) -> Manifest:
     skipped = [{"path": escape_path(s.path), "reason": s.reason} for s in source.skipped]
     for r in results:
         skipped.extend({"path": s.path, "reason": s.reason} for s in r.skipped)
@@ -326,7 +329,7 @@ def _build_manifest(url: str, source: Source, fmt: str, specs: List[ShardSpec],
     return Manifest(
         format=fmt,
         source={"url": url, "root": source.root, "layout": source.layout},
-        sample_type=specs[0].sample_type if specs else "dict",
+        sample_type=source.sample_type,
         classes=source.classes,
         fields=dict(sorted(fields.items())),
         num_samples=sum(e.num_samples for e in entries),
@@ -336,4 +339,5 @@ def _build_manifest(url: str, source: Source, fmt: str, specs: List[ShardSpec],
         accounting=accounting,
         options=options,
         created_by=f"dsconvert {__version__}",
+        stored="decoded" if decoded else "encoded",
     )

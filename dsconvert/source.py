@@ -42,6 +42,7 @@ __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "Fold
            "looks_like_image_folder", "is_ignored"]
 
 LAYOUTS = ("auto", "imagefolder", "flat", "list")
+CLASSIFICATION_LAYOUTS = ("imagefolder", "list")  # one image and a label per sample
 LIST_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 OS_LITTER = frozenset(
     {"Thumbs.db", "ehthumbs.db", "desktop.ini", "Desktop.ini", "__MACOSX", "@eaDir",
@@ -86,6 +87,11 @@ class Source:
     classes: Optional[List[str]] = None
     skipped: List[Skipped] = field(default_factory=list)
     ignored: List[Skipped] = field(default_factory=list)
+
+    @property
+    def sample_type(self) -> str:
+        """``classification`` ((image, label) samples: ImageFolder and list sources) or ``dict``."""
+        return "classification" if self.layout in CLASSIFICATION_LAYOUTS else "dict"
 
     @property
     def num_files(self) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..codecs import field_kind, jpeg_decoders, resized_shape
 from ..convert import available_cpus
 from ..progress import progress_bar
+from ..source import CLASSIFICATION_LAYOUTS
 from ..storage import free_bytes, storage_kind
 from .inventory import Inventory, take_inventory
 from .measure import (concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
@@ -31,7 +32,7 @@ SUGGESTED_SHORT_SIDE = 256  # a --resize that still allows the usual 224-pixel c
 
 
 def _files_per_sample(inv: Inventory) -> float:
-    if inv.layout in ("imagefolder", "list") or not inv.entries:
+    if inv.layout in CLASSIFICATION_LAYOUTS or not inv.entries:
         return 1.0
     stems = {p.rpartition(".")[0] or p for p, _ in inv.entries}
     return len(inv.entries) / max(1, len(stems))
