@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from ..codecs import DECODE_MODES, ENCODED_MODES
+from ..codecs import DECODE_MODES, ENCODED_MODES, decode_image
 from ..manifest import Manifest, ShardEntry
 
 __all__ = ["MapReader"]
@@ -24,8 +24,6 @@ class MapReader:
     the dataset is pickled into a DataLoader worker (h5py and mmap handles must not be shared
     across fork).
     """
-
-    decoded_only = False
 
     def __init__(self, root: str, manifest: Manifest, transform: Optional[Callable] = None,
                  target_transform: Optional[Callable] = None, decode: str = "pil"):
@@ -85,8 +83,6 @@ class MapReader:
         raise NotImplementedError
 
     def __getitem__(self, index: int) -> Tuple[Any, Any]:
-        from ..codecs import decode_image
-
         k, j = self._locate(int(index))
         data, label = self._read(self._handle(k), j)
         if self.stored == "decoded":

@@ -73,10 +73,9 @@ def image_field(data: Dict[str, bytes]) -> str:
 
 
 class _PixelSink(Sink):
-    def __init__(self, spec: ShardSpec, file: Any, path: str):
+    def __init__(self, spec: ShardSpec, file: Any):
         self.spec = spec
         self.file = file
-        self.path = path
         self.file.write(npy_header(0))
         self.length = 0
         self.rows: List[Tuple[int, int, int, int, int]] = []
@@ -115,7 +114,7 @@ class NpyWriter(BaseWriter):
 
     @classmethod
     def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
-        return _PixelSink(spec, file, path)
+        return _PixelSink(spec, file)
 
 
 class _NpyDataset(MapReader):

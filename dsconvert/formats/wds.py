@@ -113,26 +113,24 @@ class _TarSink(Sink):
         self.hashing = _HashingFile(file)
         self.tf = tarfile.TarFile(fileobj=self.hashing, mode="w", format=tarfile.PAX_FORMAT)
         self.classification = spec.sample_type == "classification"
-        self.members: List[Tuple[str, int, int]] = []  # (field, offset, size) per member
-        self.position: List[int] = []  # sample number of each member
+        self.members: List[Tuple[str, int, int, int]] = []  # (field, offset, size, sample) per member
+        self.count = 0
 
     def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
         if self.classification:
             data["cls"] = encode_class(sample.label)
-        n = len(self.position) and self.position[-1] + 1
         for name in sorted(data):
             offset, size = _add_member(self.tf, f"{sample.key}.{name}", data[name])
-            self.members.append((name, offset, size))
-            self.position.append(n)
+            self.members.append((name, offset, size, self.count))
+        self.count += 1
         return data
 
     def close(self) -> Dict[str, Any]:
         self.tf.close()
         self.sha256 = self.hashing.sha256.hexdigest()
-        count = self.position[-1] + 1 if self.position else 0
         columns: Dict[str, Dict[str, List[int]]] = {}
-        for (name, offset, size), i in zip(self.members, self.position):
-            col = columns.setdefault(name, {"offset": [-1] * count, "size": [-1] * count})
+        for name, offset, size, i in self.members:
+            col = columns.setdefault(name, {"offset": [-1] * self.count, "size": [-1] * self.count})
             col["offset"][i] = offset
             col["size"][i] = size
         return {"members": dict(sorted(columns.items()))}
