@@ -2,9 +2,10 @@
 
 Public API::
 
-    from dsconvert import convert, open_dataset
+    from dsconvert import DataLoadingMonitor, convert, open_dataset
     convert("/data/train", "/ssd/train-wds", format="wds")
     ds = open_dataset("/ssd/train-wds", transform=my_transform)
+    for batch in DataLoadingMonitor().wrap(DataLoader(ds, num_workers=8)): ...
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ from .errors import (  # noqa: E402
     SourceError,
 )
 from .manifest import Manifest  # noqa: E402
+from .monitor import DataLoadingMonitor  # noqa: E402
 from .source import scan  # noqa: E402
+from .source_dataset import open_source  # noqa: E402
 
 __all__ = [
     "__version__",
     "convert",
     "ConvertResult",
     "open_dataset",
+    "open_source",
     "scan",
+    "DataLoadingMonitor",
     "Manifest",
     "DsconvertError",
     "InsufficientSpaceError",

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from collections import Counter
 from typing import Iterator, List, Optional
 
 from . import __version__
-from .codecs import DECODERS, parse_hw
+from .codecs import DECODE_MODES, DECODERS, parse_hw
 from .convert import EXIT_SKIPPED, convert
 from .errors import DsconvertError, SourceError
 from .formats import FORMATS
@@ -31,6 +32,19 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _int_list(minimum: int):
+    """argparse type for '0,1,2,4': a list of ints >= minimum."""
+    def parse(text: str) -> List[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"expected numbers >= {minimum}, got {text!r}")
+        return values
+    return parse
 
 
 def _hw(text: str):
@@ -125,6 +139,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
     p.set_defaults(func=_cmd_analyze)
 
+    p = sub.add_parser(
+        "bench", help="measure DataLoader throughput of sources and converted outputs",
+        description="Read each PATH (a source tree, read file by file as ImageFolder does, or a "
+        "dsconvert output) through a real torch DataLoader for every worker count and batch size, "
+        "cold (page cache evicted) and warm, and print samples/s, MB/s, the wait for each batch and "
+        "the workers' CPU use. Several PATHs are compared config by config: before and after "
+        "conversion in one command.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="source folders, list files or dsconvert outputs")
+    p.add_argument("--workers", type=_int_list(0), metavar="N,N,...",
+                   help="DataLoader worker counts to sweep (default: 0,1,2,4,... up to the CPUs)")
+    p.add_argument("--batch-size", type=_int_list(1), default=[64], metavar="N,N,...",
+                   help="batch sizes to sweep (default: 64)")
+    p.add_argument("--decode", choices=DECODE_MODES, default="pil",
+                   help="how images are decoded: pil (as ImageFolder), numpy (the fast JPEG decoder), "
+                   "raw (no decode) (default: %(default)s)")
+    p.add_argument("--size", type=int, default=224, metavar="S",
+                   help="transform: shorter side to S, centre crop SxS, uint8 tensor; 0 = none, samples "
+                   "as they come (default: %(default)s)")
+    p.add_argument("--max-samples", type=_positive_int, default=2000, metavar="N",
+                   help="samples per pass: a seeded random subset of map-style datasets, the first N "
+                   "of wds shards (default: %(default)s)")
+    p.add_argument("--cache", choices=("both", "cold", "warm"), default="both",
+                   help="page cache state of the passes (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="subset seed (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.bench/1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "diagnose", help="find why a running training job waits for data (py-spy)",
+        usage="dsconvert diagnose (--pid PID | [--wait S] [--keep-running] -- COMMAND ...) [options]",
+        description="Sample a running training job and its DataLoader workers with py-spy (wall and "
+        "CPU time), classify where the time goes (waiting for batches, JPEG/PNG decode, file reads, "
+        "np.load, remote storage, unpickling, augmentation, IPC, model compute), say whether the job "
+        "is input-bound and which dsconvert command fixes it. With -- COMMAND, run the command, "
+        "sample it after --wait seconds, then stop it (unless --keep-running).")
+    p.add_argument("--pid", type=_positive_int, help="the training process (the one running the loop)")
+    p.add_argument("--duration", type=float, default=10.0, metavar="S",
+                   help="seconds to sample (default: %(default)s)")
+    p.add_argument("--rate", type=_positive_int, default=100, metavar="HZ",
+                   help="samples per second (default: %(default)s)")
+    p.add_argument("--syscalls", type=float, nargs="?", const=5.0, default=None, metavar="S",
+                   help="also trace read/openat latency with strace for S seconds (default 5; the job runs "
+                   "slower while traced)")
+    p.add_argument("--wait", type=float, default=10.0, metavar="S",
+                   help="with COMMAND: seconds to let it reach its training loop first (default: %(default)s)")
+    p.add_argument("--keep-running", action="store_true",
+                   help="with COMMAND: let it run to its end after the diagnosis instead of stopping it")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.diagnose/1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="after --: the training command to launch and diagnose")
+    p.set_defaults(func=_cmd_diagnose)
+
     p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
                        description="Print what OUT/dsconvert.json records: format, samples, "
                        "shards, classes and every skipped input with its reason.")
@@ -182,6 +250,39 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                      time_budget=args.time_budget, output_dir=args.output_dir, log=log,
                      progress=not args.quiet and sys.stderr.isatty())
     print(render_json(report) if args.json else render_text(report))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import bench, render_text
+
+    log = None if args.quiet or args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    caches = ("cold", "warm") if args.cache == "both" else (args.cache,)
+    report = bench(args.paths, workers=args.workers, batch_sizes=args.batch_size, decode=args.decode,
+                   size=args.size, max_samples=args.max_samples, caches=caches, seed=args.seed, log=log)
+    print(json.dumps(report, indent=1) if args.json else render_text(report))
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import diagnose, launch, stop
+    from .diagnose.report import render_json, render_text
+    from .errors import OptionError
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if (args.pid is None) == (not command):
+        raise OptionError("give either --pid PID or a command after --, not both or neither")
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    proc = launch(command, args.wait, log or (lambda m: None)) if command else None
+    try:
+        report = diagnose(proc.pid if proc else args.pid, duration=args.duration, rate=args.rate,
+                          syscalls=args.syscalls, log=log)
+        print(render_json(report) if args.json else render_text(report), flush=True)
+    finally:
+        if proc is not None and not args.keep_running:
+            stop(proc)
+    if proc is not None and args.keep_running:
+        return proc.wait()
     return 0
 
 

@@ -1,0 +1,287 @@
+"""``dsconvert bench``: what a real ``torch.utils.data.DataLoader`` delivers, end to end.
+
+analyze predicts; bench measures. Each dataset given (a source tree, read file by file as
+ImageFolder does, or a dsconvert output) is read through a DataLoader for every combination
+of worker count and batch size, first with the dataset's pages evicted from the page cache
+(cold, ``posix_fadvise(DONTNEED)``) and then again (warm). Several datasets in one run are
+compared config by config, so "before and after conversion" is one command::
+
+    dsconvert bench /data/train /ssd/train-wds /ssd/train-npy --workers 0,2,4
+
+Per pass: samples/s and MB/s in the steady state (from the first batch to the last; the
+first batch's wait, which includes starting the workers, is ``startup_s``), the wait for each
+batch (p50/p99, from :class:`dsconvert.monitor.DataLoadingMonitor`), and the CPU the workers
+used (their user + system time, collected when they exit, over the time from the start of
+the pass until they were reaped, per worker) and the main process used. The transform is what a training job does before the GPU:
+resize the shorter side to ``size``, centre-crop it, and return a uint8 CHW tensor
+(``size=0``: no transform, the decoded samples as they come, in a list).
+
+Every pass reads the same samples: a seeded random subset of ``max_samples`` for map-style
+datasets (sources, hdf5, npy, in that random order, as training reads them), the first
+``max_samples`` in shard order for wds shards (read sequentially, as they are meant to be).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .codecs import DECODE_MODES, ENCODED_MODES
+from .errors import OptionError, SourceError
+from .manifest import MANIFEST_NAME, Manifest
+from .monitor import DataLoadingMonitor
+from .optional import require
+from .storage import evict_page_cache
+
+__all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA", "BENCH_VERSION",
+           "default_worker_counts"]
+
+BENCH_SCHEMA = "dsconvert.bench"
+BENCH_VERSION = 1
+CACHES = ("cold", "warm")
+
+
+class CropToTensor:
+    """Shorter side to ``size`` (Pillow bilinear), centre crop ``size`` x ``size``, uint8 CHW
+    tensor: the usual evaluation transform, without the float conversion (4x less IPC)."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+
+    def __call__(self, image: Any) -> Any:
+        import torch
+        from PIL import Image
+
+        if isinstance(image, np.ndarray):
+            image = Image.fromarray(image)
+        s = self.size
+        w, h = image.size
+        scale = s / min(w, h)
+        image = image.resize((max(s, round(w * scale)), max(s, round(h * scale))), Image.Resampling.BILINEAR)
+        w, h = image.size
+        left, top = (w - s) // 2, (h - s) // 2
+        pixels = np.asarray(image.crop((left, top, left + s, top + s)))
+        if pixels.ndim == 2:
+            pixels = pixels[:, :, None]
+        return torch.from_numpy(pixels.transpose(2, 0, 1).copy())  # CHW, contiguous, writable
+
+
+def _as_list(batch: List[Any]) -> List[Any]:
+    """collate_fn for samples that do not stack (images of many sizes, bytes, dicts)."""
+    return batch
+
+
+@dataclass
+class BenchTarget:
+    """One dataset to read: a source tree or a dsconvert output."""
+
+    path: str
+    kind: str  # "source", or the output's format id
+    sample_type: str  # "classification" or "dict"
+    num_samples: int
+    bytes_per_sample: float
+    iterable: bool
+    files: List[str]  # evicted before a cold pass
+
+    @property
+    def label(self) -> str:
+        return f"{os.path.basename(self.path.rstrip('/')) or self.path} ({self.kind})"
+
+
+def _open(path: str, decode: str, transform: Optional[Callable], max_samples: int,
+          seed: int) -> Tuple[Any, BenchTarget]:
+    """(dataset limited to max_samples, target description)."""
+    from torch.utils.data import Subset
+
+    from .data import open_dataset
+
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise SourceError(f"does not exist: {path}", path)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        manifest = Manifest.load(path)
+        _check_transform(path, manifest.sample_type, transform)
+        ds = open_dataset(path, transform=transform, decode=decode)
+        iterable = manifest.format == "wds"
+        n = manifest.num_samples
+        files = [os.path.join(path, name) for name in sorted(os.listdir(path))
+                 if os.path.isfile(os.path.join(path, name))]
+        per_sample = sum(s.bytes for s in manifest.shards) / max(1, n)
+        kind, sample_type = manifest.format, manifest.sample_type
+    else:
+        from .source import scan
+        from .source_dataset import SourceDataset
+
+        source = scan(path)
+        _check_transform(path, source.sample_type, transform)
+        ds = SourceDataset(source, transform=transform, decode=decode)
+        iterable = False
+        n = len(ds)
+        files = []
+        per_sample = source.nbytes / max(1, n)
+        kind, sample_type = "source", source.sample_type
+    if not iterable and max_samples < n:
+        order = np.random.default_rng(seed).permutation(n)[:max_samples].tolist()
+        ds = Subset(ds, order)
+    if kind == "source":
+        base = ds.dataset if isinstance(ds, Subset) else ds
+        picked = ds.indices if isinstance(ds, Subset) else range(len(base))
+        files = [p for i in picked for p in base.paths(i)]
+    return ds, BenchTarget(path, kind, sample_type, n, per_sample, iterable, files)
+
+
+def _check_transform(path: str, sample_type: str, transform: Optional[Callable]) -> None:
+    if transform is not None and sample_type != "classification":
+        raise OptionError(f"{path} holds dict samples, which the crop transform does not take; "
+                          "bench it with --size 0")
+
+
+def _cpu() -> Tuple[float, float]:
+    """(this process's CPU seconds, reaped children's CPU seconds)."""
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, (list, tuple)):
+        if len(batch) == 2 and not isinstance(batch[0], (bytes, dict)) and hasattr(batch[1], "__len__"):
+            return len(batch[1])  # (images, labels) collated
+        return len(batch)
+    return len(batch)
+
+
+def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, collate: Callable,
+              cache: str, max_samples: int) -> Dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    if cache == "cold":
+        evict_page_cache(target.files)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate,
+                        shuffle=False, persistent_workers=False)
+    monitor = DataLoadingMonitor(window=1 << 30, warmup=1)
+    cpu0 = _cpu()
+    started = time.perf_counter()
+    first_at: Optional[float] = None
+    first_n = 0
+    n = 0
+    steps = monitor.wrap(loader)
+    for batch in steps:
+        n += _batch_len(batch)
+        if first_at is None:
+            first_at, first_n = time.perf_counter(), n
+        if n >= max_samples:
+            break
+    ended = time.perf_counter()
+    steps.close()  # the loader's iterator goes, and with it the workers, which are reaped
+    del steps, loader
+    gc.collect()
+    cpu1 = _cpu()
+    reaped = time.perf_counter() - started  # the CPU times cover the workers' whole lives
+    wall = ended - started
+    steady = ended - first_at if first_at is not None else 0.0
+    steady_n = n - first_n
+    if steady_n <= 0 or steady <= 0:  # a single batch: the whole pass is all there is
+        steady_n, steady = n, wall
+    rate = steady_n / steady if steady > 0 else 0.0
+    summary = monitor.summary()
+    return {
+        "dataset": target.path, "kind": target.kind, "workers": workers, "batch_size": batch_size,
+        "cache": cache, "samples": n, "seconds": wall, "samples_per_s": rate,
+        "mb_per_s": rate * target.bytes_per_sample / 1e6,
+        "startup_s": first_at - started if first_at is not None else wall,
+        "wait_ms": {"p50": summary["load_ms"]["p50"], "p99": summary["load_ms"]["p99"]},
+        "worker_cpu_pct": (cpu1[1] - cpu0[1]) / reaped / workers * 100 if workers else None,
+        "main_cpu_pct": (cpu1[0] - cpu0[0]) / reaped * 100,
+    }
+
+
+def default_worker_counts(cpus: Optional[int] = None) -> List[int]:
+    """0, 1, 2, 4, ... up to the CPUs this process may use."""
+    from .convert import available_cpus
+
+    cpus = cpus or available_cpus()
+    counts = [0, 1]
+    while counts[-1] * 2 <= cpus:
+        counts.append(counts[-1] * 2)
+    if counts[-1] != cpus:
+        counts.append(cpus)
+    return counts
+
+
+def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (64,),
+          decode: str = "pil", size: int = 224, max_samples: int = 2000, caches: Sequence[str] = CACHES,
+          seed: int = 0, log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Read each of ``paths`` through a DataLoader per worker count, batch size and cache
+    state; return the report (schema ``dsconvert.bench``, version 1). See the module doc."""
+    require("torch", "dsconvert bench")
+    from .convert import available_cpus
+
+    say = log or (lambda msg: None)
+    if not paths:
+        raise OptionError("give at least one dataset to bench")
+    if decode not in DECODE_MODES:
+        raise OptionError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
+    if any(c not in CACHES for c in caches) or not caches:
+        raise OptionError(f"caches must be among {CACHES}")
+    workers = list(workers) if workers is not None else default_worker_counts()
+    if any(w < 0 for w in workers) or any(b < 1 for b in batch_sizes) or max_samples < 1:
+        raise OptionError("workers must be >= 0; batch sizes and max_samples >= 1")
+    transform = CropToTensor(size) if size and decode not in ENCODED_MODES else None
+    opened = [_open(p, decode, transform, max_samples, seed) for p in paths]
+    started = time.perf_counter()
+    runs: List[Dict[str, Any]] = []
+    for batch_size in batch_sizes:
+        for w in workers:
+            for ds, target in opened:
+                collate = _default_collate() if transform is not None else _as_list
+                for cache in caches:
+                    row = _one_pass(ds, target, w, batch_size, collate, cache, max_samples)
+                    runs.append(row)
+                    say(f"{target.label}: {w} workers, batch {batch_size}, {cache}: "
+                        f"{row['samples_per_s']:,.0f} samples/s")
+    first = opened[0][1].path
+    base = {(r["workers"], r["batch_size"], r["cache"]): r["samples_per_s"] for r in runs if r["dataset"] == first}
+    for r in runs:
+        b = base.get((r["workers"], r["batch_size"], r["cache"]))
+        r["vs_first"] = r["samples_per_s"] / b if b else None
+    return {
+        "schema": BENCH_SCHEMA, "schema_version": BENCH_VERSION,
+        "settings": {"workers": workers, "batch_sizes": list(batch_sizes), "decode": decode, "size": size,
+                     "max_samples": max_samples, "caches": list(caches), "seed": seed,
+                     "cpus": available_cpus()},
+        "datasets": [dict(asdict(t), label=t.label, files=len(t.files)) for _, t in opened],
+        "runs": runs,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _default_collate() -> Callable:
+    from torch.utils.data import default_collate
+
+    return default_collate
+
+
+def render_text(report: Dict[str, Any]) -> str:
+    s = report["settings"]
+    what = (f"{s['size']}x{s['size']} crops as uint8 tensors" if s["size"] and s["decode"] not in ENCODED_MODES
+            else "decoded samples as they come")
+    lines = [f"dsconvert bench: DataLoader throughput, decode={s['decode']}, {what}, "
+             f"up to {s['max_samples']} samples per pass, {s['cpus']} CPUs",
+             f"{'dataset':32s}{'workers':>8s}{'batch':>6s}{'cache':>6s}{'samples/s':>11s}{'MB/s':>8s}"
+             f"{'startup s':>10s}{'wait p50':>9s}{'p99 ms':>8s}{'worker CPU':>11s}{'main CPU':>9s}{'vs first':>9s}"]
+    labels = {d["path"]: d["label"] for d in report["datasets"]}
+    for r in report["runs"]:
+        wcpu = f"{r['worker_cpu_pct']:.0f}%" if r["worker_cpu_pct"] is not None else "-"
+        vs = f"{r['vs_first']:.2f}x" if r.get("vs_first") else "-"
+        lines.append(f"{labels[r['dataset']][:31]:32s}{r['workers']:8d}{r['batch_size']:6d}{r['cache']:>6s}"
+                     f"{r['samples_per_s']:11,.0f}{r['mb_per_s']:8,.1f}{r['startup_s']:10.2f}"
+                     f"{r['wait_ms']['p50']:9.1f}{r['wait_ms']['p99']:8.1f}{wcpu:>11s}{r['main_cpu_pct']:8.0f}%{vs:>9s}")
+    best = max(report["runs"], key=lambda r: r["samples_per_s"])
+    lines.append(f"fastest: {labels[best['dataset']]} with {best['workers']} workers, batch {best['batch_size']}, "
+                 f"{best['cache']}: {best['samples_per_s']:,.0f} samples/s ({report['seconds']:.1f} s in all)")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""The diagnose report as a terminal page (colour only on a tty) or JSON.
+
+JSON schema ``dsconvert.diagnose`` version 1:
+
+    schema, schema_version, duration_s, rate_hz, seconds
+    target     {pid, cmdline, workers[], processes{pid: cmdline}}
+    data       {files_seen, examples[], root, storage{kind, fstype, mount, latency_bound} | null}
+    syscalls   null | {group: {count, bytes, ms{p50,p90,p99}, max_ms, mean_ms, over_10ms,
+                       histogram_us[{le, count}]}}   groups: open, file read, socket read, pipe read
+    diagnosis  {verdict (input-bound | compute-bound | unknown), bottleneck, summary, evidence[],
+                commands[], notes[], main{category: {share, cpu_share, details{detail: share}}},
+                workers{...same}, worker_busy_share, input_share, num_workers, samples{role: n},
+                top_stacks[{role, category, detail, share, frames}]}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Dict, List, Optional
+
+__all__ = ["render_text", "render_json"]
+
+
+def render_json(report: Dict[str, Any]) -> str:
+    return json.dumps(report, indent=1, default=str)
+
+
+def _style(text: str, code: str, tty: bool) -> str:
+    return f"\033[{code}m{text}\033[0m" if tty else text
+
+
+def _table(title: str, table: Dict[str, Dict], add) -> None:
+    add(f"{title:44s}{'wall':>7s}{'on CPU':>8s}")
+    for category, entry in table.items():
+        add(f"  {category:42s}{entry['share']:7.0%}{entry['cpu_share']:8.0%}")
+        for detail, share in sorted(entry["details"].items(), key=lambda kv: -kv[1])[:4]:
+            if share >= 0.01:
+                add(f"    {detail[:40]:40s}{share:7.0%}")
+
+
+def render_text(report: Dict[str, Any], tty: Optional[bool] = None) -> str:
+    if tty is None:
+        tty = sys.stdout.isatty()
+    d = report["diagnosis"]
+    t = report["target"]
+    lines: List[str] = []
+    add = lines.append
+    cmd = t["cmdline"] if len(t["cmdline"]) <= 60 else t["cmdline"][:57] + "..."
+    add(_style(f"dsconvert diagnose: pid {t['pid']} ({cmd}), {report['duration_s']:g} s at {report['rate_hz']} Hz, "
+               f"{d['num_workers']} DataLoader worker(s)", "1", tty))
+    colour = {"input-bound": "1;31", "compute-bound": "1;32"}.get(d["verdict"], "1")
+    add(_style(f"verdict: {d['summary']}", colour, tty))
+    for e in d["evidence"]:
+        add(f"  - {e}")
+    if d["commands"]:
+        add(_style("fix:", "1", tty))
+        for c in d["commands"]:
+            add(f"  {c}")
+    for n in d["notes"]:
+        add(f"  note: {n}")
+    add("")
+    if d["main"]:
+        _table("main thread (the training loop)", d["main"], add)
+    if d["workers"]:
+        _table(f"DataLoader workers ({d['num_workers']})", d["workers"], add)
+    if d["top_stacks"]:
+        add("")
+        add("hottest stacks (share of that role's samples):")
+        for s in d["top_stacks"][:6]:
+            add(f"  {s['role']:7s}{s['share']:5.0%}  {s['category']}/{s['detail']}: {s['frames']}")
+    sc = report.get("syscalls")
+    if sc:
+        add("")
+        add("system calls (strace; the job runs slower while traced, so these are upper bounds):")
+        add(f"  {'':14s}{'calls':>9s}{'p50 ms':>9s}{'p90 ms':>9s}{'p99 ms':>9s}{'max ms':>9s}{'>10 ms':>8s}{'MB':>9s}")
+        for group, g in sc.items():
+            add(f"  {group:14s}{g['count']:9,d}{g['ms']['p50']:9.3f}{g['ms']['p90']:9.3f}{g['ms']['p99']:9.3f}"
+                f"{g['max_ms']:9.2f}{g['over_10ms']:8.1%}{g['bytes'] / 1e6:9.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""The source as it is, as a map-style Dataset: the baseline a conversion is measured against.
+
+For ImageFolder and list sources a sample is ``(RGB PIL image, class index)`` in exactly
+``torchvision.datasets.ImageFolder``'s order and pixels (one file opened, read and decoded
+per sample), without needing torchvision. Flat sources give dicts of decoded fields, as
+``open_dataset`` does for them. ``dsconvert bench SRC`` reads sources through this class.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+from ._torch import lazy_module_attr
+from .codecs import DECODE_MODES, decode_field, decode_image
+from .source import Source, scan
+
+__all__ = ["SourceDataset", "open_source"]  # noqa: F822 (SourceDataset: see __getattr__)
+
+
+class _SourceDataset:
+    """Map-style dataset over a scanned source; see the module doc."""
+
+    def __init__(self, source: Source, transform: Optional[Callable] = None,
+                 target_transform: Optional[Callable] = None, decode: str = "pil"):
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
+        self.source = source
+        self.transform = transform
+        self.target_transform = target_transform
+        self.decode = decode
+        self.classes = source.classes
+        self.class_to_idx = {c: i for i, c in enumerate(source.classes or [])}
+        self.classification = source.sample_type == "classification"
+
+    def __len__(self) -> int:
+        return len(self.source.samples)
+
+    def paths(self, index: int) -> List[str]:
+        """The files sample ``index`` is read from."""
+        root = self.source.root
+        return [f.path if os.path.isabs(f.path) else os.path.join(root, f.path)
+                for f in self.source.samples[index].files]
+
+    def __getitem__(self, index: int) -> Any:
+        sample = self.source.samples[index]
+        paths = self.paths(index)
+        if self.classification:
+            with open(paths[0], "rb") as f:
+                image = decode_image(f.read(), self.decode)
+            label = sample.label
+            if self.transform is not None:
+                image = self.transform(image)
+            if self.target_transform is not None:
+                label = self.target_transform(label)
+            return image, label
+        out: Dict[str, Any] = {"__key__": sample.key}
+        for file, path in zip(sample.files, paths):
+            with open(path, "rb") as f:
+                out[file.field] = decode_field(file.field, f.read(), self.decode)
+        return self.transform(out) if self.transform is not None else out
+
+
+def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
+                decode: str = "pil", layout: str = "auto") -> Any:
+    """Scan ``src`` and return it as a :class:`SourceDataset` (no conversion)."""
+    from . import source_dataset
+
+    return source_dataset.SourceDataset(scan(src, layout), transform=transform,
+                                        target_transform=target_transform, decode=decode)
+
+
+# SourceDataset subclasses torch's Dataset when torch is installed, made on first use
+__getattr__ = lazy_module_attr(globals(), "SourceDataset", _SourceDataset, "map")

@@ -1,0 +1,325 @@
+"""dsconvert diagnose: py-spy output parsing, stack classification, strace parsing, and real
+training jobs diagnosed as decode-bound, read-bound (slow FUSE mount) and compute-bound."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dsconvert import convert
+from dsconvert.diagnose import classify, pyspy, syscalls
+from dsconvert.diagnose.classify import classify_stack, diagnose_stacks
+from dsconvert.diagnose.procs import guess_dataset_root
+from dsconvert.diagnose.pyspy import Frame, Stack, parse_raw
+from dsconvert.errors import MissingDependencyError
+
+from conftest import ROOT, encode, make_image_folder, write
+
+SITE = "/venv/lib/python3.11/site-packages"
+STDLIB = "/usr/lib/python3.11"
+JOB = os.path.join(ROOT, "scripts", "train_job.py")
+
+FETCH = [Frame("_worker_loop", f"{SITE}/torch/utils/data/_utils/worker.py", 374),
+         Frame("_MapDatasetFetcher.fetch", f"{SITE}/torch/utils/data/_utils/fetch.py", 54),
+         Frame("Folder.__getitem__", "/job/train.py", 33)]
+NEXT = [Frame("<module>", "/job/train.py", 60),
+        Frame("_BaseDataLoaderIter.__next__", f"{SITE}/torch/utils/data/dataloader.py", 725),
+        Frame("_MultiProcessingDataLoaderIter._next_data", f"{SITE}/torch/utils/data/dataloader.py", 1505)]
+LINES = {("/job/train.py", 33): "img = Image.open(f).convert('RGB')",
+         ("/job/train.py", 40): "arr = np.fromfile(path, dtype=np.uint8)",
+         ("/job/train.py", 41): "data = f.read()",
+         ("/job/train.py", 42): "img = cv2.imdecode(buf, cv2.IMREAD_COLOR)"}
+
+
+def read_line(file, line):
+    return LINES.get((file, line), "")
+
+
+def stack(pid, frames, count=1, thread="MainThread"):
+    return Stack(pid, "python train.py", pid, thread, tuple(frames), count)
+
+
+def worker(*leaf, count=1, line=33):
+    frames = FETCH[:2] + [Frame("Folder.__getitem__", "/job/train.py", line)] + list(leaf)
+    return stack(20, frames, count)
+
+
+def idle_worker(count=1):
+    return stack(20, FETCH[:1] + [Frame("Queue.get", f"{STDLIB}/multiprocessing/queues.py", 100)], count)
+
+
+def test_parse_raw_with_processes_threads_and_odd_command_lines():
+    text = (
+        'process 10:"python train.py --tag a;b \\"x\\"";thread (10): MainThread;<module> (/job/train.py:60);'
+        '_BaseDataLoaderIter.__next__ (/venv/torch/utils/data/dataloader.py:725) 41\n'
+        'process 10:"python train.py";process 20:"python train.py";thread (20): MainThread;'
+        '_worker_loop (/venv/torch/utils/data/_utils/worker.py:374);ImageFile.load (/venv/PIL/ImageFile.py:425) 7\n'
+        'process 10:"python train.py";thread (0x7F00AB): QueueFeederThread;Condition.wait (threading.py:327) 3\n'
+        "garbage line without a count\n")
+    stacks = parse_raw(text)
+    assert len(stacks) == 3
+    a, b, c = stacks
+    assert (a.pid, a.thread, a.count, a.cmdline) == (10, "MainThread", 41, 'python train.py --tag a;b \\"x\\"')
+    assert a.frames[1] == Frame("_BaseDataLoaderIter.__next__", "/venv/torch/utils/data/dataloader.py", 725)
+    assert (b.pid, b.count, b.frames[-1].func) == (20, 7, "ImageFile.load")
+    assert (c.thread_id, c.thread) == (0x7F00AB, "QueueFeederThread")
+
+
+@pytest.mark.parametrize("leaf, line, expected", [
+    ([Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)], 33, ("decode", "Pillow")),
+    ([Frame("open", f"{SITE}/PIL/Image.py", 3665)], 33, ("read", "Image.open (open + header)")),
+    ([Frame("PngImageFile.load_read", f"{SITE}/PIL/PngImagePlugin.py", 900)], 33, ("decode", "PNG (Pillow)")),
+    ([Frame("TurboJPEG.decode", f"{SITE}/turbojpeg.py", 800)], 33, ("decode", "PyTurboJPEG")),
+    ([Frame("Image.resize", f"{SITE}/PIL/Image.py", 2200)], 33, ("augment", "Pillow transforms")),
+    ([Frame("RandomResizedCrop.forward", f"{SITE}/torchvision/transforms/transforms.py", 900)], 33,
+     ("augment", "torchvision transforms")),
+    ([Frame("load", f"{SITE}/numpy/lib/_npyio_impl.py", 450)], 33, ("read", "np.load")),
+    ([], 40, ("read", "np.fromfile")),
+    ([], 41, ("read", "file read")),
+    ([], 42, ("decode", "OpenCV")),
+    ([Frame("_Unpickler.load", f"{STDLIB}/pickle.py", 1200)], 33, ("unpickle", "pickle.load")),
+    ([Frame("S3FileSystem._cat_file", f"{SITE}/s3fs/core.py", 1100),
+      Frame("SocketIO.readinto", f"{STDLIB}/socket.py", 706)], 33, ("remote", "socket")),
+    ([Frame("default_collate", f"{SITE}/torch/utils/data/_utils/collate.py", 200)], 33,
+     ("collate", "default_collate")),
+    ([Frame("helper", "/job/train.py", 99)], 33, ("dataset", "dataset code (Python)")),
+])
+def test_worker_categories(leaf, line, expected):
+    s = worker(*leaf, line=line)
+    assert classify_stack(s, 10, [20], read_line) == ("worker",) + expected
+
+
+def test_roles_and_main_thread_categories():
+    wait = stack(10, NEXT + [Frame("Connection._poll", f"{STDLIB}/multiprocessing/connection.py", 440)])
+    ipc = stack(10, NEXT + [Frame("rebuild_storage_fd", f"{SITE}/torch/multiprocessing/reductions.py", 500)])
+    restart = stack(10, [Frame("<module>", "/job/train.py", 60),
+                         Frame("DataLoader.__iter__", f"{SITE}/torch/utils/data/dataloader.py", 505)])
+    single = stack(10, NEXT[:2] + [Frame("_SingleProcessDataLoaderIter._next_data",
+                                         f"{SITE}/torch/utils/data/dataloader.py", 790)] + FETCH[1:] +
+                   [Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)])
+    backward = stack(10, [Frame("<module>", "/job/train.py", 70),
+                          Frame("Tensor.backward", f"{SITE}/torch/_tensor.py", 600)])
+    loop = stack(10, [Frame("<module>", "/job/train.py", 70)])
+    idle = idle_worker()
+    feeder = stack(20, [Frame("Queue._feed", f"{STDLIB}/multiprocessing/queues.py", 231),
+                        Frame("Condition.wait", f"{STDLIB}/threading.py", 327)], thread="QueueFeederThread")
+    pickling = stack(20, [Frame("Queue._feed", f"{STDLIB}/multiprocessing/queues.py", 244),
+                          Frame("reduce_storage", f"{SITE}/torch/multiprocessing/reductions.py", 600)],
+                     thread="QueueFeederThread")
+    got = {name: classify_stack(s, 10, [20], read_line) for name, s in locals().items() if isinstance(s, Stack)}
+    assert got["wait"] == ("main", "wait", "waiting for a batch from the workers")
+    assert got["ipc"] == ("main", "ipc", "unpickling tensors from workers")
+    assert got["restart"] == ("main", "wait", classify._RESTART)
+    assert got["single"] == ("main", "decode", "Pillow")  # num_workers=0: the main process decodes
+    assert got["backward"] == ("main", "compute", "backward")
+    assert got["loop"] == ("main", "compute", "training loop (Python)")
+    assert got["idle"] == ("worker", "idle", "waiting for work")
+    assert got["feeder"] == ("worker-thread", "idle", "helper thread")
+    assert got["pickling"] == ("worker-thread", "ipc", "pickling batches for the main process")
+
+
+def _job(main_wait, main_compute, worker_stacks, cpu_stacks=()):
+    wait = stack(10, NEXT + [Frame("Connection._poll", f"{STDLIB}/multiprocessing/connection.py", 440)], main_wait)
+    loop = stack(10, [Frame("<module>", "/job/train.py", 70)], main_compute)
+    return [wait, loop] + list(worker_stacks), [loop] + list(cpu_stacks)
+
+
+def test_decode_bound_verdict_and_fix():
+    load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=180)
+    wall, cpu = _job(70, 30, [load, idle_worker(20)], [load])
+    d = diagnose_stacks(wall, cpu, 10, cpus=4, data_root="/data/train", fast_decoder="turbojpeg",
+                        read_line=read_line)
+    assert d.verdict == "input-bound" and d.bottleneck == "decode"
+    assert d.input_share == pytest.approx(0.7) and d.worker_busy_share == pytest.approx(0.9)
+    assert d.commands[0].startswith("dsconvert shard /data/train --format npy")
+    assert any("turbojpeg" in c for c in d.commands)
+    assert any("num_workers=4" in n for n in d.notes)  # 1 busy worker, 4 CPUs
+
+
+def test_off_cpu_time_in_pillow_is_a_read():
+    """Pillow reads the file lazily inside ImageFile.load: off-CPU time there is I/O."""
+    load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=100)
+    on_cpu = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=10)
+    wall, cpu = _job(90, 10, [load], [on_cpu])
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, data_root="/nfs/train", read_line=read_line)
+    assert d.bottleneck == "read"
+    assert d.workers["read"]["share"] == pytest.approx(0.9)
+    assert d.workers["read"]["details"] == {"file reads inside Pillow": pytest.approx(0.9)}
+    assert d.workers["decode"]["share"] == pytest.approx(0.1) and d.workers["decode"]["cpu_share"] == 1.0
+    assert d.commands == ["dsconvert shard /nfs/train --format wds -o OUT   # many small reads become few large "
+                          "sequential ones"]
+
+
+def test_compute_bound_and_unknown():
+    wall, cpu = _job(5, 95, [idle_worker(100)])
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, read_line=read_line)
+    assert d.verdict == "compute-bound" and d.bottleneck is None and d.commands == []
+    wall, cpu = _job(3, 4, [])
+    assert diagnose_stacks(wall, cpu, 10, cpus=2, read_line=read_line).verdict == "unknown"
+
+
+def test_idle_workers_with_a_starved_loop_point_at_ipc():
+    wall, cpu = _job(60, 40, [idle_worker(90),
+                              worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=10)])
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, read_line=read_line)
+    assert d.verdict == "input-bound" and d.bottleneck == "ipc"
+    assert any("uint8 tensors" in n for n in d.notes)
+
+
+STRACE_LOG = """\
+301   openat(AT_FDCWD, "/data/a/1.jpg", O_RDONLY|O_CLOEXEC <unfinished ...>
+302   read(9, ""..., 4)                 = 4 <0.000031>
+301   <... openat resumed>)             = 7 <0.012000>
+301   read(7, ""..., 4096)              = 4096 <0.015000>
+301   read(7, "", 4096)                 = 0 <0.000004>
+301   openat(AT_FDCWD, "/data/a/2.jpg", O_RDONLY|O_CLOEXEC) = 7 <0.011000>
+301   read(7,  <unfinished ...>
+302   recvfrom(12, ""..., 65536, 0, NULL, NULL) = 1000 <0.000200>
+301   <... read resumed>""..., 8192)    = 8000 <0.020000>
+301   read(5, ""..., 100)               = -1 EAGAIN (Resource temporarily unavailable) <0.000010>
+"""
+
+
+def test_strace_parsing_follows_descriptors_over_time():
+    calls = syscalls.parse_strace(STRACE_LOG)
+    assert [(c[1], c[4]) for c in calls] == [("read", 4), ("openat", 7), ("read", 4096), ("read", 0), ("openat", 7),
+                                            ("recvfrom", 1000), ("read", 8000), ("read", -1)]
+    groups = syscalls.summarize(calls, {(302, 9): "pipe:[1234]", (301, 5): "socket:[99]"})
+    assert groups["open"]["count"] == 2 and groups["open"]["ms"]["p50"] == pytest.approx(11.5)
+    files = groups["file read"]
+    assert files["count"] == 3 and files["bytes"] == 12096 and files["over_10ms"] == pytest.approx(2 / 3)
+    assert groups["pipe read"]["count"] == 1 and groups["socket read"]["count"] == 2
+    assert sum(b["count"] for b in files["histogram_us"]) == 3
+
+
+def test_dataset_root_guess(tmp_path):
+    for cls in ("cat", "dog", "emu"):
+        write(str(tmp_path / "train" / cls / "x.jpg"), b"x")
+    seen = [str(tmp_path / "train" / "dog" / "x.jpg")]
+    assert guess_dataset_root(seen) == str(tmp_path / "train")  # one class folder seen: its tree
+    both = seen + [str(tmp_path / "train" / "emu" / "x.jpg")]
+    assert guess_dataset_root(both) == str(tmp_path / "train")
+    assert guess_dataset_root([]) is None
+
+
+def test_missing_pyspy_and_refused_ptrace(monkeypatch, tmp_path):
+    monkeypatch.setattr(pyspy.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(pyspy.shutil, "which", lambda name: None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'dsconvert\[diagnose\]'"):
+        pyspy.record(os.getpid(), 1)
+    fake = tmp_path / "py-spy"  # what py-spy prints when ptrace is not allowed
+    fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(pyspy.PtraceError, match="SYS_PTRACE"):
+        pyspy.record(os.getpid(), 1)
+
+
+def test_cli_errors(capsys):
+    from dsconvert.cli import main
+
+    assert main(["diagnose"]) == 1
+    assert "either --pid PID or a command" in capsys.readouterr().err
+    assert main(["diagnose", "--pid", "999999999", "--duration", "1"]) == 1
+    assert "no running process with pid 999999999" in capsys.readouterr().err
+
+
+# --- real jobs ------------------------------------------------------------------------------
+
+needs_pyspy = pytest.mark.skipif(
+    not (os.access(os.path.join(os.path.dirname(sys.executable), "py-spy"), os.X_OK)),
+    reason="py-spy is not installed (pip install 'dsconvert[diagnose]')")
+torch = pytest.importorskip("torch")
+
+
+class Job:
+    """The training-like job of scripts/train_job.py, started here and ended by its pid."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([sys.executable, JOB, *args], stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline()  # "ready" once the first batch is trained on
+        if line.strip() != "ready":
+            self.stop()
+            pytest.fail(f"the job did not start: {line!r}")
+        time.sleep(0.5)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+        self.proc.wait(timeout=30)
+
+
+def run_diagnose(*args):
+    run = subprocess.run([sys.executable, "-m", "dsconvert", "diagnose", "--json", "-q", *args],
+                         capture_output=True, text=True, timeout=180)
+    if run.returncode != 0 and "Permission denied" in run.stderr:
+        pytest.skip("py-spy may not attach here (ptrace is restricted)")
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def big_jpegs(tmp_path_factory, photos):
+    """A small ImageFolder of large, high-quality JPEGs: slow to decode."""
+    root = tmp_path_factory.mktemp("big") / "train"
+    for i, (name, photo) in enumerate(sorted(photos.items())[:3]):
+        for j in range(6):
+            img = photo.convert("RGB").resize((1600, 1200)).rotate(j * 3)
+            write(str(root / name / f"{name}_{j}.jpg"), encode(img, quality=95))
+    return str(root)
+
+
+@needs_pyspy
+def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
+    report = run_diagnose("--wait", "8", "--duration", "3", "--", sys.executable, JOB, "--data", big_jpegs,
+                          "--workers", "1", "--batch", "4", "--compute-ms", "5")
+    d = report["diagnosis"]
+    assert d["verdict"] == "input-bound", d["summary"]
+    assert d["bottleneck"] == "decode", d["workers"]
+    assert d["num_workers"] == 1 and len(report["target"]["workers"]) == 1
+    assert report["data"]["root"] == big_jpegs
+    assert d["commands"][0].startswith(f"dsconvert shard {big_jpegs} --format npy")
+    # the launched job and its worker were stopped
+    assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+                   for p in report["target"]["processes"])
+
+
+@needs_pyspy
+def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path):
+    out = str(tmp_path / "npy")
+    convert(big_jpegs, out, "npy", size=(64, 64), workers=1)
+    job = Job("--data", out, "--converted", "--workers", "1", "--batch", "4", "--compute-ms", "30")
+    try:
+        report = run_diagnose("--pid", str(job.proc.pid), "--duration", "3")
+    finally:
+        job.stop()
+    d = report["diagnosis"]
+    assert d["verdict"] == "compute-bound", d["summary"]
+    assert d["main"]["compute"]["share"] > 0.7 and d["worker_busy_share"] < 0.3
+    assert report["data"]["root"] == out
+
+
+@needs_pyspy
+@pytest.mark.parametrize("slow_mount", [15], indirect=True)
+def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, photos):
+    if not os.path.exists("/usr/bin/strace") and not any(
+            os.access(os.path.join(d, "strace"), os.X_OK) for d in os.environ.get("PATH", "").split(":")):
+        pytest.skip("strace is not installed (apt-get install -y strace)")
+    backing, mnt = slow_mount
+    make_image_folder(str(backing), photos, {"a": 20, "b": 20}, size=(64, 48))
+    job = Job("--data", str(mnt), "--workers", "2", "--batch", "4", "--compute-ms", "2")
+    try:
+        report = run_diagnose("--pid", str(job.proc.pid), "--duration", "3", "--syscalls", "2")
+    finally:
+        job.stop()
+    d = report["diagnosis"]
+    assert d["verdict"] == "input-bound" and d["bottleneck"] == "read", (d["summary"], d["workers"])
+    assert d["workers"]["read"]["cpu_share"] < 0.5  # waiting on storage, not computing
+    assert report["data"]["root"] == str(mnt) and report["data"]["storage"]["kind"] == "fuse"
+    opens = report["syscalls"]["open"]
+    assert opens["ms"]["p50"] >= 14.0  # the mount sleeps 15 ms in every open
+    assert d["commands"][0].startswith(f"dsconvert shard {mnt} --format wds")
