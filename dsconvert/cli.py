@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Find and remove the data-loading bottleneck in deep-learning training: "
         "rewrite many small files into shards that a DataLoader reads fast.",
         epilog="Exit status: 0 done, 1 error, 2 usage error, 3 done but some inputs were skipped "
-        "(listed in OUT/dsconvert.json).",
+        "(listed in OUT/dsconvert.json), 4 verify found problems.",
     )
     parser.add_argument("--version", action="version", version=f"dsconvert {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -193,6 +193,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after --: the training command to launch and diagnose")
     p.set_defaults(func=_cmd_diagnose)
 
+    p = sub.add_parser(
+        "verify", help="check an output against its manifest (and its source)",
+        description="Check every shard of OUT against the manifest (size, sha256, shard record, the "
+        "format's structure; for wds the tar's own headers: unsafe or unindexed members), decode every "
+        "sample with --decode, and compare with the source with --source: files missing, extra or "
+        "changed since the conversion. Exit status 0 when all is well, 4 when problems were found.")
+    p.add_argument("path", metavar="OUT", help="a dsconvert output folder")
+    p.add_argument("--decode", action="store_true",
+                   help="also read every sample through the reader and decode every image in full")
+    p.add_argument("--source", metavar="SRC", help="also compare with the source: missing, extra, changed files")
+    p.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="parallel hashing threads and decoding processes (default: the number of CPUs)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.verify/1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    p.set_defaults(func=_cmd_verify)
+
     p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
                        description="Print what OUT/dsconvert.json records: format, samples, "
                        "shards, classes and every skipped input with its reason.")
@@ -284,6 +300,15 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if proc is not None and args.keep_running:
         return proc.wait()
     return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import EXIT_PROBLEMS, render_text, verify
+
+    log = None if args.quiet or args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    report = verify(args.path, decode=args.decode, source=args.source, workers=args.workers, log=log)
+    print(json.dumps(report, indent=1) if args.json else render_text(report))
+    return 0 if report["ok"] else EXIT_PROBLEMS
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

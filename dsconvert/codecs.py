@@ -99,13 +99,13 @@ def _open_image(data: bytes, max_pixels: Optional[int]) -> Image.Image:
     return img
 
 
-def check_image(data: bytes, max_pixels: Optional[int] = None) -> None:
+def check_image(data: bytes, max_pixels: Optional[int] = None, full: bool = False) -> None:
     """Decode an image once, completely, so that a bad file is found now, not in epoch 5.
 
-    JPEGs are decoded with libjpeg's DCT scaling at 1/8: every byte of the entropy-coded
-    stream is still decoded (truncation and corrupt Huffman data fail exactly as in a full
-    decode, since Pillow raises on the same errors) but the inverse DCT is 64x smaller, which
-    doubles the verification rate. Other codecs are decoded fully.
+    JPEGs are decoded with libjpeg's DCT scaling at 1/8 unless ``full``: every byte of the
+    entropy-coded stream is still decoded (truncation and corrupt Huffman data fail exactly as
+    in a full decode, since Pillow raises on the same errors) but the inverse DCT is 64x
+    smaller, which doubles the verification rate. Other codecs are decoded fully.
     """
     if not data:
         raise BadInputError("empty file (0 bytes)")
@@ -113,7 +113,7 @@ def check_image(data: bytes, max_pixels: Optional[int] = None) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = _open_image(data, max_pixels)
-            if img.format in ("JPEG", "MPO"):
+            if img.format in ("JPEG", "MPO") and not full:
                 img.draft(img.mode, (max(1, img.size[0] // 8), max(1, img.size[1] // 8)))
             img.load()
     except BadInputError:

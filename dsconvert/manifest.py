@@ -40,7 +40,8 @@ from .errors import ManifestError
 from .keys import escape_path, unescape_path
 from .storage import atomic_write
 
-__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "write_json_atomic"]
+__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "write_json_atomic", "expect",
+           "is_int", "is_str_list"]
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "dsconvert.json"
@@ -84,9 +85,9 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: Any, where: str = "manifest") -> "Manifest":
         """Build from parsed JSON, naming the offending field when anything is off."""
-        _expect(isinstance(d, dict), where, "", "a JSON object")
+        expect(isinstance(d, dict), where, "", "a JSON object")
         version = d.get("schema_version")
-        _expect(isinstance(version, int), where, "schema_version", "an integer")
+        expect(isinstance(version, int), where, "schema_version", "an integer")
         if version > SCHEMA_VERSION:
             raise ManifestError(
                 f"{where}: schema_version {version} is newer than this dsconvert understands "
@@ -101,12 +102,12 @@ class Manifest:
             ("num_samples", int, "an integer"),
             ("shards", list, "a list"),
         ):
-            _expect(isinstance(d.get(name), kind) and not isinstance(d.get(name), bool), where, name, desc)
-        _expect(d["sample_type"] in SAMPLE_TYPES, where, "sample_type", f"one of {SAMPLE_TYPES}")
-        _expect(d["num_samples"] >= 0, where, "num_samples", ">= 0")
-        _expect(d.get("stored", "encoded") in STORED, where, "stored", f"one of {STORED}")
+            expect(isinstance(d.get(name), kind) and not isinstance(d.get(name), bool), where, name, desc)
+        expect(d["sample_type"] in SAMPLE_TYPES, where, "sample_type", f"one of {SAMPLE_TYPES}")
+        expect(d["num_samples"] >= 0, where, "num_samples", ">= 0")
+        expect(d.get("stored", "encoded") in STORED, where, "stored", f"one of {STORED}")
         classes = d.get("classes")
-        _expect(
+        expect(
             classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
             where, "classes", "null or a list of strings",
         )
@@ -114,10 +115,10 @@ class Manifest:
         for i, s in enumerate(d["shards"]):
             shards.append(_shard_entry(s, where, f"shards[{i}]"))
         total = sum(s.num_samples for s in shards)
-        _expect(total == d["num_samples"], where, "num_samples", f"the sum over shards ({total})")
+        expect(total == d["num_samples"], where, "num_samples", f"the sum over shards ({total})")
         for name in ("skipped", "ignored"):
             items = d.get(name, [])
-            _expect(
+            expect(
                 isinstance(items, list) and all(isinstance(x, dict) and "path" in x and "reason" in x for x in items),
                 where, name, "a list of {path, reason} objects",
             )
@@ -165,22 +166,33 @@ class Manifest:
 
 
 def _shard_entry(s: Any, where: str, at: str) -> ShardEntry:
-    _expect(isinstance(s, dict), where, at, "an object")
+    expect(isinstance(s, dict), where, at, "an object")
     for name, kind in (("name", str), ("num_samples", int), ("bytes", int), ("sha256", str)):
-        _expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}", kind.__name__)
+        expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}", kind.__name__)
     name = s["name"]
-    _expect(
+    expect(
         name and "/" not in name and "\\" not in name and name not in (".", ".."),
         where, f"{at}.name", "a plain file name (no path separators)",
     )
-    _expect(s["num_samples"] >= 0 and s["bytes"] >= 0, where, at, "non-negative counts")
+    expect(s["num_samples"] >= 0 and s["bytes"] >= 0, where, at, "non-negative counts")
     index = s.get("index")
-    _expect(index is None or (isinstance(index, str) and "/" not in index and index not in (".", "..")),
+    expect(index is None or (isinstance(index, str) and "/" not in index and index not in (".", "..")),
             where, f"{at}.index", "null or a plain file name")
     return ShardEntry(name, s["num_samples"], s["bytes"], s["sha256"], index)
 
 
-def _expect(ok: bool, where: str, name: str, what: str) -> None:
+def is_int(value: Any) -> bool:
+    """A JSON integer (``True`` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_str_list(value: Any, length: Optional[int] = None) -> bool:
+    return (isinstance(value, list) and all(isinstance(v, str) for v in value)
+            and (length is None or len(value) == length))
+
+
+def expect(ok: bool, where: str, name: str, what: str) -> None:
+    """Raise a ManifestError naming the field of ``where`` that is not ``what``."""
     if not ok:
         label = f"field '{name}'" if name else "the document"
         raise ManifestError(f"{where}: {label} must be {what}", where)

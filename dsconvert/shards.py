@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .codecs import check_field
 from .errors import BadInputError, ManifestError
 from .keys import escape_path
-from .manifest import ShardEntry, write_json_atomic
+from .manifest import ShardEntry, expect, is_int, is_str_list, write_json_atomic
 from .source import Sample, Skipped
 
 __all__ = ["ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_sample"]
@@ -93,15 +93,24 @@ def parse_size(text: str) -> int:
 
 
 def read_sample(spec: ShardSpec, sample: Sample) -> Dict[str, bytes]:
-    """Read and check every file of a sample; raise BadInputError naming the bad file."""
+    """Read and check every file of a sample; raise BadInputError naming the bad file.
+
+    A file whose size or mtime is no longer what the scan saw changed during the conversion:
+    its bytes may be torn, and the shard's spec digest (which holds the scanned stats) would
+    not describe it. It is skipped with that reason; running the same command again rescans,
+    and the shard is rewritten with the file included."""
     fields: Dict[str, bytes] = {}
     for f in sample.files:
         path = f.path if os.path.isabs(f.path) else os.path.join(spec.root, f.path)
         try:
             with open(path, "rb") as fh:
                 data = fh.read()
+                st = os.fstat(fh.fileno())
         except OSError as exc:
             raise BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path)) from None
+        if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns or len(data) != f.size:
+            raise BadInputError("changed during the conversion (size or mtime differs from the scan); "
+                                "run the same command again to include it", escape_path(f.path))
         try:
             check_field(f.field, data, spec.verify, spec.max_image_pixels)
         except BadInputError as exc:
@@ -123,6 +132,7 @@ class ShardRecord:
 
     COMMON = ("schema_version", "format", "shard", "spec_sha256", "bytes", "sha256", "num_samples",
               "fields", "keys", "labels", "sources", "skipped")
+    # optional: "stats", per sample [[size, mtime_ns] per source file] (for `verify --source`)
 
     def __init__(self, d: Dict[str, Any]):
         self.d = d
@@ -134,13 +144,13 @@ class ShardRecord:
 
     @classmethod
     def build(cls, fmt: str, spec: ShardSpec, keys: List[str], labels: Optional[List[int]],
-              sources: List[List[str]], nbytes: int, sha256: str, skipped: List[Skipped],
-              fields: Dict[str, str], extra: Dict[str, Any]) -> "ShardRecord":
+              sources: List[List[str]], stats: List[List[List[int]]], nbytes: int, sha256: str,
+              skipped: List[Skipped], fields: Dict[str, str], extra: Dict[str, Any]) -> "ShardRecord":
         d: Dict[str, Any] = {
             "schema_version": RECORD_SCHEMA, "format": fmt, "shard": spec.name,
             "spec_sha256": spec.digest(), "bytes": nbytes, "sha256": sha256,
             "num_samples": len(keys), "fields": dict(sorted(fields.items())), "keys": keys,
-            "labels": labels, "sources": sources,
+            "labels": labels, "sources": sources, "stats": stats,
             "skipped": [{"path": s.path, "reason": s.reason} for s in skipped],
         }
         d.update(extra)
@@ -156,20 +166,40 @@ class ShardRecord:
                 d = json.loads(f.read())
         except ValueError as exc:
             raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
-        if not isinstance(d, dict) or d.get("format") != fmt or not isinstance(d.get("schema_version"), int):
+        if not isinstance(d, dict) or d.get("format") != fmt or not is_int(d.get("schema_version")):
             raise ManifestError(f"{path}: not a dsconvert {fmt} shard record", path)
         if d["schema_version"] > RECORD_SCHEMA:
             raise ManifestError(f"{path}: record schema {d['schema_version']} is newer than supported", path)
-        n = d.get("num_samples")
-        try:
-            ok = (isinstance(n, int) and all(k in d for k in cls.COMMON) and len(d["keys"]) == n
-                  and len(d["sources"]) == n and (d["labels"] is None or len(d["labels"]) == n)
-                  and isinstance(d["bytes"], int) and isinstance(d["skipped"], list))
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ManifestError(f"{path}: shard record columns are missing or of unequal length", path)
+        cls.check(d, path)
         return cls(d)
+
+    @staticmethod
+    def check(d: Dict[str, Any], path: str) -> None:
+        """Every column of a record that a reader uses, of the right kind and length, or a
+        ManifestError naming the field: a record is data from disk, and may be hostile."""
+        n = d.get("num_samples")
+        expect(is_int(n) and n >= 0, path, "num_samples", "an integer >= 0")
+        for name, ok, what in (
+            ("shard", isinstance(d.get("shard"), str), "a string"),
+            ("spec_sha256", isinstance(d.get("spec_sha256"), str), "a string"),
+            ("sha256", isinstance(d.get("sha256"), str), "a string"),
+            ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
+            ("fields", isinstance(d.get("fields"), dict), "an object"),
+            ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
+            ("labels", d.get("labels", 0) is None or (isinstance(d.get("labels"), list) and len(d["labels"]) == n
+                                                        and all(is_int(v) for v in d["labels"])),
+             f"null or a list of {n} integers"),
+            ("sources", isinstance(d.get("sources"), list) and len(d["sources"]) == n
+             and all(is_str_list(s) for s in d["sources"]), f"a list of {n} lists of paths"),
+            ("stats", "stats" not in d or (isinstance(d["stats"], list) and len(d["stats"]) == n and all(
+                isinstance(s, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(v) for v in p)
+                                            for p in s) for s in d["stats"])),
+             f"a list of {n} lists of [size, mtime_ns]"),
+            ("skipped", isinstance(d.get("skipped"), list) and all(
+                isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
+                for x in d["skipped"]), "a list of {path, reason} objects"),
+        ):
+            expect(ok, path, name, what)
 
     def result(self, index_name: str) -> ShardResult:
         d = self.d

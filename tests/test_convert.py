@@ -220,3 +220,22 @@ def test_strict_with_a_process_pool(tmp_path, image_folder):
     with pytest.raises(BadInputError) as exc:
         convert(image_folder, str(tmp_path / "out"), strict=True, workers=2, samples_per_shard=3)
     assert exc.value.path == "dog/zzz.jpg"
+
+
+def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_path, image_folder, photos):
+    from dsconvert.formats.wds import WdsWriter
+    from dsconvert.shards import ShardSpec
+    from dsconvert.source import scan
+
+    source = scan(image_folder)
+    victim = source.samples[3].files[0].path
+    write(os.path.join(image_folder, victim), encode(photos["rocket"].resize((40, 30))))  # after the scan
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification", tuple(source.samples))
+    result = WdsWriter.write_shard(spec)
+    assert result.entry.num_samples == 15
+    assert [s.path for s in result.skipped] == [victim]
+    assert result.skipped[0].reason.startswith("changed during the conversion")
+    m = convert(image_folder, str(out), workers=1).manifest  # the rerun rescans and includes it
+    assert m.num_samples == 16 and m.skipped == []

@@ -78,6 +78,7 @@ class BaseWriter:
         keys: List[str] = []
         labels: List[int] = []
         sources: List[List[str]] = []
+        stats: List[List[List[int]]] = []
         fields: Dict[str, str] = {}
         path = os.path.join(spec.out_dir, spec.name)
         with atomic_write(path) as f:
@@ -96,13 +97,14 @@ class BaseWriter:
                 if classification:
                     labels.append(int(sample.label))
                 sources.append([escape_path(file.path) for file in sample.files])
+                stats.append([[file.size, file.mtime_ns] for file in sample.files])
                 for name in stored:
                     fields[name] = field_kind(name)
             extra = sink.close()
             f.flush()
             nbytes = os.fstat(f.fileno()).st_size  # a sink may write through the path (h5py)
             digest = sink.sha256 or file_sha256(f.name)
-        record = ShardRecord.build(cls.format, spec, keys, labels if classification else None, sources,
+        record = ShardRecord.build(cls.format, spec, keys, labels if classification else None, sources, stats,
                                    nbytes, digest, skipped, fields, extra)
         record.save(os.path.join(spec.out_dir, cls.index_name(spec.name)))
         return record.result(cls.index_name(spec.name))

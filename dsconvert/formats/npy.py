@@ -24,6 +24,8 @@ Pillow's bilinear filter when ``--resize SHORT`` or ``--size HxW`` was given.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import struct
 from typing import Any, Dict, List, Tuple
@@ -94,9 +96,11 @@ class _PixelSink(Sink):
         self.file.write(npy_header(self.length))
         self.file.seek(0, os.SEEK_END)
         rows_name = NpyWriter.rows_name(self.spec.name)
+        table = io.BytesIO()
+        np.save(table, np.array(self.rows, dtype=SAMPLE_DTYPE))
         with atomic_write(os.path.join(self.spec.out_dir, rows_name)) as f:
-            np.save(f, np.array(self.rows, dtype=SAMPLE_DTYPE))
-        return {"samples_file": rows_name}
+            f.write(table.getvalue())
+        return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest()}
 
 
 class NpyWriter(BaseWriter):

@@ -45,7 +45,7 @@ from .._torch import lazy_module_attr
 from ..codecs import DECODE_MODES, ENCODED_MODES, decode_field, decode_image, encode_class
 from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
 from ..errors import ManifestError
-from ..manifest import Manifest, ShardEntry
+from ..manifest import Manifest, ShardEntry, expect, is_int
 from ..shards import ShardRecord, ShardSpec
 from ..source import Sample
 from ..storage import is_latency_bound
@@ -153,17 +153,18 @@ class WdsWriter(BaseWriter):
 
 
 def load_record(path: str) -> ShardRecord:
-    """A wds shard record, checked to have a member column per field of equal length."""
+    """A wds shard record, checked to have, per field, integer offset and size columns as long
+    as the keys (-1 marks a field a sample does not have)."""
     record = ShardRecord.load(path, "wds")
     members = record.d.get("members")
     n = len(record.keys)
-    try:
-        ok = isinstance(members, dict) and all(
-            len(c["offset"]) == n and len(c["size"]) == n for c in members.values())
-    except (KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise ManifestError(f"{path}: member columns are missing or of unequal length", path)
+    expect(isinstance(members, dict) and all(isinstance(k, str) for k in members), path, "members",
+           "an object of per-field columns")
+    for name, col in members.items():
+        for part in ("offset", "size"):
+            values = col.get(part) if isinstance(col, dict) else None
+            expect(isinstance(values, list) and len(values) == n and all(is_int(v) and v >= -1 for v in values),
+                   path, f"members.{name}.{part}", f"a list of {n} integers >= -1")
     return record
 
 
