@@ -42,12 +42,15 @@ __all__ = [
     "resized_shape",
     "image_size",
     "parse_hw",
+    "check_pixels",
+    "jpeg_header",
 ]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, without the dots
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
 CLASS_EXTENSIONS = ("cls", "cls2", "class", "label", "index")
 TEXT_EXTENSIONS = ("txt", "text")
+PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")  # unpickled only with allow_pickle=True: it runs code
 DECODE_MODES = ("pil", "numpy", "raw", "buffer")
 ENCODED_MODES = ("raw", "buffer")  # modes that hand out the encoded bytes themselves
 
@@ -55,7 +58,7 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def field_kind(field: str) -> str:
-    """One of ``image``, ``class``, ``json``, ``text``, ``npy``, ``bytes``."""
+    """One of ``image``, ``class``, ``json``, ``text``, ``npy``, ``pickle``, ``bytes``."""
     ext = field.rsplit(".", 1)[-1].lower()
     if ext in IMAGE_EXTENSIONS:
         return "image"
@@ -67,6 +70,8 @@ def field_kind(field: str) -> str:
         return "text"
     if ext == "npy":
         return "npy"
+    if ext in PICKLE_EXTENSIONS:
+        return "pickle"
     return "bytes"
 
 
@@ -156,9 +161,27 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
 # --- decoding when reading --------------------------------------------------------------
 
 
+def check_pixels(width: int, height: int) -> None:
+    """Refuse to decode an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (None: no limit).
+
+    Pillow itself only warns between the limit and twice it, and the fast JPEG decoders do
+    not check at all: a 50 kB file declaring 30000 x 30000 pixels would allocate 2.7 GB."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and width * height > limit:
+        raise BadInputError(f"decompression bomb: {width}x{height} = {width * height} pixels exceeds the limit "
+                            f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS)")
+
+
 def _pil_rgb(data: bytes) -> Image.Image:
-    # Exactly torchvision's pil_loader: open, then convert("RGB") (which loads).
-    img = Image.open(io.BytesIO(data))
+    # Exactly torchvision's pil_loader: open, then convert("RGB") (which loads), within the
+    # pixel limit.
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # Pillow only warns at 1-2x
+            img = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise BadInputError(f"decompression bomb: {exc}") from None
+    check_pixels(*img.size)  # the limit may have been lowered since Pillow checked
     return img.convert("RGB")
 
 
@@ -207,21 +230,22 @@ def jpeg_decoders() -> List[Tuple[str, Callable[[bytes], np.ndarray]]]:
     return _decoders[pid]
 
 
-def _is_cmyk_jpeg(data: bytes) -> bool:
-    """True when the SOF marker says 4 components (CMYK/YCCK), which the fast paths reject."""
+def jpeg_header(data: bytes) -> Optional[Tuple[int, int, int]]:
+    """(height, width, components) from a JPEG's SOF marker, or None when there is none."""
     i = 2
     n = len(data)
     while i + 9 < n:
         if data[i] != 0xFF:
-            return False
+            return None
         marker = data[i + 1]
         if marker == 0xFF:
             i += 1
             continue
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return data[i + 9] == 4
+            return (int.from_bytes(data[i + 5: i + 7], "big"), int.from_bytes(data[i + 7: i + 9], "big"),
+                    data[i + 9])
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return False
+    return None
 
 
 def as_buffer(data: Any) -> np.ndarray:
@@ -243,8 +267,10 @@ def decode_image(data: Any, mode: str = "pil") -> Any:
     raise ValueError(f"decode must be one of {DECODE_MODES}, not {mode!r}")
 
 
-def decode_field(field: str, data: Any, mode: str = "pil") -> Any:
-    """Decode one field of a dict sample by its kind; never unpickles."""
+def decode_field(field: str, data: Any, mode: str = "pil", allow_pickle: bool = False) -> Any:
+    """Decode one field of a dict sample by its kind. Pickles (``.pyd``, ``.pickle``,
+    ``.pkl``, object arrays in ``.npy``) run code when loaded: they stay bytes (or raise, for
+    ``.npy``) unless ``allow_pickle``, for data you trust."""
     if mode == "raw":
         return bytes(data) if not isinstance(data, bytes) else data
     if mode == "buffer":
@@ -260,7 +286,17 @@ def decode_field(field: str, data: Any, mode: str = "pil") -> Any:
     if kind == "text":
         return data.decode("utf-8")
     if kind == "npy":
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        try:
+            return np.load(io.BytesIO(data), allow_pickle=allow_pickle)
+        except ValueError as exc:
+            if "allow_pickle" in str(exc):
+                raise BadInputError(f".{field} holds pickled objects, which are never loaded unless "
+                                    "allow_pickle=True (loading them runs code from the data)") from None
+            raise
+    if kind == "pickle" and allow_pickle:
+        import pickle
+
+        return pickle.loads(data)
     return data
 
 
@@ -288,7 +324,9 @@ def resolve_decoder(name: str = "auto") -> str:
 def decode_rgb(data: bytes, decoder: str = "pil") -> np.ndarray:
     """HWC uint8 RGB pixels, as ``np.asarray(Image.open(f).convert("RGB"))``, with JPEGs
     through the named fast decoder (CMYK and non-JPEG data always through Pillow)."""
-    if decoder != "pil" and data[:3] == _JPEG_MAGIC and not _is_cmyk_jpeg(data):
+    header = jpeg_header(data) if decoder != "pil" and data[:3] == _JPEG_MAGIC else None
+    if header is not None and header[2] != 4:  # CMYK/YCCK (4 components): the fast paths refuse it
+        check_pixels(header[1], header[0])
         for name, fn in jpeg_decoders():
             if name == decoder:
                 try:

@@ -34,7 +34,10 @@ def open_dataset(
     sources a dict of decoded fields with ``__key__``.
 
     Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
-    ``even`` (None | "pad" | "drop"), ``prefetch``; see :class:`dsconvert.formats.wds.WdsDataset`.
+    ``even`` (None | "pad" | "drop"), ``prefetch``, ``allow_pickle`` (default False: pickled
+    fields stay bytes, since loading them runs code from the data); see
+    :class:`dsconvert.formats.wds.WdsDataset`. Images larger than
+    ``PIL.Image.MAX_IMAGE_PIXELS`` raise BadInputError (decompression bombs), on every decode path.
     hdf5 and npy outputs are map-style (``len``, indexing; shuffle and DDP through the
     DataLoader's sampler, e.g. ``DistributedSampler``); decoded ones have no ``"raw"`` mode,
     and npy's ``"numpy"`` mode returns zero-copy, read-only views of the memory map.

@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image
 
 from ..codecs import DECODE_MODES, ENCODED_MODES, decode_image
+from ..errors import BadInputError
 from ..manifest import Manifest, ShardEntry
 
 __all__ = ["MapReader"]
@@ -88,7 +89,12 @@ class MapReader:
         if self.stored == "decoded":
             image = data if self.decode == "numpy" else Image.fromarray(np.asarray(data))
         else:
-            image = decode_image(data, self.decode)
+            try:
+                image = decode_image(data, self.decode)
+            except BadInputError as exc:  # name the sample
+                raise BadInputError(exc.reason, f"{self.manifest.shards[k].name}[{j}]") from None
+            except (OSError, SyntaxError, ValueError) as exc:
+                raise BadInputError(f"cannot decode: {exc}", f"{self.manifest.shards[k].name}[{j}]") from None
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

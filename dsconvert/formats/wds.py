@@ -28,6 +28,7 @@ shard between ranks at any sample boundary free, and raw reads cost a slice, not
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import mmap
@@ -44,7 +45,7 @@ import numpy as np
 from .._torch import lazy_module_attr
 from ..codecs import DECODE_MODES, ENCODED_MODES, decode_field, decode_image, encode_class
 from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
-from ..errors import ManifestError
+from ..errors import BadInputError, ManifestError
 from ..manifest import Manifest, ShardEntry, expect, is_int
 from ..shards import ShardRecord, ShardSpec
 from ..source import Sample
@@ -355,6 +356,7 @@ class _WdsDataset:
         even: Optional[str] = None,
         max_member_bytes: int = 1 << 31,
         prefetch: Optional[bool] = None,
+        allow_pickle: bool = False,
     ):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
@@ -377,6 +379,7 @@ class _WdsDataset:
         self.even = even
         self.max_member_bytes = max_member_bytes
         self.prefetch = prefetch  # None: decided by the storage (latency-bound or not)
+        self.allow_pickle = allow_pickle  # pickled fields run code when loaded: only for trusted data
         self.epoch = 0
         self.classes = manifest.classes
         self.class_to_idx = {c: i for i, c in enumerate(manifest.classes or [])}
@@ -441,7 +444,8 @@ class _WdsDataset:
 
     def _decode(self, shard: _OpenShard, i: int, raw: Any) -> Any:
         if self.manifest.sample_type == "classification":
-            image = decode_image(raw, self.decode)
+            with _naming(shard, i):
+                image = decode_image(raw, self.decode)
             label = shard.index.labels[i]
             if self.transform is not None:
                 image = self.transform(image)
@@ -449,8 +453,9 @@ class _WdsDataset:
                 label = self.target_transform(label)
             return image, label
         sample: Dict[str, Any] = {"__key__": shard.index.keys[i]}
-        for name, data in raw.items():
-            sample[name] = decode_field(name, data, self.decode)
+        with _naming(shard, i):
+            for name, data in raw.items():
+                sample[name] = decode_field(name, data, self.decode, self.allow_pickle)
         if self.transform is not None:
             sample = self.transform(sample)
         return sample
@@ -470,6 +475,18 @@ class _WdsDataset:
             return
         for shard, i, raw in items:
             yield self._decode(shard, i, raw)
+
+
+@contextlib.contextmanager
+def _naming(shard: _OpenShard, i: int) -> Iterator[None]:
+    """Decode errors name the shard and sample: the message alone does not find it."""
+    where = f"{shard.index.name}: {shard.index.keys[i]}"
+    try:
+        yield
+    except BadInputError as exc:
+        raise BadInputError(exc.reason, where) from None
+    except (OSError, SyntaxError, ValueError) as exc:  # Pillow's ways of saying "corrupt"
+        raise BadInputError(f"cannot decode: {exc}", where) from None
 
 
 def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
