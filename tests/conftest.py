@@ -134,5 +134,10 @@ def slow_mount(tmp_path, request):
     try:
         yield backing, mnt
     finally:
-        subprocess.run(["fusermount", "-u", str(mnt)], check=False)
+        deadline = time.time() + 10
+        while subprocess.run(["fusermount", "-u", str(mnt)], capture_output=True).returncode != 0:
+            if time.time() > deadline:  # still busy: detach now, it goes when its last user does
+                subprocess.run(["fusermount", "-uz", str(mnt)], check=False)
+                break
+            time.sleep(0.1)
         proc.wait(timeout=10)

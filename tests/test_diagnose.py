@@ -248,9 +248,18 @@ class Job:
         time.sleep(0.5)
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
+        try:
+            os.killpg(self.proc.pid, 9)  # the job and its DataLoader workers
+        except ProcessLookupError:
+            pass
         self.proc.wait(timeout=30)
+        deadline = time.time() + 10
+        while time.time() < deadline:  # workers die a moment after the job; they hold its files
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
 
 
 def run_diagnose(*args):
