@@ -11,11 +11,13 @@ unchanged and writes the rest, so no sample is lost or duplicated. The manifest 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import errno
 import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import __version__
 from .codecs import resolve_decoder
@@ -25,7 +27,7 @@ from .formats import CAN_DECODE, DECODED_ONLY, FORMATS, writer_class
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest
 from .progress import progress_bar
-from .shards import ShardResult, ShardSpec, parse_size, plan_shards
+from .shards import CHANGED_DURING, ShardResult, ShardSpec, parse_size, plan_shards
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
 from .storage import free_bytes, mount_of
@@ -153,6 +155,30 @@ def _check_space(out_dir: str, prefix: str, needed: SizeEstimate, fmt: str) -> N
         )
 
 
+def _is_out_of_space(exc: BaseException) -> bool:
+    """ENOSPC or EDQUOT; h5py reports them as an OSError without errno but with the text."""
+    if not isinstance(exc, OSError) or isinstance(exc, DsconvertError):
+        return False
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(exc) \
+        or "errno = 28" in str(exc)
+
+
+@contextlib.contextmanager
+def _out_of_space_is_resumable(out_dir: str) -> Iterator[None]:
+    """A full disk mid-run is one clear error: what was written is complete (shards are
+    renamed into place only when whole), and the same command resumes once there is room."""
+    try:
+        yield
+    except OSError as exc:
+        if not _is_out_of_space(exc):
+            raise
+        point = mount_of(out_dir)[0]
+        raise InsufficientSpaceError(
+            f"no space left on {point} ({format_size(free_bytes(out_dir))} free) while writing {out_dir}: "
+            "finished shards are kept; free some room (or choose another --output) and run the same "
+            "command again to resume", out_dir) from None
+
+
 def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar) -> List[ShardResult]:
     """Write every spec, reporting each finished shard; the first error cancels the rest."""
     writer = writer_class(specs[0].format) if specs else None
@@ -261,19 +287,19 @@ def convert(
     )
     started = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
-    with _OutputLock(out_dir):
+    with _OutputLock(out_dir), _out_of_space_is_resumable(out_dir):
         if os.path.exists(os.path.join(out_dir, MANIFEST_NAME)):
             previous = Manifest.load(out_dir)
-            if not overwrite:
-                same = previous.options == options and previous.source.get("url") == src_abs
-                if same:
-                    return ConvertResult(previous, out_dir, already_complete=True)
+            same = previous.options == options and previous.source.get("url") == src_abs
+            if overwrite:
+                _remove_previous(out_dir, previous)
+            elif not same:
                 raise OutputExistsError(
                     f"{out_dir} already holds a finished conversion made with other options or "
-                    "another source; pass --overwrite to replace it",
-                    out_dir,
-                )
-            _remove_previous(out_dir, previous)
+                    "another source; pass --overwrite to replace it", out_dir)
+            elif not any(x["reason"].startswith(CHANGED_DURING) for x in previous.skipped):
+                return ConvertResult(previous, out_dir, already_complete=True)
+            # else inputs changed while it ran: rescan; shards whose inputs did not change are kept
 
         with progress_bar(progress, "scanning", unit=" files") as bar:
             source = scan(src_abs, layout, progress=bar.update)
@@ -285,9 +311,14 @@ def convert(
             raise SourceError(
                 f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "
                 f"source, and {src_abs} was scanned as {source.layout} (use --format wds)", src_abs)
-        estimate = estimate_output_bytes(source, decode, resize, size)
-        if not force:
-            _check_space(out_dir, prefix, estimate, format)
+        writer = writer_class(format)
+        classification = source.sample_type == "classification"
+        estimate = estimate_output_bytes(source, decode, resize, size,
+                                         stored_bytes=lambda s: writer.sample_bytes(s, classification))
+        if not force:  # each shard also has its own fixed part (a tar's end blocks, HDF5 headers)
+            shards_at_least = -(-len(source.samples) // samples_per_shard)
+            _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * writer.overhead,
+                                                       estimate.sampled, estimate.exact), format)
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
                           "decoder": decoder_name}
         if format == "hdf5":
@@ -298,7 +329,6 @@ def convert(
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
             results = _run(specs, workers, executor, bar)
 
-        writer = writer_class(format)
         keep = {name for r in results for name in writer.files_of(r.entry)}
         _remove_stale(out_dir, prefix, keep)
         manifest = _build_manifest(src_abs, source, format, results, options, decode)

@@ -22,7 +22,7 @@ from .keys import escape_path
 from .manifest import ShardEntry, expect, is_int, is_str_list, write_json_atomic
 from .source import Sample, Skipped
 
-__all__ = ["ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_sample"]
+__all__ = ["ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_sample", "CHANGED_DURING"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,9 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+CHANGED_DURING = "changed during the conversion"  # a skip reason that a rerun undoes
+
+
 def read_sample(spec: ShardSpec, sample: Sample) -> Dict[str, bytes]:
     """Read and check every file of a sample; raise BadInputError naming the bad file.
 
@@ -109,8 +112,8 @@ def read_sample(spec: ShardSpec, sample: Sample) -> Dict[str, bytes]:
         except OSError as exc:
             raise BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path)) from None
         if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns or len(data) != f.size:
-            raise BadInputError("changed during the conversion (size or mtime differs from the scan); "
-                                "run the same command again to include it", escape_path(f.path))
+            raise BadInputError(f"{CHANGED_DURING} (size or mtime differs from the scan); run the same "
+                                "command again to include it", escape_path(f.path))
         try:
             check_field(f.field, data, spec.verify, spec.max_image_pixels)
         except BadInputError as exc:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from .codecs import image_size, is_image_field, resized_shape
-from .source import Source
+from .source import Sample, Source
 
 __all__ = ["SizeEstimate", "estimate_output_bytes", "format_size"]
 
@@ -42,10 +42,13 @@ def format_size(n: float) -> str:
 
 def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] = None,
                           size: Optional[Tuple[int, int]] = None, sample: int = 500,
-                          seed: int = 0) -> SizeEstimate:
-    """Bytes of the output: the source's bytes when stored encoded, pixels when decoded."""
+                          seed: int = 0, stored_bytes: Optional[Callable[[Sample], int]] = None) -> SizeEstimate:
+    """Bytes of the output: what each sample takes when stored encoded (``stored_bytes``: the
+    format's own count, tar headers and padding included; the source's bytes without it),
+    pixels when decoded."""
     if not decoded:
-        return SizeEstimate(source.nbytes, 0, True)
+        per = stored_bytes or (lambda s: s.nbytes)
+        return SizeEstimate(sum(per(s) for s in source.samples), 0, True)
     images = [(s, f) for s in source.samples for f in s.files if is_image_field(f.field)]
     if not images:
         return SizeEstimate(0, 0, True)

@@ -3,10 +3,6 @@ no rewrite of a finished output, one writer per output."""
 
 import fcntl
 import os
-import signal
-import subprocess
-import sys
-import time
 import zlib
 import struct
 
@@ -15,7 +11,7 @@ import pytest
 from dsconvert import BadInputError, DsconvertError, OutputExistsError, OutputLockedError, convert
 from dsconvert.cli import main
 
-from conftest import encode, make_image_folder, write
+from conftest import encode, write
 
 
 def _png_bomb(width=30000, height=30000):
@@ -90,52 +86,6 @@ def test_clean_run_exit_zero(tmp_path, image_folder, capsys):
     assert "wrote 16 samples in 1 wds shard(s)" in out.out
     assert main(["info", str(tmp_path / "out")]) == 0
     assert "16 seen = 16 written + 0 skipped" in capsys.readouterr().out
-
-
-def _outputs(folder):
-    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n != ".dsconvert.lock"}
-
-
-def _wait_group_gone(pgid, timeout=10.0):
-    """Pool workers die a moment after the CLI; they share its output lock until then."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.01)
-
-
-@pytest.mark.parametrize("fmt", ["wds", "hdf5", "npy"])
-def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path, photos, fmt):
-    src = str(tmp_path / "src")
-    make_image_folder(src, photos, {"a": 150, "b": 150}, size=(640, 480))
-    reference = str(tmp_path / "reference")
-    convert(src, reference, fmt, samples_per_shard=5, workers=1)
-    out = str(tmp_path / "out")
-    cmd = [sys.executable, "-m", "dsconvert", "shard", src, "-o", out, "--samples-per-shard", "5",
-           "--workers", "2", "--format", fmt, "-q"]
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            done = [n for n in os.listdir(out)] if os.path.isdir(out) else []
-            if sum(n.endswith(".index.json") for n in done) >= 4:
-                break
-            time.sleep(0.005)
-        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its pool workers, mid-run
-    finally:
-        proc.wait()
-        _wait_group_gone(proc.pid)
-    assert proc.returncode == -signal.SIGKILL
-    assert not os.path.exists(os.path.join(out, "dsconvert.json")), "the kill came too late to test resume"
-    finished = sum(n.endswith(".index.json") for n in os.listdir(out))
-    assert 4 <= finished < 60
-    result = convert(src, out, fmt, samples_per_shard=5, workers=2)
-    assert result.shards_resumed >= 4 and result.shards_resumed + result.shards_written == 60
-    assert _outputs(out) == _outputs(reference)  # no sample lost or duplicated, no temp left
-    assert result.manifest.num_samples == 300
 
 
 def test_finished_output_is_not_rewritten(tmp_path, image_folder):
