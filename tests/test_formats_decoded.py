@@ -189,12 +189,13 @@ def test_disk_space_refusal(tmp_path, image_folder, monkeypatch):
     with pytest.raises(InsufficientSpaceError) as exc:
         convert(image_folder, str(tmp_path / "npy"), format="npy", workers=1)
     message = str(exc.value)
-    assert "needs 331.8 kB (exact)" in message and "has 10.0 kB free" in message
+    # 16 images x 96 x 72 x 3 = 331,776 bytes of pixels + the shard's 128-byte .npy header
+    assert "needs 331.9 kB (exact)" in message and "has 10.0 kB free" in message
     assert "--force" in message and "--resize" in message
     assert isinstance(exc.value, OSError)
     assert not os.path.exists(tmp_path / "npy" / "dsconvert.json")
     m = convert(image_folder, str(tmp_path / "npy"), format="npy", workers=1, force=True).manifest
-    assert m.num_samples == 16
+    assert m.num_samples == 16 and m.shards[0].bytes == 331_904  # what the check said it needs
     monkeypatch.setattr(conv, "free_bytes", lambda path: 10**12)
     convert(image_folder, str(tmp_path / "wds"), workers=1)
 
