@@ -1,0 +1,226 @@
+"""Properties, and fuzzing of what is read from disk.
+
+* every sample exactly once across ranks and DataLoader workers, balanced, through the real
+  reader (and the pad/drop contracts);
+* manifests round-trip through save and load;
+* fuzz: the manifest parser, the shard-record parser and the tar index reader, given mutated
+  documents, either accept them or raise ManifestError, never anything else, and an accepted
+  index never makes the reader fail any other way.
+
+Key encoding round trips and shard planning have their own property tests (test_keys.py,
+test_shards.py). Fuzz runs are derandomized, so CI sees the same cases every time.
+"""
+
+import copy
+import io
+import json
+import os
+import tempfile
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dsconvert import Manifest, ManifestError, convert, open_dataset
+from dsconvert.distributed import rank_span, split_range
+from dsconvert.manifest import ShardEntry
+
+from conftest import make_image_folder
+
+FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=300,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+# --- the rank / worker split ------------------------------------------------------------------
+
+
+@given(st.integers(0, 400), st.integers(1, 9), st.integers(1, 6), st.sampled_from([None, "pad", "drop"]))
+def test_split_is_exact_and_balanced(n, world, workers, even):
+    per_rank = []
+    for rank in range(world):
+        start, stop = rank_span(n, rank, world, even)
+        blocks = [split_range(stop - start, workers, w) for w in range(workers)]
+        assert max(b - a for a, b in blocks) - min(b - a for a, b in blocks) <= 1  # workers balanced
+        per_rank.append([start + i for a, b in blocks for i in range(a, b)])
+    lengths = [len(p) for p in per_rank]
+    everything = [p for positions in per_rank for p in positions]
+    if even is None:
+        assert everything == list(range(n))  # exactly once, in order
+        assert max(lengths) - min(lengths) <= 1
+    elif even == "drop":
+        assert lengths == [n // world] * world and len(set(everything)) == len(everything)
+        assert all(p < n for p in everything)
+    else:
+        assert lengths == [-(-n // world) if n else 0] * world
+        if n:
+            seen = Counter(p % n for p in everything)  # every sample, repeats spread evenly
+            assert set(seen) == set(range(n)) and max(seen.values()) - min(seen.values()) <= 1
+            assert len(everything) - n < world  # fewer than one per rank added
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory, photos):
+    tmp = tmp_path_factory.mktemp("uneven")
+    src = str(tmp / "src")
+    make_image_folder(src, photos, {"a": 11, "b": 7, "c": 5}, size=(16, 12))
+    out = str(tmp / "out")
+    convert(src, out, samples_per_shard=4, workers=1)  # 23 samples in 6 uneven shards
+    return out
+
+
+@settings(deadline=None, max_examples=60, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(world=st.integers(1, 7), workers=st.integers(1, 4), shuffle=st.booleans(), seed=st.integers(0, 3),
+       epoch=st.integers(0, 3))
+def test_real_reader_reads_each_sample_once_across_ranks_and_workers(uneven, monkeypatch, world, workers,
+                                                                     shuffle, seed, epoch):
+    import dsconvert.formats.wds as wds
+
+    keys = []
+    for rank in range(world):
+        ds = open_dataset(uneven, decode="raw", rank=rank, world_size=world, shuffle=shuffle, seed=seed,
+                          buffer_size=5, transform=lambda raw: raw)
+        ds.set_epoch(epoch)
+        got = 0
+        for w in range(workers):
+            monkeypatch.setattr(wds, "worker_info", lambda w=w: (w, workers))
+            ds.decode = "raw"
+            items = list(_keys(ds))
+            got += len(items)
+            keys += items
+        assert got == len(ds)  # len() is exact for the rank
+    assert sorted(keys) == sorted(set(keys)) and len(keys) == 23
+
+
+def _keys(ds):
+    for shard, i, _ in ds._raw_samples():
+        yield shard.index.keys[i]
+
+
+# --- manifests --------------------------------------------------------------------------------
+
+names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}-\d{6}\.(tar|h5|npy)", fullmatch=True)
+texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
+@st.composite
+def manifests(draw):
+    shards = draw(st.lists(st.builds(ShardEntry, names, st.integers(0, 10**6), st.integers(0, 10**12),
+                                     st.text("0123456789abcdef", min_size=64, max_size=64),
+                                     st.one_of(st.none(), names.map(lambda n: n + ".index.json"))),
+                           max_size=5))
+    classes = draw(st.one_of(st.none(), st.lists(texts, max_size=5)))
+    return Manifest(format=draw(st.sampled_from(["wds", "hdf5", "npy"])),
+                    source={"url": draw(texts), "layout": draw(st.sampled_from(["imagefolder", "flat", "list"]))},
+                    sample_type=draw(st.sampled_from(["classification", "dict"])), classes=classes,
+                    fields=draw(st.dictionaries(texts, texts, max_size=3)),
+                    num_samples=sum(s.num_samples for s in shards), shards=shards,
+                    skipped=draw(st.lists(st.fixed_dictionaries({"path": texts, "reason": texts}), max_size=3)),
+                    stored=draw(st.sampled_from(["encoded", "decoded"])))
+
+
+@settings(deadline=None, database=None)
+@given(manifests())
+def test_manifest_round_trip(m):
+    with tempfile.TemporaryDirectory() as tmp:
+        m.save(tmp)
+        assert Manifest.load(tmp) == m
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12)
+
+
+def mutate(data, doc):
+    """Replace one node anywhere in ``doc`` with arbitrary JSON, or delete a key."""
+    doc = copy.deepcopy(doc)
+    node, key = None, None
+    cur = doc
+    while True:
+        children = list(cur.keys()) if isinstance(cur, dict) else list(range(len(cur))) if isinstance(cur, list) else []
+        if not children or (node is not None and data.draw(st.booleans())):
+            break
+        node, key = cur, data.draw(st.sampled_from(children))
+        cur = cur[key]
+    if node is None:
+        return data.draw(json_values)
+    if isinstance(node, dict) and data.draw(st.booleans()):
+        del node[key]
+    else:
+        node[key] = data.draw(json_values)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def real_output(tmp_path_factory, photos):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    src = str(tmp / "src")
+    make_image_folder(src, photos, {"a": 3, "b": 2}, size=(16, 12))
+    out = str(tmp / "out")
+    convert(src, out, samples_per_shard=10, workers=1)
+    return out
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_manifest_parser(real_output, data):
+    doc = json.load(open(os.path.join(real_output, "dsconvert.json")))
+    try:
+        m = Manifest.from_dict(mutate(data, doc))
+    except ManifestError:
+        return
+    assert m.num_samples == sum(s.num_samples for s in m.shards)
+    assert all("/" not in s.name and s.name not in (".", "..") for s in m.shards)
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_fuzz_manifest_bytes(blob):
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "dsconvert.json"), "wb") as f:
+            f.write(blob)
+        with pytest.raises(ManifestError):
+            Manifest.load(tmp)
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
+    """A mutated shard index is refused with ManifestError, or read without any other error:
+    every member slice stays inside the shard."""
+    from dsconvert.formats.wds import _OpenShard, load_record
+
+    manifest = Manifest.load(real_output)
+    entry = manifest.shards[0]
+    doc = json.load(open(os.path.join(real_output, entry.index)))
+    with tempfile.TemporaryDirectory() as tmp:
+        os.symlink(os.path.join(real_output, entry.name), os.path.join(tmp, entry.name))
+        with open(os.path.join(tmp, entry.index), "w") as f:
+            json.dump(mutate(data, doc), f)
+        try:
+            load_record(os.path.join(tmp, entry.index))
+            shard = _OpenShard(tmp, entry, 1 << 20)
+        except ManifestError:
+            return
+        shard.open(0, len(shard.index.keys), prefetch=data.draw(st.booleans()))
+        try:
+            for i in range(len(shard.index.keys)):
+                for blob in shard.raw_fields(i).values():
+                    assert len(blob) <= shard.size
+            for _, blob in shard.images(0, len(shard.index.keys)):
+                assert len(blob) <= shard.size
+        except ManifestError:
+            pass  # e.g. a sample left without an image member
+        finally:
+            shard.close()
+
+
+def test_fuzz_cases_include_valid_documents(real_output):
+    """The unmutated documents parse: the fuzz tests above start from real ones."""
+    from dsconvert.formats.wds import load_record
+
+    m = Manifest.load(real_output)
+    assert load_record(os.path.join(real_output, m.shards[0].index)).d["num_samples"] == 5
+    json.load(io.open(os.path.join(real_output, "dsconvert.json")))
