@@ -36,13 +36,19 @@ def _escape(text: str, extra: frozenset) -> str:
     return "".join(out)
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
 def _unescape(text: str) -> str:
     raw = bytearray()
     i = 0
     while i < len(text):
         ch = text[i]
         if ch == "%":
-            raw.append(int(text[i + 1 : i + 3], 16))
+            pair = text[i + 1 : i + 3]
+            if len(pair) != 2 or not _HEX.issuperset(pair):
+                raise ValueError(f"malformed %-escape at position {i} of {text!r}")
+            raw.append(int(pair, 16))
             i += 3
         else:
             raw.extend(ch.encode("utf-8", "surrogateescape"))
@@ -61,7 +67,8 @@ def encode_key(stem: str) -> str:
 
 
 def decode_key(key: str) -> str:
-    """The relative path stem a key was made from (inverse of :func:`encode_key`)."""
+    """The relative path stem a key was made from (inverse of :func:`encode_key`); ValueError
+    for a malformed ``%`` escape."""
     if _SEPARATOR in key:
         key, _, ext = key.rpartition(_SEPARATOR)
         return f"{_unescape(key)}.{_unescape(ext)}"
@@ -92,5 +99,6 @@ def escape_path(path: str) -> str:
 
 
 def unescape_path(text: str) -> str:
-    """Inverse of :func:`escape_path`; the result opens the file with ``open()``."""
+    """Inverse of :func:`escape_path`; the result opens the file with ``open()``. ValueError for
+    a malformed ``%`` escape (text from a hand-edited or hostile manifest)."""
     return _unescape(text)

@@ -111,6 +111,10 @@ class Manifest:
             classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
             where, "classes", "null or a list of strings",
         )
+        try:
+            classes = None if classes is None else [unescape_path(c) for c in classes]
+        except ValueError:
+            expect(False, where, "classes", "a list of names with well-formed %-escapes")
         shards = []
         for i, s in enumerate(d["shards"]):
             shards.append(_shard_entry(s, where, f"shards[{i}]"))
@@ -126,7 +130,7 @@ class Manifest:
             format=d["format"],
             source=d["source"],
             sample_type=d["sample_type"],
-            classes=None if classes is None else [unescape_path(c) for c in classes],
+            classes=classes,
             fields=d["fields"],
             num_samples=d["num_samples"],
             shards=shards,
