@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections import Counter
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 from . import __version__
 from .codecs import DECODE_MODES, DECODERS, parse_hw
@@ -255,13 +255,20 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     return EXIT_SKIPPED if m.skipped else 0
 
 
+def _stderr_log(args: argparse.Namespace) -> Optional[Callable[[str], None]]:
+    """Progress lines on stderr, unless -q or --json (stdout then holds only the report)."""
+    if args.quiet or getattr(args, "json", False):
+        return None
+    return lambda msg: print(msg, file=sys.stderr, flush=True)
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analyze import analyze
     from .analyze.report import render_json, render_text
 
     if not os.path.exists(args.src):
         raise SourceError(f"source does not exist: {args.src}", args.src)
-    log = None if args.quiet or args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = _stderr_log(args)
     report = analyze(args.src, target=args.target, sample=args.sample, seed=args.seed,
                      time_budget=args.time_budget, output_dir=args.output_dir, log=log,
                      progress=not args.quiet and sys.stderr.isatty())
@@ -272,7 +279,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench, render_text
 
-    log = None if args.quiet or args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = _stderr_log(args)
     caches = ("cold", "warm") if args.cache == "both" else (args.cache,)
     report = bench(args.paths, workers=args.workers, batch_sizes=args.batch_size, decode=args.decode,
                    size=args.size, max_samples=args.max_samples, caches=caches, seed=args.seed, log=log)
@@ -288,8 +295,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if (args.pid is None) == (not command):
         raise OptionError("give either --pid PID or a command after --, not both or neither")
-    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    proc = launch(command, args.wait, log or (lambda m: None)) if command else None
+    log = _stderr_log(args)
+    proc = launch(command, args.wait, log or (lambda msg: None)) if command else None
     try:
         report = diagnose(proc.pid if proc else args.pid, duration=args.duration, rate=args.rate,
                           syscalls=args.syscalls, log=log)
@@ -305,7 +312,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .verify import EXIT_PROBLEMS, render_text, verify
 
-    log = None if args.quiet or args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = _stderr_log(args)
     report = verify(args.path, decode=args.decode, source=args.source, workers=args.workers, log=log)
     print(json.dumps(report, indent=1) if args.json else render_text(report))
     return 0 if report["ok"] else EXIT_PROBLEMS
