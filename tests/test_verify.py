@@ -200,3 +200,21 @@ def test_unreadable_manifest_is_an_error(tmp_path, capsys):
     (tmp_path / "dsconvert.json").write_text('{"schema_version": 1, "format": 7}')
     assert main(["verify", str(tmp_path)]) == 1
     assert "field 'format' must be a string" in capsys.readouterr().err
+
+
+def test_member_header_declaring_a_huge_size(tmp_path, src):
+    out = str(tmp_path / "out")
+    convert(src, out, samples_per_shard=100, workers=1)
+    shard = os.path.join(out, "shard-000000.tar")
+    data = open(shard, "rb").read()
+    with tarfile.open(shard) as tf:
+        last = list(tf)[-1]
+    end = last.offset_data + -(-last.size // 512) * 512  # drop the end-of-archive blocks
+    huge = tarfile.TarInfo("huge.jpg")
+    huge.size = 10**12  # a terabyte declared, none present
+    open(shard, "wb").write(data[:end] + huge.tobuf(format=tarfile.PAX_FORMAT) + b"\0" * 1024)
+    _rewrite_sums(out, "shard-000000.tar")
+    messages = [p["message"] for p in verify(out)["problems"]]
+    assert "member 'huge.jpg' is not in the index" in messages
+    assert any(m.startswith("not a readable tar") for m in messages)
+    assert len(list(open_dataset(out, decode="raw"))) == 12  # the reader slices indexed members only
