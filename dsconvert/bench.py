@@ -36,6 +36,7 @@ from .errors import OptionError, SourceError
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
 from .optional import require
+from .remote import Location
 from .storage import evict_page_cache
 
 __all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA", "BENCH_VERSION",
@@ -94,32 +95,33 @@ class BenchTarget:
 
 
 def _open(path: str, decode: str, transform: Optional[Callable], max_samples: int,
-          seed: int) -> Tuple[Any, BenchTarget]:
+          seed: int, storage_options: Optional[Dict[str, Any]] = None) -> Tuple[Any, BenchTarget]:
     """(dataset limited to max_samples, target description)."""
     from torch.utils.data import Subset
 
     from .data import open_dataset
 
-    path = os.path.abspath(path)
-    if not os.path.exists(path):
+    location = Location(path, storage_options)
+    path = location.url
+    if not location.remote and not os.path.exists(path):
         raise SourceError(f"does not exist: {path}", path)
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_NAME)):
-        manifest = Manifest.load(path)
+    if location.exists(MANIFEST_NAME):
+        manifest = Manifest.load(location)
         _check_transform(path, manifest.sample_type, transform)
-        ds = open_dataset(path, transform=transform, decode=decode)
+        ds = open_dataset(path, transform=transform, decode=decode, storage_options=storage_options)
         iterable = manifest.format == "wds"
         n = manifest.num_samples
-        files = [os.path.join(path, name) for name in sorted(os.listdir(path))
-                 if os.path.isfile(os.path.join(path, name))]
+        files = [] if location.remote else [os.path.join(path, name) for name in sorted(os.listdir(path))
+                                             if os.path.isfile(os.path.join(path, name))]
         per_sample = sum(s.bytes for s in manifest.shards) / max(1, n)
         kind, sample_type = manifest.format, manifest.sample_type
     else:
         from .source import scan
         from .source_dataset import SourceDataset
 
-        source = scan(path)
+        source = scan(path, storage_options=storage_options)
         _check_transform(path, source.sample_type, transform)
-        ds = SourceDataset(source, transform=transform, decode=decode)
+        ds = SourceDataset(source, transform=transform, decode=decode, storage_options=storage_options)
         iterable = False
         n = len(ds)
         files = []
@@ -131,7 +133,7 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
     if kind == "source":
         base = ds.dataset if isinstance(ds, Subset) else ds
         picked = ds.indices if isinstance(ds, Subset) else range(len(base))
-        files = [p for i in picked for p in base.paths(i)]
+        files = [] if location.remote else [p for i in picked for p in base.paths(i)]
     return ds, BenchTarget(path, kind, sample_type, n, per_sample, iterable, files)
 
 
@@ -215,7 +217,8 @@ def default_worker_counts(cpus: Optional[int] = None) -> List[int]:
 
 def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (64,),
           decode: str = "pil", size: int = 224, max_samples: int = 2000, caches: Sequence[str] = CACHES,
-          seed: int = 0, log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+          seed: int = 0, log: Optional[Callable[[str], None]] = None,
+          storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Read each of ``paths`` through a DataLoader per worker count, batch size and cache
     state; return the report (schema ``dsconvert.bench``, version 1). See the module doc."""
     require("torch", "dsconvert bench")
@@ -232,7 +235,7 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     if any(w < 0 for w in workers) or any(b < 1 for b in batch_sizes) or max_samples < 1:
         raise OptionError("workers must be >= 0; batch sizes and max_samples >= 1")
     transform = CropToTensor(size) if size and decode not in ENCODED_MODES else None
-    opened = [_open(p, decode, transform, max_samples, seed) for p in paths]
+    opened = [_open(p, decode, transform, max_samples, seed, storage_options) for p in paths]
     started = time.perf_counter()
     runs: List[Dict[str, Any]] = []
     for batch_size in batch_sizes:

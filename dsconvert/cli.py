@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections import Counter
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from . import __version__
 from .codecs import DECODE_MODES, DECODERS, parse_hw
@@ -21,6 +21,7 @@ from .convert import EXIT_SKIPPED, convert
 from .errors import DsconvertError, SourceError
 from .formats import FORMATS
 from .manifest import Manifest
+from .remote import is_remote, parse_storage_options
 from .sizing import format_size
 from .source import LAYOUTS
 
@@ -45,6 +46,13 @@ def _int_list(minimum: int):
             raise argparse.ArgumentTypeError(f"expected numbers >= {minimum}, got {text!r}")
         return values
     return parse
+
+
+def _add_storage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an fsspec option for URLs (s3://, gs://, ...), repeatable: values are JSON when they "
+                   "parse, dotted keys nest, e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000 or anon=true; "
+                   "fsspec's config and FSSPEC_<PROTOCOL>_* variables apply first")
 
 
 def _hw(text: str):
@@ -90,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                    help="parallel writer processes (default: the number of CPUs); the output "
                    "is byte-identical for any N")
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="write the shards on a Dask cluster instead: tcp://scheduler:8786, or local:N for a "
+                   "LocalCluster of N workers (pip install 'dsconvert[dask]'); the same bytes as a local run")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="do not decode every image once during conversion (faster; corrupt "
                    "images then surface at training time)")
@@ -116,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--force", action="store_true",
                    help="write even when the estimated output is larger than the free space")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
+    _add_storage_options(p)
     p.set_defaults(func=_cmd_shard)
 
     p = sub.add_parser(
@@ -137,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where a conversion would go: its free space decides which formats fit "
                    "(default: the current folder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _add_storage_options(p)
     p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser(
@@ -165,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="subset seed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.bench/1)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _add_storage_options(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
@@ -207,13 +221,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parallel hashing threads and decoding processes (default: the number of CPUs)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.verify/1)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _add_storage_options(p)
     p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser(
+        "cache", help="copy a remote output's shards to local SSD, verified",
+        description="Fetch every shard (and index) of the dsconvert output at URL into CACHE_DIR and verify "
+        "each against the manifest's sha256, in parallel. open_dataset(URL, cache_dir=CACHE_DIR) then reads "
+        "only the local copies; shards already cached and verified are not fetched again.")
+    p.add_argument("url", metavar="URL", help="a dsconvert output: s3://bucket/train-wds, gs://..., or a "
+                   "path on a network file system")
+    p.add_argument("cache_dir", metavar="CACHE_DIR", help="a folder on local SSD")
+    p.add_argument("--max-size", metavar="SIZE", help="the cache's cap, e.g. 500GB: training reads evict the "
+                   "least recently used shards beyond it (default: no cap)")
+    p.add_argument("--workers", type=_positive_int, default=8, metavar="N",
+                   help="shards fetched at once (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _add_storage_options(p)
+    p.set_defaults(func=_cmd_cache)
 
     p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
                        description="Print what OUT/dsconvert.json records: format, samples, "
                        "shards, classes and every skipped input with its reason.")
     p.add_argument("path", metavar="OUT", help="a dsconvert output folder")
     p.add_argument("--skipped", action="store_true", help="list every skipped input")
+    _add_storage_options(p)
     p.set_defaults(func=_cmd_info)
     return parser
 
@@ -230,13 +263,22 @@ def _skip_summary(manifest: Manifest, limit: int) -> List[str]:
 
 
 def _cmd_shard(args: argparse.Namespace) -> int:
+    if args.cluster:
+        from .cluster import cluster_executor
+
+        with cluster_executor(args.cluster) as executor:
+            return _shard(args, executor)
+    return _shard(args, None)
+
+
+def _shard(args: argparse.Namespace, executor: Any) -> int:
     result = convert(
         args.src, args.output, args.format, layout=args.layout,
         samples_per_shard=args.samples_per_shard, shard_size=args.shard_size,
         workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
         max_image_pixels=args.max_image_pixels, prefix=args.prefix, decode=args.decode,
         resize=args.resize, size=args.size, decoder=args.decoder, force=args.force,
-        progress=not args.quiet,
+        progress=not args.quiet, storage_options=parse_storage_options(args.storage_option), executor=executor,
     )
     m = result.manifest
     if not args.quiet:
@@ -266,12 +308,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analyze import analyze
     from .analyze.report import render_json, render_text
 
-    if not os.path.exists(args.src):
+    if not is_remote(args.src) and not os.path.exists(args.src):
         raise SourceError(f"source does not exist: {args.src}", args.src)
     log = _stderr_log(args)
     report = analyze(args.src, target=args.target, sample=args.sample, seed=args.seed,
                      time_budget=args.time_budget, output_dir=args.output_dir, log=log,
-                     progress=not args.quiet and sys.stderr.isatty())
+                     progress=not args.quiet and sys.stderr.isatty(),
+                     storage_options=parse_storage_options(args.storage_option))
     print(render_json(report) if args.json else render_text(report))
     return 0
 
@@ -282,7 +325,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     log = _stderr_log(args)
     caches = ("cold", "warm") if args.cache == "both" else (args.cache,)
     report = bench(args.paths, workers=args.workers, batch_sizes=args.batch_size, decode=args.decode,
-                   size=args.size, max_samples=args.max_samples, caches=caches, seed=args.seed, log=log)
+                   size=args.size, max_samples=args.max_samples, caches=caches, seed=args.seed, log=log,
+                   storage_options=parse_storage_options(args.storage_option))
     print(json.dumps(report, indent=1) if args.json else render_text(report))
     return 0
 
@@ -313,13 +357,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from .verify import EXIT_PROBLEMS, render_text, verify
 
     log = _stderr_log(args)
-    report = verify(args.path, decode=args.decode, source=args.source, workers=args.workers, log=log)
+    report = verify(args.path, decode=args.decode, source=args.source, workers=args.workers, log=log,
+                    storage_options=parse_storage_options(args.storage_option))
     print(json.dumps(report, indent=1) if args.json else render_text(report))
     return 0 if report["ok"] else EXIT_PROBLEMS
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from .cache import prefetch
+
+    report = prefetch(args.url, args.cache_dir, args.max_size, parse_storage_options(args.storage_option),
+                      args.workers, log=_stderr_log(args))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    elif not args.quiet:
+        rate = report["downloaded_bytes"] / report["seconds"] / 1e6 if report["seconds"] else 0.0
+        print(f"{report['shards']} shard(s) of {report['url']} in {report['cache_dir']}: {report['downloaded']} "
+              f"fetched ({format_size(report['downloaded_bytes'])}, {rate:,.0f} MB/s), {report['already_cached']} "
+              f"already cached; all verified against the manifest. Read them with open_dataset({report['url']!r}, "
+              f"cache_dir={report['cache_dir']!r})")
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
-    m = Manifest.load(args.path)
+    m = Manifest.load(args.path, parse_storage_options(args.storage_option))
     total = sum(s.bytes for s in m.shards)
     print(f"format:      {m.format} (schema {m.schema_version}, {m.created_by})")
     print(f"source:      {m.source.get('url')} ({m.source.get('layout')})")
@@ -342,14 +403,28 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+_STORAGE_LIBRARIES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs", "fsspec", "google")
+
+
+def _storage_error(exc: BaseException) -> bool:
+    """An error from a remote storage client (no endpoint, no credentials, access denied...)."""
+    return type(exc).__module__.split(".")[0] in _STORAGE_LIBRARIES or isinstance(exc, PermissionError)
+
+
 @contextlib.contextmanager
 def _errors_as_messages() -> Iterator[None]:
+    red = "\033[31m" if sys.stderr.isatty() and not os.environ.get("NO_COLOR") else ""
+    reset = "\033[0m" if red else ""
     try:
         yield
     except DsconvertError as exc:
-        red = "\033[31m" if sys.stderr.isatty() and not os.environ.get("NO_COLOR") else ""
-        reset = "\033[0m" if red else ""
         print(f"{red}dsconvert: error:{reset} {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except Exception as exc:
+        if not _storage_error(exc):
+            raise
+        print(f"{red}dsconvert: error:{reset} storage: {type(exc).__name__}: {exc} (check the URL, the "
+              "credentials and --storage-option, e.g. client_kwargs.endpoint_url=...)", file=sys.stderr)
         raise SystemExit(1) from None
 
 

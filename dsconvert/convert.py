@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
@@ -30,6 +31,7 @@ from .progress import progress_bar
 from .shards import CHANGED_DURING, ShardResult, ShardSpec, parse_size, plan_shards
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
+from .remote import Location, is_remote
 from .storage import free_bytes, mount_of
 
 __all__ = ["convert", "ConvertResult", "EXIT_SKIPPED"]
@@ -93,20 +95,21 @@ def _shaping_options(**options: Any) -> Dict[str, Any]:
 
 
 def _check_paths(src: str, out: str) -> None:
+    if is_remote(src) or is_remote(out):
+        if src.rstrip("/") == out.rstrip("/") or out.startswith(src.rstrip("/") + "/"):
+            raise DsconvertError(f"the output {out} is inside the source {src}; choose another folder", out)
+        return
     src_real, out_real = os.path.realpath(src), os.path.realpath(out)
     if os.path.isdir(src_real) and (out_real == src_real or out_real.startswith(src_real + os.sep)):
         raise DsconvertError(f"the output {out} is inside the source {src}; choose another folder", out)
 
 
-def _remove_previous(out_dir: str, manifest: Manifest) -> None:
+def _remove_previous(out: Location, manifest: Manifest) -> None:
+    out.remove(MANIFEST_NAME)  # first: the output is unfinished from here on
     writer = writer_class(manifest.format)
     for entry in manifest.shards:
         for name in writer.files_of(entry):
-            try:
-                os.unlink(os.path.join(out_dir, name))
-            except FileNotFoundError:
-                pass
-    os.unlink(os.path.join(out_dir, MANIFEST_NAME))
+            out.remove(name)
 
 
 def _shard_files(prefix: str) -> str:
@@ -114,20 +117,21 @@ def _shard_files(prefix: str) -> str:
     return rf"{re.escape(prefix)}-\d{{6}}\.[a-z0-9.]+"
 
 
-def _remove_stale(out_dir: str, prefix: str, keep: set) -> None:
+def _remove_stale(out: Location, prefix: str, keep: set) -> None:
     """Remove our shards and indexes that the current plan does not contain, and temp files
     left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.storage.atomic_write`)."""
     shard = _shard_files(prefix)
     stale = re.compile(rf"^{shard}$")
     temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)})\.\d+\.tmp$")
-    for name in os.listdir(out_dir):
+    for name in out.listdir():
         if temp.match(name) or (stale.match(name) and name not in keep):
-            os.unlink(os.path.join(out_dir, name))
+            out.remove(name)
 
 
-def _make_specs(source: Source, fmt: str, out_dir: str, prefix: str, samples_per_shard: int,
+def _make_specs(source: Source, fmt: str, out: Location, prefix: str, samples_per_shard: int,
                 shard_bytes: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
-                format_options: Dict[str, Any], bytes_ratio: float) -> List[ShardSpec]:
+                format_options: Dict[str, Any], bytes_ratio: float,
+                storage_options: Dict[str, Any]) -> List[ShardSpec]:
     """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels)."""
     writer = writer_class(fmt)
     sample_type = source.sample_type
@@ -135,8 +139,8 @@ def _make_specs(source: Source, fmt: str, out_dir: str, prefix: str, samples_per
     ranges = plan_shards(source.samples, samples_per_shard, max(1, shard_bytes - writer.overhead),
                          size_of=lambda s: int(writer.sample_bytes(s, classification) * bytes_ratio))
     return [
-        ShardSpec(fmt, i, writer.shard_name(prefix, i), source.root, out_dir, sample_type,
-                  tuple(source.samples[a:b]), verify, max_image_pixels, strict, format_options)
+        ShardSpec(fmt, i, writer.shard_name(prefix, i), source.root, out.url, sample_type,
+                  tuple(source.samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options)
         for i, (a, b) in enumerate(ranges)
     ]
 
@@ -164,7 +168,7 @@ def _is_out_of_space(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def _out_of_space_is_resumable(out_dir: str) -> Iterator[None]:
+def _out_of_space_is_resumable(out: Location) -> Iterator[None]:
     """A full disk mid-run is one clear error: what was written is complete (shards are
     renamed into place only when whole), and the same command resumes once there is room."""
     try:
@@ -172,11 +176,12 @@ def _out_of_space_is_resumable(out_dir: str) -> Iterator[None]:
     except OSError as exc:
         if not _is_out_of_space(exc):
             raise
-        point = mount_of(out_dir)[0]
+        local = tempfile.gettempdir() if out.remote else out.url  # remote shards are staged locally
+        point = mount_of(local)[0]
         raise InsufficientSpaceError(
-            f"no space left on {point} ({format_size(free_bytes(out_dir))} free) while writing {out_dir}: "
+            f"no space left on {point} ({format_size(free_bytes(local))} free) while writing {out.url}: "
             "finished shards are kept; free some room (or choose another --output) and run the same "
-            "command again to resume", out_dir) from None
+            "command again to resume", out.url) from None
 
 
 def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar) -> List[ShardResult]:
@@ -245,6 +250,7 @@ def convert(
     force: bool = False,
     executor: Optional[cf.Executor] = None,
     progress: bool = False,
+    storage_options: Optional[Dict[str, Any]] = None,
 ) -> ConvertResult:
     """Convert the dataset at ``src`` into ``format`` shards in ``out``; see the module doc.
 
@@ -258,6 +264,11 @@ def convert(
     decoded with ``decoder`` (``auto``: the fastest that loads; ``pil`` for Pillow's exact
     pixels). Before writing, the output's size is estimated and a file system without room
     for it refuses the conversion with :class:`InsufficientSpaceError` unless ``force``.
+
+    ``src`` and ``out`` may be URLs of anything fsspec reaches (``s3://bucket/train``), with
+    ``storage_options`` (credentials, endpoint) for them. Remote shards are staged on local
+    disk and uploaded whole, the manifest last. On object stores there is no lock against a
+    second conversion into the same prefix, and no free-space check.
     """
     if format not in FORMATS:
         raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
@@ -277,8 +288,9 @@ def convert(
     decoder_name = resolve_decoder(decoder) if decode else None
     shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
     workers = available_cpus() if workers is None else max(1, int(workers))
-    src_abs = os.path.abspath(src)
-    out_dir = os.path.abspath(out)
+    src_abs = src.rstrip("/") if is_remote(src) else os.path.abspath(src)
+    location = Location(out, storage_options)
+    out_dir = location.url
     _check_paths(src_abs, out_dir)
     options = _shaping_options(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
@@ -286,13 +298,14 @@ def convert(
         decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name,
     )
     started = time.perf_counter()
-    os.makedirs(out_dir, exist_ok=True)
-    with _OutputLock(out_dir), _out_of_space_is_resumable(out_dir):
-        if os.path.exists(os.path.join(out_dir, MANIFEST_NAME)):
-            previous = Manifest.load(out_dir)
+    location.makedirs()
+    lock = contextlib.nullcontext() if location.remote else _OutputLock(out_dir)
+    with lock, _out_of_space_is_resumable(location):
+        if location.exists(MANIFEST_NAME):
+            previous = Manifest.load(location)
             same = previous.options == options and previous.source.get("url") == src_abs
             if overwrite:
-                _remove_previous(out_dir, previous)
+                _remove_previous(location, previous)
             elif not same:
                 raise OutputExistsError(
                     f"{out_dir} already holds a finished conversion made with other options or "
@@ -302,7 +315,7 @@ def convert(
             # else inputs changed while it ran: rescan; shards whose inputs did not change are kept
 
         with progress_bar(progress, "scanning", unit=" files") as bar:
-            source = scan(src_abs, layout, progress=bar.update)
+            source = scan(src_abs, layout, progress=bar.update, storage_options=storage_options)
         if strict and source.skipped:
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)
@@ -315,7 +328,7 @@ def convert(
         classification = source.sample_type == "classification"
         estimate = estimate_output_bytes(source, decode, resize, size,
                                          stored_bytes=lambda s: writer.sample_bytes(s, classification))
-        if not force:  # each shard also has its own fixed part (a tar's end blocks, HDF5 headers)
+        if not force and not location.remote:  # each shard also has a fixed part (a tar's end, HDF5 headers)
             shards_at_least = -(-len(source.samples) // samples_per_shard)
             _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * writer.overhead,
                                                        estimate.sampled, estimate.exact), format)
@@ -324,15 +337,15 @@ def convert(
         if format == "hdf5":
             format_options["classes"] = source.classes
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes else 1.0
-        specs = _make_specs(source, format, out_dir, prefix, samples_per_shard, shard_bytes,
-                            verify, strict, max_image_pixels, format_options, ratio)
+        specs = _make_specs(source, format, location, prefix, samples_per_shard, shard_bytes,
+                            verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}))
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
             results = _run(specs, workers, executor, bar)
 
         keep = {name for r in results for name in writer.files_of(r.entry)}
-        _remove_stale(out_dir, prefix, keep)
+        _remove_stale(location, prefix, keep)
         manifest = _build_manifest(src_abs, source, format, results, options, decode)
-        manifest.save(out_dir)
+        manifest.save(location)
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,
                          time.perf_counter() - started)

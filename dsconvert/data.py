@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
+from .cache import ShardAccess
 from .formats import FORMATS, dataset_class
 from .manifest import Manifest
 
@@ -24,6 +24,10 @@ def open_dataset(
     transform: Optional[Callable] = None,
     target_transform: Optional[Callable] = None,
     decode: str = "pil",
+    *,
+    storage_options: Optional[Dict[str, Any]] = None,
+    cache_dir: Optional[str] = None,
+    cache_size: Union[int, str, None] = None,
     **options: Any,
 ) -> Any:
     """Open a dsconvert output as a Dataset, a drop-in for ``ImageFolder(root, transform)``.
@@ -41,11 +45,20 @@ def open_dataset(
     hdf5 and npy outputs are map-style (``len``, indexing; shuffle and DDP through the
     DataLoader's sampler, e.g. ``DistributedSampler``); decoded ones have no ``"raw"`` mode,
     and npy's ``"numpy"`` mode returns zero-copy, read-only views of the memory map.
+
+    ``path`` may be a URL fsspec reaches (``s3://bucket/train-wds``), with ``storage_options``.
+    Without ``cache_dir`` remote wds shards are read by concurrent ranged requests ahead of
+    use and hdf5 through fsspec's file objects; npy needs ``cache_dir``. With ``cache_dir`` (a
+    local SSD folder) every shard is fetched whole on first use, verified against the
+    manifest's sha256, and read from there after; ``cache_size`` caps it ("500GB"), evicting
+    the least recently used shards. Safe for any number of workers and ranks at once. A local
+    output on a network file system can be cached the same way.
     """
-    root = os.path.abspath(path)
-    manifest = Manifest.load(root)
+    access = ShardAccess(path, storage_options, cache_dir, cache_size)
+    manifest = Manifest.load(access.location)
+    root = access.location.url
     if manifest.format not in FORMATS:
         raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")
     cls = dataset_class(manifest.format)
     return cls(root, manifest, transform=transform, target_transform=target_transform,
-               decode=decode, **options)
+               decode=decode, access=access, **options)

@@ -34,10 +34,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from .errors import ManifestError
 from .keys import escape_path, unescape_path
+from .remote import Location, is_remote
 from .storage import atomic_write
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "write_json_atomic", "expect",
@@ -143,30 +144,37 @@ class Manifest:
             schema_version=version,
         )
 
-    def save(self, out_dir: str) -> str:
-        path = os.path.join(out_dir, MANIFEST_NAME)
-        write_json_atomic(path, self.to_dict())
-        return path
+    def save(self, out_dir: Union[str, Location]) -> str:
+        """Write the manifest into ``out_dir`` (a path, URL or Location), atomically."""
+        loc = out_dir if isinstance(out_dir, Location) else Location(out_dir)
+        loc.write_json(MANIFEST_NAME, self.to_dict())
+        return loc.url_of(MANIFEST_NAME)
 
     @classmethod
-    def load(cls, path: str) -> "Manifest":
-        """Load ``path`` (the manifest file, or the output folder holding it)."""
-        if os.path.isdir(path):
-            path = os.path.join(path, MANIFEST_NAME)
+    def load(cls, path: Union[str, Location], storage_options: Optional[Dict[str, Any]] = None) -> "Manifest":
+        """Load ``path``: the manifest file, or the output folder (path, URL or Location)
+        holding it."""
+        if isinstance(path, Location):
+            loc, name = path, MANIFEST_NAME
+        elif path.endswith(".json") and (is_remote(path) or not os.path.isdir(path)):
+            folder, name = path.rsplit("/", 1) if is_remote(path) else os.path.split(os.path.abspath(path))
+            loc = Location(folder, storage_options)
+        else:
+            loc, name = Location(path, storage_options), MANIFEST_NAME
+        where = loc.url_of(name)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = loc.read_bytes(name)
         except FileNotFoundError:
             raise ManifestError(
-                f"no {MANIFEST_NAME} at {os.path.dirname(path) or '.'}: not a dsconvert output, "
+                f"no {MANIFEST_NAME} at {loc.url}: not a dsconvert output, "
                 "or its conversion has not finished (run the same `dsconvert shard` command again)",
-                path,
+                where,
             ) from None
         try:
             d = json.loads(raw)
         except ValueError as exc:
-            raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
-        return cls.from_dict(d, where=path)
+            raise ManifestError(f"{where}: not valid JSON ({exc})", where) from None
+        return cls.from_dict(d, where=where)
 
 
 def _shard_entry(s: Any, where: str, at: str) -> ShardEntry:

@@ -14,15 +14,16 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .codecs import check_field
 from .errors import BadInputError, ManifestError
 from .keys import escape_path
-from .manifest import ShardEntry, expect, is_int, is_str_list, write_json_atomic
+from .manifest import ShardEntry, expect, is_int, is_str_list
+from .remote import Location, filesystem, is_remote
 from .source import Sample, Skipped
 
-__all__ = ["ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_sample", "CHANGED_DURING"]
+__all__ = ["ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_samples", "CHANGED_DURING"]
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,12 @@ class ShardSpec:
     max_image_pixels: Optional[int] = None
     strict: bool = False
     options: Dict[str, Any] = field(default_factory=dict)  # format-specific (decode, resize...)
+    storage_options: Dict[str, Any] = field(default_factory=dict)  # for remote root/out_dir (credentials...)
 
     def digest(self) -> str:
         d = asdict(self)
-        for volatile in ("out_dir", "strict"):  # where it goes and how errors end: not content
-            d.pop(volatile)
+        for volatile in ("out_dir", "strict", "storage_options"):  # where it goes, how errors end, how to
+            d.pop(volatile)                                         # reach it: not content
         blob = json.dumps(d, sort_keys=True, ensure_ascii=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -93,16 +95,30 @@ def parse_size(text: str) -> int:
 
 
 CHANGED_DURING = "changed during the conversion"  # a skip reason that a rerun undoes
+REMOTE_BATCH_FILES = 64  # remote sources: files fetched concurrently per request batch
+REMOTE_BATCH_BYTES = 64 << 20
+
+Fetched = Union[Dict[str, bytes], BadInputError]
 
 
-def read_sample(spec: ShardSpec, sample: Sample) -> Dict[str, bytes]:
-    """Read and check every file of a sample; raise BadInputError naming the bad file.
-
-    A file whose size or mtime is no longer what the scan saw changed during the conversion:
-    its bytes may be torn, and the shard's spec digest (which holds the scanned stats) would
-    not describe it. It is skipped with that reason; running the same command again rescans,
-    and the shard is rewritten with the file included."""
+def _checked(spec: ShardSpec, sample: Sample, contents: Dict[str, Tuple[bytes, bool]]) -> Fetched:
+    """Fields of a sample from (bytes, still as scanned) per file; the first bad file decides."""
     fields: Dict[str, bytes] = {}
+    for f in sample.files:
+        data, unchanged = contents[f.path]
+        if not unchanged or len(data) != f.size:
+            return BadInputError(f"{CHANGED_DURING} (size or mtime differs from the scan); run the same "
+                                 "command again to include it", escape_path(f.path))
+        try:
+            check_field(f.field, data, spec.verify, spec.max_image_pixels)
+        except BadInputError as exc:
+            return BadInputError(exc.reason, escape_path(f.path))
+        fields[f.field] = data
+    return fields
+
+
+def _read_local(spec: ShardSpec, sample: Sample) -> Fetched:
+    contents: Dict[str, Tuple[bytes, bool]] = {}
     for f in sample.files:
         path = f.path if os.path.isabs(f.path) else os.path.join(spec.root, f.path)
         try:
@@ -110,16 +126,50 @@ def read_sample(spec: ShardSpec, sample: Sample) -> Dict[str, bytes]:
                 data = fh.read()
                 st = os.fstat(fh.fileno())
         except OSError as exc:
-            raise BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path)) from None
-        if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns or len(data) != f.size:
-            raise BadInputError(f"{CHANGED_DURING} (size or mtime differs from the scan); run the same "
-                                "command again to include it", escape_path(f.path))
-        try:
-            check_field(f.field, data, spec.verify, spec.max_image_pixels)
-        except BadInputError as exc:
-            raise BadInputError(exc.reason, escape_path(f.path)) from None
-        fields[f.field] = data
-    return fields
+            return BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path))
+        contents[f.path] = (data, st.st_size == f.size and st.st_mtime_ns == f.mtime_ns)
+    return _checked(spec, sample, contents)
+
+
+def _remote_batches(spec: ShardSpec) -> Iterator[List[Sample]]:
+    batch: List[Sample] = []
+    nbytes = 0
+    for sample in spec.samples:
+        batch.append(sample)
+        nbytes += sample.nbytes
+        if sum(len(s.files) for s in batch) >= REMOTE_BATCH_FILES or nbytes >= REMOTE_BATCH_BYTES:
+            yield batch
+            batch, nbytes = [], 0
+    if batch:
+        yield batch
+
+
+def read_samples(spec: ShardSpec) -> Iterator[Tuple[Sample, Fetched]]:
+    """Each sample of the spec with its checked fields, or the BadInputError naming its bad file.
+
+    Local sources are read file by file (with fstat: a file whose size or mtime differs from
+    the scan changed during the conversion). Remote sources are fetched in batches of
+    concurrent GETs (``fs.cat`` of many paths), since each request pays a round trip; there
+    only the size can be compared with the scan."""
+    if not is_remote(spec.root):
+        for sample in spec.samples:
+            yield sample, _read_local(spec, sample)
+        return
+    fs, base = filesystem(spec.root, spec.storage_options)
+    for batch in _remote_batches(spec):
+        paths = {f.path: f"{base}/{f.path}" for s in batch for f in s.files}
+        got = fs.cat(list(paths.values()), on_error="return")
+        for sample in batch:
+            contents: Dict[str, Tuple[bytes, bool]] = {}
+            failed: Optional[BadInputError] = None
+            for f in sample.files:
+                data = got.get(paths[f.path])
+                if not isinstance(data, bytes):
+                    reason = "no longer there" if isinstance(data, FileNotFoundError) else f"unreadable: {data}"
+                    failed = BadInputError(reason, escape_path(f.path))
+                    break
+                contents[f.path] = (data, True)
+            yield sample, failed or _checked(spec, sample, contents)
 
 
 RECORD_SCHEMA = 1
@@ -159,14 +209,17 @@ class ShardRecord:
         d.update(extra)
         return cls(d)
 
-    def save(self, path: str) -> None:
-        write_json_atomic(path, self.d)
+    def save(self, out: Location, name: str) -> None:
+        out.write_json(name, self.d)
 
     @classmethod
-    def load(cls, path: str, fmt: str) -> "ShardRecord":
+    def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> "ShardRecord":
+        """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere)."""
         try:
-            with open(path, "rb") as f:
-                d = json.loads(f.read())
+            if data is None:
+                with open(path, "rb") as f:
+                    data = f.read()
+            d = json.loads(data)
         except ValueError as exc:
             raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
         if not isinstance(d, dict) or d.get("format") != fmt or not is_int(d.get("schema_version")):

@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import csv
 import errno
+import io
 import json
 import os
 import stat as stat_mod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .codecs import IMAGE_EXTENSIONS, is_image_field
 from .errors import SourceError
 from .keys import disambiguate, encode_key
+from .remote import filesystem, is_remote, mtime_ns_of
 
 __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
            "looks_like_image_folder", "is_ignored"]
@@ -263,10 +266,10 @@ def looks_like_image_folder(dirs: Sequence[FolderListing]) -> bool:
     return any(is_image_field(_split_ext(n)[1]) for d in dirs[1:] for n, _, _ in d.files)
 
 
-def _read_list(path: str) -> List[Tuple[int, str, str]]:
-    """Rows of a list file as (line number, path, label text)."""
+def _read_list(path: str, text: str) -> List[Tuple[int, str, str]]:
+    """Rows of a list file's ``text`` as (line number, path, label text)."""
     rows: List[Tuple[int, str, str]] = []
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(text, newline="") as f:
         if path.lower().endswith((".jsonl", ".ndjson")):
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -291,9 +294,47 @@ def _read_list(path: str) -> List[Tuple[int, str, str]]:
     return rows
 
 
-def _list(list_path: str) -> Source:
-    base = os.path.dirname(list_path)
-    rows = _read_list(list_path)
+def _stat_local(base: str, rels: Sequence[str]) -> List[Union[Tuple[int, int], str]]:
+    out: List[Union[Tuple[int, int], str]] = []
+    for rel in rels:
+        try:
+            st = os.stat(rel if os.path.isabs(rel) else os.path.join(base, rel))
+        except OSError as exc:
+            out.append(exc.strerror.lower())
+            continue
+        out.append((st.st_size, st.st_mtime_ns) if stat_mod.S_ISREG(st.st_mode) else "not a regular file")
+    return out
+
+
+def _stat_remote(fs: Any, base: str, rels: Sequence[str]) -> List[Union[Tuple[int, int], str]]:
+    """Each entry's (size, mtime_ns), many requests at once (each one is a round trip)."""
+    def one(rel: str) -> Union[Tuple[int, int], str]:
+        if rel.startswith("/") or "://" in rel:
+            return "absolute paths are not supported in a remote list file"
+        try:
+            info = fs.info(f"{base}/{rel}")
+        except FileNotFoundError:
+            return "no such file or directory"
+        except OSError as exc:
+            return f"unreadable: {exc}"
+        return (int(info.get("size") or 0), mtime_ns_of(info)) if info.get("type") == "file" else "not a regular file"
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        return list(pool.map(one, rels))
+
+
+def _list(list_path: str, storage_options: Optional[Dict[str, Any]] = None) -> Source:
+    if is_remote(list_path):
+        fs, path = filesystem(list_path, storage_options)
+        base = list_path.rsplit("/", 1)[0]
+        text = fs.cat_file(path).decode("utf-8")
+        stat = lambda rels: _stat_remote(fs, path.rsplit("/", 1)[0], rels)  # noqa: E731
+    else:
+        base = os.path.dirname(list_path)
+        with open(list_path, encoding="utf-8", newline="") as f:
+            text = f.read()
+        stat = lambda rels: _stat_local(base, rels)  # noqa: E731
+    rows = _read_list(list_path, text)
     if not rows:
         raise SourceError(f"the list file {list_path} has no entries", list_path)
     labels = [label for _, _, label in rows]
@@ -308,22 +349,18 @@ def _list(list_path: str) -> Source:
     width = max(6, len(str(len(rows) - 1)))
     samples: List[Sample] = []
     skipped: List[Skipped] = []
+    images = []
     for i, (lineno, rel, label) in enumerate(rows):
-        full = rel if os.path.isabs(rel) else os.path.join(base, rel)
-        ext = _split_ext(os.path.basename(rel))[1]
-        if not is_image_field(ext):
+        ext = _split_ext(rel.rsplit("/", 1)[-1])[1]
+        if is_image_field(ext):
+            images.append((i, lineno, rel, label, ext.lower()))
+        else:
             skipped.append(Skipped(rel, f"line {lineno}: not an image file"))
+    for (i, lineno, rel, label, ext), st in zip(images, stat([img[2] for img in images])):
+        if isinstance(st, str):
+            skipped.append(Skipped(rel, f"line {lineno}: {st}"))
             continue
-        try:
-            st = os.stat(full)
-        except OSError as exc:
-            skipped.append(Skipped(rel, f"line {lineno}: {exc.strerror.lower()}"))
-            continue
-        if not stat_mod.S_ISREG(st.st_mode):
-            skipped.append(Skipped(rel, f"line {lineno}: not a regular file"))
-            continue
-        files = (SourceFile(ext.lower(), rel, st.st_size, st.st_mtime_ns),)
-        samples.append(Sample(f"{i:0{width}d}", files, label_index[label]))
+        samples.append(Sample(f"{i:0{width}d}", (SourceFile(ext, rel, st[0], st[1]),), label_index[label]))
     return Source(base, "list", samples, classes, skipped, [])
 
 
@@ -335,13 +372,45 @@ def _is_int(text: str) -> bool:
         return False
 
 
-def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None) -> Source:
-    """Scan ``src`` (a folder, or a list file) into a :class:`Source`, reading no contents.
+class _Listed:
+    """What a listing left out (the walkers' ``skipped`` and ``ignored``)."""
+
+    def __init__(self) -> None:
+        self.skipped: List[Skipped] = []
+        self.ignored: List[Skipped] = []
+
+
+def _remote_dirs(fs: Any, root: str, progress: Optional[ProgressFn]) -> Tuple[List[FolderListing], _Listed]:
+    """Folder listings of a remote tree from one batched listing (``find``: S3 lists up to
+    1000 keys per request, every folder at once), root first."""
+    listed = _Listed()
+    folders: Dict[str, List[Tuple[str, int, int]]] = {"": []}
+    for full, info in sorted(fs.find(root, withdirs=False, detail=True).items()):
+        rel = full[len(root):].strip("/")
+        if not rel:
+            continue
+        if any(is_ignored(part) for part in rel.split("/")):
+            listed.ignored.append(Skipped(rel, "hidden file or OS metadata"))
+            continue
+        folder, _, name = rel.rpartition("/")
+        folders.setdefault(folder, []).append((name, int(info.get("size") or 0), mtime_ns_of(info)))
+    dirs = [FolderListing(rel, sorted(files)) for rel, files in sorted(folders.items())]
+    if progress is not None:
+        progress(sum(len(d.files) for d in dirs))
+    return dirs, listed
+
+
+def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
+         storage_options: Optional[Dict[str, Any]] = None) -> Source:
+    """Scan ``src`` (a folder or list file: a path, or a URL fsspec reaches) into a
+    :class:`Source`, reading no contents.
 
     ``progress`` is called with the number of files found in each folder walked.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    if is_remote(src):
+        return _scan_remote(src.rstrip("/"), layout, progress, storage_options)
     if not os.path.exists(src):
         raise SourceError(f"source does not exist: {src}", src)
     src = os.path.abspath(src)
@@ -356,7 +425,27 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None) 
     if layout == "list":
         raise SourceError(f"layout 'list' needs a list file, and {src} is a folder", src)
     walker = _Walker(src, progress)
-    dirs = walker.walk()
+    return _from_listing(src, layout, walker, walker.walk())
+
+
+def _scan_remote(url: str, layout: str, progress: Optional[ProgressFn],
+                 storage_options: Optional[Dict[str, Any]]) -> Source:
+    fs, root = filesystem(url, storage_options)
+    try:
+        info = fs.info(root)
+    except FileNotFoundError:
+        raise SourceError(f"source does not exist: {url}", url) from None
+    if info.get("type") == "file":
+        if layout in ("auto", "list") and url.lower().endswith(LIST_SUFFIXES):
+            return _list(url, storage_options)
+        raise SourceError(f"{url} is a file; a list source must end in {', '.join(LIST_SUFFIXES)}", url)
+    if layout == "list":
+        raise SourceError(f"layout 'list' needs a list file, and {url} is a folder", url)
+    dirs, listed = _remote_dirs(fs, root, progress)
+    return _from_listing(url, layout, listed, dirs)
+
+
+def _from_listing(src: str, layout: str, walker: Any, dirs: List[FolderListing]) -> Source:
     if layout == "auto":
         layout = "imagefolder" if looks_like_image_folder(dirs) else "flat"
     if layout == "imagefolder":

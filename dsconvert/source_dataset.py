@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ._torch import lazy_module_attr
 from .codecs import DECODE_MODES, decode_field, decode_image
+from .remote import Location
 from .source import Source, scan
 
 __all__ = ["SourceDataset", "open_source"]  # noqa: F822 (SourceDataset: see __getattr__)
@@ -22,10 +23,12 @@ class _SourceDataset:
     """Map-style dataset over a scanned source; see the module doc."""
 
     def __init__(self, source: Source, transform: Optional[Callable] = None,
-                 target_transform: Optional[Callable] = None, decode: str = "pil"):
+                 target_transform: Optional[Callable] = None, decode: str = "pil",
+                 storage_options: Optional[Dict[str, Any]] = None):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         self.source = source
+        self.location = Location(source.root, storage_options)  # remote sources: one GET per file
         self.transform = transform
         self.target_transform = target_transform
         self.decode = decode
@@ -37,17 +40,20 @@ class _SourceDataset:
         return len(self.source.samples)
 
     def paths(self, index: int) -> List[str]:
-        """The files sample ``index`` is read from."""
-        root = self.source.root
-        return [f.path if os.path.isabs(f.path) else os.path.join(root, f.path)
+        """The files sample ``index`` is read from (paths, or URLs for remote sources)."""
+        return [f.path if os.path.isabs(f.path) else self.location.url_of(f.path)
                 for f in self.source.samples[index].files]
+
+    def _read(self, rel: str) -> bytes:
+        if os.path.isabs(rel) or not self.location.remote:
+            with open(rel if os.path.isabs(rel) else self.location.url_of(rel), "rb") as f:
+                return f.read()
+        return self.location.read_bytes(rel)
 
     def __getitem__(self, index: int) -> Any:
         sample = self.source.samples[index]
-        paths = self.paths(index)
         if self.classification:
-            with open(paths[0], "rb") as f:
-                image = decode_image(f.read(), self.decode)
+            image = decode_image(self._read(sample.files[0].path), self.decode)
             label = sample.label
             if self.transform is not None:
                 image = self.transform(image)
@@ -55,19 +61,19 @@ class _SourceDataset:
                 label = self.target_transform(label)
             return image, label
         out: Dict[str, Any] = {"__key__": sample.key}
-        for file, path in zip(sample.files, paths):
-            with open(path, "rb") as f:
-                out[file.field] = decode_field(file.field, f.read(), self.decode)
+        for file in sample.files:
+            out[file.field] = decode_field(file.field, self._read(file.path), self.decode)
         return self.transform(out) if self.transform is not None else out
 
 
 def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
-                decode: str = "pil", layout: str = "auto") -> Any:
-    """Scan ``src`` and return it as a :class:`SourceDataset` (no conversion)."""
+                decode: str = "pil", layout: str = "auto", storage_options: Optional[Dict[str, Any]] = None) -> Any:
+    """Scan ``src`` (a path or URL) and return it as a :class:`SourceDataset` (no conversion)."""
     from . import source_dataset
 
-    return source_dataset.SourceDataset(scan(src, layout), transform=transform,
-                                        target_transform=target_transform, decode=decode)
+    return source_dataset.SourceDataset(scan(src, layout, storage_options=storage_options), transform=transform,
+                                        target_transform=target_transform, decode=decode,
+                                        storage_options=storage_options)
 
 
 # SourceDataset subclasses torch's Dataset when torch is installed, made on first use

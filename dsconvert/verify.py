@@ -24,9 +24,12 @@ A manifest that cannot be read at all is an error (ManifestError).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import tarfile
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -34,9 +37,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import BadInputError, DsconvertError, ManifestError
 from .formats import FORMATS, writer_class
-from .formats._base import file_sha256
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest, ShardEntry
+from .remote import Location, is_remote
 from .shards import ShardRecord
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
@@ -54,23 +57,30 @@ class Problem:
     severity: str = "error"  # or "warning"
 
 
-def _load_record(out: str, fmt: str, entry: ShardEntry) -> ShardRecord:
+def _load_record(out: Location, fmt: str, entry: ShardEntry) -> ShardRecord:
     name = entry.index or writer_class(fmt).index_name(entry.name)
-    path = os.path.join(out, name)
+    data = out.read_bytes(name)
     if fmt == "wds":
         from .formats.wds import load_record
 
-        return load_record(path)
-    return ShardRecord.load(path, fmt)
+        return load_record(out.url_of(name), data)
+    return ShardRecord.load(out.url_of(name), fmt, data)
+
+
+def _sha256(out: Location, name: str) -> str:
+    h = hashlib.sha256()
+    with out.open(name, block_size=8 << 20) as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _unsafe_name(name: str) -> bool:
     return name.startswith("/") or name.startswith("\\") or ".." in re.split(r"[/\\]", name)
 
 
-def _check_tar(path: str, record: ShardRecord) -> List[Problem]:
+def _check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
     """The tar's own headers against the index; unsafe members; nothing extracted."""
-    name = os.path.basename(path)
     problems: List[Problem] = []
     expected: Dict[str, Tuple[int, int]] = {}
     for field, col in record.d["members"].items():
@@ -79,7 +89,7 @@ def _check_tar(path: str, record: ShardRecord) -> List[Problem]:
                 expected[f"{key}.{field}"] = (offset, size)
     seen = set()
     try:
-        with tarfile.open(path, "r:") as tf:  # headers only; data is never extracted
+        with out.open(name) as raw, tarfile.open(fileobj=raw, mode="r:") as tf:  # headers; nothing extracted
             for m in tf:
                 if _unsafe_name(m.name):
                     problems.append(Problem("unsafe-member", name, f"member {m.name!r} has an unsafe path "
@@ -105,42 +115,49 @@ def _check_tar(path: str, record: ShardRecord) -> List[Problem]:
     return problems
 
 
-def _check_npy(out: str, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+    import io
+
     import numpy as np
 
     from .formats.npy import SAMPLE_DTYPE, NpyWriter
 
     rows_name = NpyWriter.rows_name(entry.name)
     try:
-        pixels = np.load(os.path.join(out, entry.name), mmap_mode="r", allow_pickle=False)
-        rows = np.load(os.path.join(out, rows_name), allow_pickle=False)
+        head = io.BytesIO(out.read_range(entry.name, 0, 4096))  # the .npy header says the pixels' shape
+        np.lib.format.read_magic(head)
+        shape, _, dtype = np.lib.format.read_array_header_1_0(head)
+        rows_bytes = out.read_bytes(rows_name)
+        rows = np.load(io.BytesIO(rows_bytes), allow_pickle=False)
     except (OSError, ValueError) as exc:
         return [Problem("structure", entry.name, f"not loadable as .npy: {exc}")]
     problems = []
-    if pixels.dtype != np.uint8 or pixels.ndim != 1:
-        problems.append(Problem("structure", entry.name, f"pixels are {pixels.dtype} {pixels.shape}, not 1-D uint8"))
+    if dtype != np.uint8 or len(shape) != 1 or head.tell() + shape[0] != entry.bytes:
+        problems.append(Problem("structure", entry.name, f"pixels are {dtype} {shape}, not 1-D uint8 filling the file"))
+        return problems
+    pixels_len = shape[0]
     if rows.dtype != SAMPLE_DTYPE or len(rows) != entry.num_samples:
         problems.append(Problem("structure", rows_name, f"{len(rows)} rows of {rows.dtype}, expected "
                                 f"{entry.num_samples} of {SAMPLE_DTYPE}"))
         return problems
     extent = rows["offset"] + rows["height"].astype(np.int64) * rows["width"] * rows["channels"]
     bad = (rows["offset"] < 0) | (rows["height"] < 1) | (rows["width"] < 1) | ~np.isin(rows["channels"], (1, 3, 4)) \
-        | (extent > len(pixels))
+        | (extent > pixels_len)
     if bad.any():
         problems.append(Problem("structure", rows_name, f"{int(bad.sum())} row(s) point outside the pixels or have "
                                 f"impossible shapes (first: sample {int(np.argmax(bad))})"))
     want = record.d.get("samples_sha256")
-    if want and file_sha256(os.path.join(out, rows_name)) != want:
+    if want and hashlib.sha256(rows_bytes).hexdigest() != want:
         problems.append(Problem("checksum", rows_name, "sha256 differs from the one recorded"))
     return problems
 
 
-def _check_hdf5(out: str, entry: ShardEntry) -> List[Problem]:
+def _check_hdf5(out: Location, entry: ShardEntry) -> List[Problem]:
     from .optional import require
 
     h5py = require("h5py", "verifying hdf5 shards")
     try:
-        with h5py.File(os.path.join(out, entry.name), "r") as f:
+        with out.open(entry.name) as raw, h5py.File(raw, "r") as f:
             if f.attrs.get("dsconvert_format") != "hdf5":
                 return [Problem("structure", entry.name, "no dsconvert_format='hdf5' attribute")]
             problems = []
@@ -153,19 +170,19 @@ def _check_hdf5(out: str, entry: ShardEntry) -> List[Problem]:
         return [Problem("structure", entry.name, f"not a readable HDF5 file: {exc}")]
 
 
-def _check_shard(out: str, manifest: Manifest, entry: ShardEntry) -> Tuple[List[Problem], int, Optional[ShardRecord]]:
+def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[List[Problem], int,
+                                                                           Optional[ShardRecord]]:
     """(problems, bytes hashed, record) for one shard."""
     fmt = manifest.format
-    path = os.path.join(out, entry.name)
     try:
-        size = os.path.getsize(path)
+        size = out.size(entry.name)
     except OSError:
         return [Problem("missing-file", entry.name, "the shard is missing")], 0, None
     problems: List[Problem] = []
     if size != entry.bytes:
         problems.append(Problem("size", entry.name, f"{size} bytes, the manifest says {entry.bytes} (truncated or "
                                 "rewritten)"))
-    digest = file_sha256(path)
+    digest = _sha256(out, entry.name)
     if digest != entry.sha256:
         problems.append(Problem("checksum", entry.name, f"sha256 {digest[:16]}... differs from the manifest's "
                                 f"{entry.sha256[:16]}..."))
@@ -186,7 +203,7 @@ def _check_shard(out: str, manifest: Manifest, entry: ShardEntry) -> Tuple[List[
             problems.append(Problem("record", entry.name, f"{len(bad)} label(s) outside the {len(manifest.classes)} "
                                     f"classes (first: {bad[0]})"))
     if fmt == "wds" and not problems:
-        problems += _check_tar(path, record)
+        problems += _check_tar(out, entry.name, record)
     elif fmt == "npy":
         problems += _check_npy(out, entry, record)
     elif fmt == "hdf5":
@@ -194,13 +211,16 @@ def _check_shard(out: str, manifest: Manifest, entry: ShardEntry) -> Tuple[List[
     return problems, size, record
 
 
-def _decode_shard(out: str, fmt: str, k: int) -> Tuple[int, List[Tuple[str, str]]]:
+def _decode_shard(out_url: str, fmt: str, k: int, storage_options: Dict[str, Any],
+                  cache_dir: Optional[str]) -> Tuple[int, List[Tuple[str, str]]]:
     """(samples read, [(key, reason)]) for shard ``k``: every sample through the format's
     reader, every image decoded in full. Runs in a worker process."""
     from PIL import Image
 
+    from .cache import ShardAccess
     from .codecs import check_field, check_image, field_kind
 
+    out = Location(out_url, storage_options)
     manifest = Manifest.load(out)
     entry = manifest.shards[k]
     record = _load_record(out, fmt, entry)
@@ -219,7 +239,7 @@ def _decode_shard(out: str, fmt: str, k: int) -> Tuple[int, List[Tuple[str, str]
     if fmt == "wds":
         from .formats.wds import _OpenShard
 
-        shard = _OpenShard(out, entry, 1 << 31)
+        shard = _OpenShard(ShardAccess(out_url, storage_options), entry, 1 << 31)
         shard.open(0, entry.num_samples, prefetch=False)
         try:
             for i, key in enumerate(record.keys):
@@ -230,7 +250,8 @@ def _decode_shard(out: str, fmt: str, k: int) -> Tuple[int, List[Tuple[str, str]
         return entry.num_samples, failures
     from .data import open_dataset
 
-    ds = open_dataset(out, decode="numpy" if manifest.stored == "decoded" else "raw")
+    ds = open_dataset(out_url, decode="numpy" if manifest.stored == "decoded" else "raw",
+                      storage_options=storage_options, cache_dir=cache_dir)
     start = sum(s.num_samples for s in manifest.shards[:k])
     image_field = next((f for f, kind in manifest.fields.items() if kind == "image"), "jpg")
     for j, key in enumerate(record.keys):
@@ -247,12 +268,14 @@ def _decode_shard(out: str, fmt: str, k: int) -> Tuple[int, List[Tuple[str, str]
     return entry.num_samples, failures
 
 
-def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str) -> Dict[str, Any]:
+def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
+                 storage_options: Dict[str, Any]) -> Dict[str, Any]:
     """Missing, extra and changed source files against what the output accounts for."""
     from .source import scan
 
     layout = manifest.source.get("layout", "auto")
-    source = scan(src, layout if layout in ("imagefolder", "flat", "list") else "auto")
+    source = scan(src, layout if layout in ("imagefolder", "flat", "list") else "auto",
+                  storage_options=storage_options)
     now: Dict[str, Tuple[int, int]] = {}
     for sample in source.samples:
         for f in sample.files:
@@ -279,14 +302,17 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str) -> Di
 
 
 def verify(out: str, decode: bool = False, source: Optional[str] = None, workers: Optional[int] = None,
-           log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-    """Verify the output at ``out``; see the module doc. Returns the report (schema
-    ``dsconvert.verify``, version 1)."""
+           log: Optional[Callable[[str], None]] = None,
+           storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Verify the output at ``out`` (a path or a URL, with ``storage_options``); see the
+    module doc. Returns the report (schema ``dsconvert.verify``, version 1)."""
     from .convert import _shard_files, available_cpus
 
     say = log or (lambda msg: None)
-    out = os.path.abspath(out)
-    manifest = Manifest.load(out)
+    location = Location(out, storage_options)
+    out = location.url
+    storage_options = dict(storage_options or {})
+    manifest = Manifest.load(location)
     if manifest.format not in FORMATS:
         raise ManifestError(f"{out}: format {manifest.format!r} is not one this dsconvert reads", out)
     workers = workers or available_cpus()
@@ -296,7 +322,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     hashed = 0
     say(f"checking {len(manifest.shards)} shard(s) against {MANIFEST_NAME}")
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # hashing releases the GIL
-        for found, nbytes, record in pool.map(lambda e: _check_shard(out, manifest, e), manifest.shards):
+        for found, nbytes, record in pool.map(lambda e: _check_shard(location, manifest, e), manifest.shards):
             problems += found
             hashed += nbytes
             records.append(record)
@@ -304,7 +330,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     listed = {n for e in manifest.shards for n in writer_class(manifest.format).files_of(e)}
     prefix = manifest.options.get("prefix", "shard")
     pattern = re.compile(rf"^{_shard_files(prefix)}$")
-    for name in sorted(os.listdir(out)):
+    for name in location.listdir():
         if pattern.match(name) and name not in listed:
             problems.append(Problem("extra-file", name, "a shard file the manifest does not list (left by "
                                     "another conversion?)", "warning"))
@@ -320,12 +346,19 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
         failures: List[Tuple[str, str]] = []
         decoded = 0
         t = time.perf_counter()
-        if workers > 1 and len(readable) > 1:
-            with ProcessPoolExecutor(max_workers=min(workers, len(readable))) as pool:
-                results = list(pool.map(_decode_shard, [out] * len(readable), [manifest.format] * len(readable),
-                                        readable))
-        else:
-            results = [_decode_shard(out, manifest.format, k) for k in readable]
+        # remote npy caches are memory-mapped from a local copy: a temporary cache for the pass
+        scratch = tempfile.mkdtemp(prefix="dsconvert-verify-") if location.remote and manifest.format == "npy" else None
+        n = len(readable)
+        try:
+            if workers > 1 and n > 1:
+                with ProcessPoolExecutor(max_workers=min(workers, n)) as pool:
+                    results = list(pool.map(_decode_shard, [out] * n, [manifest.format] * n, readable,
+                                            [storage_options] * n, [scratch] * n))
+            else:
+                results = [_decode_shard(out, manifest.format, k, storage_options, scratch) for k in readable]
+        finally:
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
         for n, fails in results:
             decoded += n
             failures += fails
@@ -334,10 +367,10 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
         report["decode"] = {"samples": decoded, "failed": len(failures), "seconds": time.perf_counter() - t,
                             "skipped_shards": len(manifest.shards) - len(readable)}
     if source is not None:
-        if not os.path.exists(source):
+        if not is_remote(source) and not os.path.exists(source):
             raise DsconvertError(f"source does not exist: {source}", source)
         say(f"comparing with the source {source}")
-        diff = _source_diff(manifest, [r for r in records if r is not None], source)
+        diff = _source_diff(manifest, [r for r in records if r is not None], source, storage_options)
         report["source"] = diff
         for kind in ("missing", "extra", "changed"):
             for p in diff[kind]:

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 with atheris.instrument_imports():
     from dsconvert import Manifest, ManifestError
+    from dsconvert.cache import ShardAccess
     from dsconvert.formats.wds import _OpenShard, load_record
 
 
@@ -102,7 +103,7 @@ def record_harness():
             json.dump(mutate(fdp, doc), f)
         try:
             load_record(index)
-            shard = _OpenShard(out, entry, 1 << 20)
+            shard = _OpenShard(ShardAccess(out), entry, 1 << 20)
         except ManifestError:
             return
         shard.open(0, len(shard.index.keys), prefetch=fdp.ConsumeBool())

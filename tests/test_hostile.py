@@ -12,7 +12,7 @@ from PIL import Image
 
 from dsconvert import BadInputError, ManifestError, convert, open_dataset
 
-from conftest import encode, make_image_folder, write
+from conftest import make_image_folder, write
 from test_convert import _png_bomb
 
 

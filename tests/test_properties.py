@@ -190,6 +190,7 @@ def test_fuzz_manifest_bytes(blob):
 def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
     """A mutated shard index is refused with ManifestError, or read without any other error:
     every member slice stays inside the shard."""
+    from dsconvert.cache import ShardAccess
     from dsconvert.formats.wds import _OpenShard, load_record
 
     manifest = Manifest.load(real_output)
@@ -201,7 +202,7 @@ def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
             json.dump(mutate(data, doc), f)
         try:
             load_record(os.path.join(tmp, entry.index))
-            shard = _OpenShard(tmp, entry, 1 << 20)
+            shard = _OpenShard(ShardAccess(tmp), entry, 1 << 20)
         except ManifestError:
             return
         shard.open(0, len(shard.index.keys), prefetch=data.draw(st.booleans()))

@@ -16,10 +16,11 @@ from typing import Any, Callable, Dict, List, Optional
 from ..codecs import field_kind, jpeg_decoders, resized_shape
 from ..convert import available_cpus
 from ..progress import progress_bar
+from ..remote import filesystem, is_remote, protocol_of
 from ..source import CLASSIFICATION_LAYOUTS
 from ..storage import free_bytes, storage_kind
 from .inventory import Inventory, take_inventory
-from .measure import (concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
+from .measure import (LOCAL, Reader, concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
                       memory_bandwidth, read_pass, stall_rates)
 from .sampling import stratified_sample
 from .verdict import Measurements, Verdict, decide
@@ -38,42 +39,66 @@ def _files_per_sample(inv: Inventory) -> float:
     return len(inv.entries) / max(1, len(stems))
 
 
+def _remote_storage(url: str) -> Dict[str, Any]:
+    """What an object store or other fsspec URL is, in storage_kind's terms."""
+    proto = protocol_of(url)
+    endpoint = url.split("://", 1)[1].split("/", 1)[0]
+    return {"kind": proto, "fstype": proto, "mount": f"{proto}://{endpoint}", "latency_bound": True}
+
+
 def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: int = 0,
             time_budget: float = 30.0, output_dir: Optional[str] = None,
             sweep_levels: Optional[List[int]] = None, progress: bool = False,
-            log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-    """Measure ``src`` and return the report (see the module doc and the README's schema)."""
+            log: Optional[Callable[[str], None]] = None,
+            storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Measure ``src`` (a path, or a URL fsspec reaches, with ``storage_options``) and return
+    the report (see the module doc and the README's schema). On object stores every read is a
+    request: "cold" is the first request for a file and "warm" a repeated one, and the
+    concurrency sweep shows how far parallel requests hide their latency."""
     say = log or (lambda msg: None)
     started = time.perf_counter()
-    src = os.path.abspath(src)
-    storage = storage_kind(src)
+    fs = None
+    if is_remote(src):
+        fs, root = filesystem(src, storage_options)
+        src = src.rstrip("/")
+        storage = _remote_storage(src)
+        reader = Reader(fs)
+    else:
+        src = root = os.path.abspath(src)
+        storage = storage_kind(src)
+        reader = LOCAL
     say(f"inventory of {src} ({storage['kind']}, {storage['fstype']} at {storage['mount']})")
     with progress_bar(progress, "inventory", unit=" files") as bar:
-        inv = take_inventory(src, time_budget=time_budget, progress=bar.update)
+        inv = take_inventory(root, time_budget=time_budget, progress=bar.update, fs=fs)
     picked = stratified_sample(inv.entries, sample, seed)
-    base = src if os.path.isdir(src) else os.path.dirname(src)
-    paths = [os.path.join(base, p) for p, _ in picked]
+    if fs is not None:
+        base = root if inv.layout != "list" else root.rsplit("/", 1)[0]
+        paths = [f"{base}/{p}" for p, _ in picked]
+    else:
+        base = src if os.path.isdir(src) else os.path.dirname(src)
+        paths = [os.path.join(base, p) for p, _ in picked]
     images = [p for p in paths if field_kind(p) == "image"]
     say(f"reading {len(paths)} sampled files cold and warm, sequential and random")
-    cold = read_pass(paths, cold=True, order="sequential")
-    cold_random = read_pass(paths, cold=True, order="random", seed=seed)
-    warm = read_pass(paths, cold=False, order="sequential")
+    cold = read_pass(paths, cold=True, order="sequential", reader=reader)
+    cold_random = read_pass(paths, cold=True, order="random", seed=seed, reader=reader)
+    warm = read_pass(paths, cold=False, order="sequential", reader=reader)
     fixed_ms, fit_mb_s = fit_fixed_cost(cold.pop("latencies_ms"), cold.pop("sizes"))
     for r in (cold_random, warm):
         r.pop("latencies_ms")
         r.pop("sizes")
     cores = available_cpus()
-    levels = sweep_levels or sorted({1, 2, 4, 8, 16, cores})
+    # object stores keep scaling with concurrent requests well past the core count
+    levels = sweep_levels or sorted({1, 2, 4, 8, 16, cores} | ({32, 64} if fs is not None else set()))
     say(f"concurrency sweep over {levels} readers")
-    sweep = concurrency_sweep(paths[: max(16, min(len(paths), 128))], levels)
+    sweep = concurrency_sweep(paths[: max(16, min(len(paths), 128))], levels, reader=reader)
     say(f"decode cost of {len(images)} images per codec and library")
-    costs, other = decode_costs(images + [p for p in paths if p.lower().endswith(".npy")])
+    costs, other = decode_costs(images + [p for p in paths if p.lower().endswith(".npy")], reader=reader)
     pickles = sum(n for ext, n in inv.extensions.items() if ext in ("pkl", "pickle"))
     if pickles:
         other["pickle"] = (f"{pickles} pickle files: unpickling is not measured, since it runs code "
                            "from the data; a decoded npy cache or np.save'd arrays avoid it")
-    geometry = image_geometry(images)
-    stall = stall_rates(images[:64]) if images else {}
+    geometry = image_geometry(images, reader=reader)
+    stall = stall_rates(images[:64], reader=reader) if images else {}
     mem_mb_s = memory_bandwidth()
 
     fps = _files_per_sample(inv)
@@ -105,6 +130,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: i
         numpy_decoder=jpeg_decoders()[0][0],
         decoded_bytes_per_sample=decoded, resized_bytes_per_sample=resized, suggested_resize=resize,
         memory_bandwidth_mb_s=mem_mb_s, free_bytes=free, output_dir=out_dir if output_dir else "OUT", target=target,
+        remote=fs is not None,
     )
     verdict = decide(m)
     return {

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..source import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
 from ..storage import is_latency_bound
@@ -83,14 +83,40 @@ def _list(root: str, rel: str) -> Tuple[str, List[Tuple[str, int]], List[Tuple[s
     return rel, files, subdirs
 
 
-def _estimate_rest(inv: Inventory, root: str, pending: List[str], threads: int, probes: int = 20) -> None:
+def _lister_remote(fs: Any) -> Callable[[str, str], Tuple[str, List[Tuple[str, int]], List[Tuple[str, Any]]]]:
+    """``_list`` for an fsspec file system: one ``ls`` per folder (S3: a delimiter listing, one
+    request per 1000 keys), so the same parallel walk with its time budget serves both."""
+    def list_remote(root: str, rel: str) -> Tuple[str, List[Tuple[str, int]], List[Tuple[str, Any]]]:
+        path = f"{root}/{rel}" if rel else root
+        files: List[Tuple[str, int]] = []
+        subdirs: List[Tuple[str, Any]] = []
+        try:
+            entries = fs.ls(path, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return rel, files, subdirs
+        for e in entries:
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            if not name or is_ignored(name):
+                continue
+            child = f"{rel}/{name}" if rel else name
+            if e.get("type") == "directory":
+                subdirs.append((child, e["name"]))
+            else:
+                files.append((name, int(e.get("size") or 0)))
+        return rel, files, subdirs
+
+    return list_remote
+
+
+def _estimate_rest(inv: Inventory, root: str, pending: List[str], threads: int, probes: int = 20,
+                   lister: Callable = _list) -> None:
     """Extrapolate the folders left unwalked from a seeded sample of them: their files, and
     their own subfolders at the rate of files per folder seen so far."""
     import random
 
     probe = random.Random(0).sample(pending, min(probes, len(pending)))
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        listed = list(pool.map(lambda rel: _list(root, rel), probe))
+        listed = list(pool.map(lambda rel: lister(root, rel), probe))
     files = sum(len(f) for _, f, _ in listed) / len(listed)
     nbytes = sum(s for _, f, _ in listed for _, s in f) / len(listed)
     subdirs = sum(len(d) for _, _, d in listed) / len(listed)
@@ -101,29 +127,36 @@ def _estimate_rest(inv: Inventory, root: str, pending: List[str], threads: int, 
 
 
 def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] = None,
-                   keep_entries: int = 2_000_000, progress: Optional[Callable[[int], None]] = None) -> Inventory:
+                   keep_entries: int = 2_000_000, progress: Optional[Callable[[int], None]] = None,
+                   fs: Any = None) -> Inventory:
     """Walk ``root`` for at most ``time_budget`` seconds; see the module doc. ``threads``
-    defaults to 16 on latency-bound storage (NFS, FUSE...), where listings overlap their round
-    trips, and 2 on local disks, where more threads only contend for the GIL."""
-    root = os.path.abspath(root)
+    defaults to 16 on latency-bound storage (NFS, FUSE, object stores), where listings overlap
+    their round trips, and 2 on local disks, where more threads only contend for the GIL.
+    With ``fs`` (an fsspec file system), ``root`` is a path within it."""
+    root = root.rstrip("/") if fs is not None else os.path.abspath(root)
+    lister = _lister_remote(fs) if fs is not None else _list
     if threads is None:
-        threads = 16 if is_latency_bound(root) else 2
+        threads = 16 if fs is not None or is_latency_bound(root) else 2
     started = time.perf_counter()
     inv = Inventory(root)
-    if os.path.isfile(root):
-        inv.files, inv.bytes = 1, os.path.getsize(root)
+    info = fs.info(root) if fs is not None else None
+    if (info["type"] == "file") if info is not None else os.path.isfile(root):
+        inv.files, inv.bytes = 1, int(info["size"]) if info is not None else os.path.getsize(root)
         inv.layout = "list" if root.lower().endswith(LIST_SUFFIXES) else "flat"
         inv.estimated_files, inv.estimated_bytes = 1, inv.bytes
         return inv
-    st = os.stat(root)
-    seen = {(st.st_dev, st.st_ino)}
+    if fs is not None:
+        seen: set = {root}
+    else:
+        st = os.stat(root)
+        seen = {(st.st_dev, st.st_ino)}
     sizes: List[int] = []
     fanout: List[float] = []
     exts: Counter = Counter()
     listings: List[FolderListing] = []
     pending_dirs: List[str] = []
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dsconvert-inventory") as pool:
-        running = {pool.submit(_list, root, ""): ""}
+        running = {pool.submit(lister, root, ""): ""}
         while running:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             over = time.perf_counter() - started > time_budget
@@ -150,7 +183,7 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
                     if over:
                         pending_dirs.append(child)
                     else:
-                        running[pool.submit(_list, root, child)] = child
+                        running[pool.submit(lister, root, child)] = child
             if over:  # out of time: what has not started yet is left to the estimate
                 for fut, rel in list(running.items()):
                     if fut.cancel():
@@ -159,7 +192,7 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
     inv.complete = not pending_dirs
     inv.estimated_files, inv.estimated_bytes = inv.files, inv.bytes
     if pending_dirs:
-        _estimate_rest(inv, root, pending_dirs, threads)
+        _estimate_rest(inv, root, pending_dirs, threads, lister=lister)
     inv.seconds = time.perf_counter() - started
     inv.extensions = dict(exts.most_common())
     inv.size_quantiles = quantiles(sizes)

@@ -14,7 +14,7 @@ import io
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -23,13 +23,41 @@ from ..storage import evict_page_cache
 from .inventory import quantiles
 
 __all__ = ["read_pass", "concurrency_sweep", "fit_fixed_cost", "decode_costs", "stall_rates",
-           "memory_bandwidth", "image_geometry"]
+           "memory_bandwidth", "image_geometry", "Reader", "LOCAL"]
 
 
-def _read(path: str) -> Tuple[int, float]:
+class Reader:
+    """How the measurements reach the files: local paths (a cold read first evicts the file's
+    pages) or an fsspec file system, where every read is a request (GET) and there is no page
+    cache to evict, so "cold" is a first request and "warm" a repeated one."""
+
+    def __init__(self, fs: Any = None):
+        self.fs = fs
+
+    def read(self, path: str) -> bytes:
+        if self.fs is not None:
+            return self.fs.cat_file(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+    def head(self, path: str, n: int = 1 << 16) -> bytes:
+        """The first ``n`` bytes: enough for an image's header."""
+        if self.fs is not None:
+            return self.fs.cat_file(path, start=0, end=n)
+        with open(path, "rb") as f:
+            return f.read(n)
+
+    def evict(self, paths: Sequence[str]) -> None:
+        if self.fs is None:
+            evict_page_cache(paths)
+
+
+LOCAL = Reader()
+
+
+def _read(path: str, reader: Reader = LOCAL) -> Tuple[int, float]:
     t = time.perf_counter()
-    with open(path, "rb") as f:
-        n = len(f.read())
+    n = len(reader.read(path))
     return n, time.perf_counter() - t
 
 
@@ -44,30 +72,33 @@ def _summary(results: List[Tuple[int, float]], wall: float) -> Dict[str, float]:
             "latency_mean_ms": sum(lat) / len(lat) if lat else 0.0}
 
 
-def read_pass(paths: Sequence[str], cold: bool, order: str = "sequential", seed: int = 0) -> Dict:
-    """One reader: open + read + close each file; per-file latency quantiles and throughput."""
+def read_pass(paths: Sequence[str], cold: bool, order: str = "sequential", seed: int = 0,
+              reader: Reader = LOCAL) -> Dict:
+    """One reader: open + read + close each file (one request each on an object store); per-file
+    latency quantiles and throughput."""
     paths = list(paths)
     if order == "random":
         random.Random(seed).shuffle(paths)
     if cold:
-        evict_page_cache(paths)
+        reader.evict(paths)
     t = time.perf_counter()
-    results = [_read(p) for p in paths]
+    results = [_read(p, reader) for p in paths]
     out = _summary(results, time.perf_counter() - t)
     out.update(cold=cold, order=order, latencies_ms=[round(r[1] * 1000, 4) for r in results],
                sizes=[r[0] for r in results])
     return out
 
 
-def concurrency_sweep(paths: Sequence[str], levels: Sequence[int] = (1, 2, 4, 8, 16)) -> List[Dict]:
+def concurrency_sweep(paths: Sequence[str], levels: Sequence[int] = (1, 2, 4, 8, 16),
+                      reader: Reader = LOCAL) -> List[Dict]:
     """Cold reads of the same files by 1, 2, 4, ... threads: throughput that grows with readers
     means latency-bound storage (parallelism hides it); flat means bandwidth (or CPU) bound."""
     out = []
     for n in levels:
-        evict_page_cache(paths)
+        reader.evict(paths)
         with ThreadPoolExecutor(max_workers=n) as pool:
             t = time.perf_counter()
-            results = list(pool.map(_read, paths))
+            results = list(pool.map(lambda p: _read(p, reader), paths))
             wall = time.perf_counter() - t
         row = _summary(results, wall)
         row["readers"] = n
@@ -96,7 +127,8 @@ def _codec_of(path: str, head: bytes) -> str:
     return path.rpartition(".")[2].lower()
 
 
-def decode_costs(paths: Sequence[str], per_codec: int = 40) -> Tuple[Dict[str, Dict[str, Dict[str, float]]], Dict[str, float]]:
+def decode_costs(paths: Sequence[str], per_codec: int = 40, reader: Reader = LOCAL
+                 ) -> Tuple[Dict[str, Dict[str, Dict[str, float]]], Dict[str, float]]:
     """Per codec (by content, not extension) and per library that loads: ms per image and
     megapixels/s, decoding from memory; plus the cost of np.load for .npy files."""
     blobs: Dict[str, List[bytes]] = {}
@@ -105,8 +137,7 @@ def decode_costs(paths: Sequence[str], per_codec: int = 40) -> Tuple[Dict[str, D
     for p in paths:
         ext = p.rpartition(".")[2].lower()
         try:
-            with open(p, "rb") as f:
-                data = f.read()
+            data = reader.read(p)
         except OSError:
             continue
         if ext == "npy":
@@ -148,7 +179,7 @@ def decode_costs(paths: Sequence[str], per_codec: int = 40) -> Tuple[Dict[str, D
     return costs, other
 
 
-def image_geometry(paths: Sequence[str]) -> Dict:
+def image_geometry(paths: Sequence[str], reader: Reader = LOCAL) -> Dict:
     """Width, height and megapixel quantiles from file headers (no decode)."""
     from PIL import Image
 
@@ -157,7 +188,7 @@ def image_geometry(paths: Sequence[str]) -> Dict:
         if field_kind(p) != "image":
             continue
         try:
-            with Image.open(p) as img:
+            with Image.open(io.BytesIO(reader.head(p))) as img:
                 w, h = img.size
         except Exception:
             continue
@@ -172,16 +203,13 @@ def image_geometry(paths: Sequence[str]) -> Dict:
             "short_side_median": float(np.median([min(w, h) for w, h in zip(ws, hs)]))}
 
 
-def stall_rates(paths: Sequence[str], decoder: str = "pil") -> Dict[str, float]:
+def stall_rates(paths: Sequence[str], decoder: str = "pil", reader: Reader = LOCAL) -> Dict[str, float]:
     """Samples/s of one worker: prep only (decode from memory), fetch only (cold reads, no
     decode), and both (cold read then decode), over the same image files."""
     images = [p for p in paths if field_kind(p) == "image"]
     if not images:
         return {}
-    blobs = []
-    for p in images:
-        with open(p, "rb") as f:
-            blobs.append(f.read())
+    blobs = [reader.read(p) for p in images]
 
     def prep(data: bytes) -> None:
         try:
@@ -194,7 +222,7 @@ def stall_rates(paths: Sequence[str], decoder: str = "pil") -> Dict[str, float]:
         rates = []
         for _ in range(repeats):
             if cold:
-                evict_page_cache(images)
+                reader.evict(images)
             t = time.perf_counter()
             run()
             rates.append(len(images) / (time.perf_counter() - t))
@@ -206,11 +234,10 @@ def stall_rates(paths: Sequence[str], decoder: str = "pil") -> Dict[str, float]:
 
     def both_all() -> None:
         for p in images:
-            with open(p, "rb") as f:
-                prep(f.read())
+            prep(reader.read(p))
 
     prep_only = best(prep_all, 3, cold=False)
-    fetch_only = max(read_pass(images, cold=True)["files_per_s"] for _ in range(2))
+    fetch_only = max(read_pass(images, cold=True, reader=reader)["files_per_s"] for _ in range(2))
     both = best(both_all, 2, cold=True)
     return {"decoder": decoder, "images": len(images), "prep_only_per_s": prep_only,
             "fetch_only_per_s": fetch_only, "both_per_s": both}

@@ -62,7 +62,7 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
         for c in v["commands"]:
             add(f"  {c}")
     if v.get("alternative"):
-        add(bold("or, keeping the encoded bytes:"))
+        add(bold("or:"))
         for c in v["alternative"]:
             add(f"  {c}")
     if v["recommended"]:

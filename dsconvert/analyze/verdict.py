@@ -50,6 +50,7 @@ class Measurements:
     free_bytes: Optional[int] = None
     output_dir: str = "OUT"
     target: Optional[float] = None
+    remote: bool = False  # an object store or other fsspec URL: every file is a request
 
 
 @dataclass
@@ -180,6 +181,11 @@ def decide(m: Measurements) -> Verdict:
             alternative = fast
         else:
             commands = fast
+    if m.remote and bottleneck in ("storage-latency", "small-files", "storage-bandwidth"):
+        shards = f"{src.rstrip('/')}-wds"  # shards kept in the store, read from a local SSD cache
+        alternative = [f"dsconvert shard {src} --format wds -o {shards}",
+                       f"dsconvert cache {shards} /local/ssd/cache   # then open_dataset(\"{shards}\", "
+                       "cache_dir=\"/local/ssd/cache\") reads verified local copies"]
     notes = ["predictions are the ceiling of reading and decoding; transforms, collate and worker "
              "IPC come on top (time a DataLoader pass for the whole loader)"]
     if "pil" in m.decode_ms and fast_lib == "pil" and bottleneck == "decode":

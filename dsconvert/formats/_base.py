@@ -17,9 +17,9 @@ from ..codecs import field_kind
 from ..errors import BadInputError, ManifestError
 from ..keys import escape_path
 from ..manifest import ShardEntry
-from ..shards import ShardRecord, ShardResult, ShardSpec, read_sample
+from ..remote import Location
+from ..shards import ShardRecord, ShardResult, ShardSpec, read_samples
 from ..source import Sample, Skipped
-from ..storage import atomic_write
 
 __all__ = ["BaseWriter", "Sink", "file_sha256"]
 
@@ -80,13 +80,14 @@ class BaseWriter:
         sources: List[List[str]] = []
         stats: List[List[List[int]]] = []
         fields: Dict[str, str] = {}
-        path = os.path.join(spec.out_dir, spec.name)
-        with atomic_write(path) as f:
+        out = Location(spec.out_dir, spec.storage_options)
+        with out.write(spec.name) as f:
             sink = cls.open_sink(spec, f, f.name)
-            for sample in spec.samples:
+            for sample, fetched in read_samples(spec):
                 try:
-                    data = read_sample(spec, sample)
-                    stored = sink.add(sample, data)
+                    if isinstance(fetched, BadInputError):
+                        raise fetched
+                    stored = sink.add(sample, fetched)
                 except BadInputError as exc:
                     if spec.strict:
                         raise BadInputError(exc.reason, exc.path or escape_path(sample.files[0].path)) from None
@@ -106,16 +107,17 @@ class BaseWriter:
             digest = sink.sha256 or file_sha256(f.name)
         record = ShardRecord.build(cls.format, spec, keys, labels if classification else None, sources, stats,
                                    nbytes, digest, skipped, fields, extra)
-        record.save(os.path.join(spec.out_dir, cls.index_name(spec.name)))
+        record.save(out, cls.index_name(spec.name))
         return record.result(cls.index_name(spec.name))
 
     @classmethod
     def completed(cls, spec: ShardSpec) -> Optional[ShardResult]:
         """The result of an earlier run of exactly this spec, if its shard is intact."""
         index = cls.index_name(spec.name)
+        out = Location(spec.out_dir, spec.storage_options)
         try:
-            record = ShardRecord.load(os.path.join(spec.out_dir, index), cls.format)
-            size = os.path.getsize(os.path.join(spec.out_dir, spec.name))
+            record = ShardRecord.load(out.url_of(index), cls.format, out.read_bytes(index))
+            size = out.size(spec.name)
         except (OSError, ManifestError):
             return None
         if record.spec_sha256 != spec.digest() or size != record.bytes:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
+from ..cache import ShardAccess
 from ..codecs import DECODE_MODES, ENCODED_MODES, decode_image
 from ..errors import BadInputError
 from ..manifest import Manifest, ShardEntry
@@ -27,7 +28,8 @@ class MapReader:
     """
 
     def __init__(self, root: str, manifest: Manifest, transform: Optional[Callable] = None,
-                 target_transform: Optional[Callable] = None, decode: str = "pil"):
+                 target_transform: Optional[Callable] = None, decode: str = "pil",
+                 access: Optional[ShardAccess] = None):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         if manifest.sample_type != "classification":
@@ -37,6 +39,7 @@ class MapReader:
             raise ValueError(f"{root} stores decoded pixels, so there are no encoded bytes for "
                              f"decode={decode!r}; use decode='numpy' or 'pil'")
         self.root = root
+        self.access = access or ShardAccess(root)
         self.manifest = manifest
         self.transform = transform
         self.target_transform = target_transform

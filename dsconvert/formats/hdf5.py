@@ -21,7 +21,6 @@ input gives the same bytes. Readers open each file lazily in the process that re
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -126,7 +125,9 @@ class _HdfDataset(MapReader):
 
     def _open(self, entry: ShardEntry) -> Any:
         h5py = require("h5py", "reading hdf5 shards")
-        f = h5py.File(os.path.join(self.root, entry.name), "r")
+        local = self.access.local_shard(entry)
+        # remote without a cache: h5py reads through fsspec's file object, 1 MB ahead per request
+        f = h5py.File(local if local is not None else self.access.location.open(entry.name), "r")
         shapes = f["shapes"][()] if "shapes" in f else None
         return f, f["images"], shapes, f["labels"][()].tolist()
 

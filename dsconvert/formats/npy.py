@@ -34,11 +34,11 @@ import numpy as np
 
 from .._torch import lazy_module_attr
 from ..codecs import decode_rgb, resize_rgb
-from ..errors import BadInputError
+from ..errors import BadInputError, ManifestError, OptionError
 from ..manifest import ShardEntry
 from ..shards import ShardSpec
 from ..source import Sample
-from ..storage import atomic_write
+from ..remote import Location
 from ._base import BaseWriter, Sink
 from ._map import MapReader
 
@@ -98,7 +98,7 @@ class _PixelSink(Sink):
         rows_name = NpyWriter.rows_name(self.spec.name)
         table = io.BytesIO()
         np.save(table, np.array(self.rows, dtype=SAMPLE_DTYPE))
-        with atomic_write(os.path.join(self.spec.out_dir, rows_name)) as f:
+        with Location(self.spec.out_dir, self.spec.storage_options).write(rows_name) as f:
             f.write(table.getvalue())
         return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest()}
 
@@ -126,11 +126,13 @@ class _NpyDataset(MapReader):
     views of the memory map; ``"pil"`` PIL images. See :func:`dsconvert.open_dataset`."""
 
     def _open(self, entry: ShardEntry) -> Any:
-        pixels = np.load(os.path.join(self.root, entry.name), mmap_mode="r").view(np.ndarray)
-        rows = np.load(os.path.join(self.root, NpyWriter.rows_name(entry.name)))
+        local = self.access.local_shard(entry)
+        if local is None:
+            raise OptionError(f"{self.access.url_of(entry.name)}: npy caches are memory-mapped from local disk; "
+                              "open it with cache_dir=... (a local SSD folder) to read it from there")
+        pixels = np.load(local, mmap_mode="r").view(np.ndarray)
+        rows = np.load(io.BytesIO(self.access.file_bytes(NpyWriter.rows_name(entry.name))), allow_pickle=False)
         if len(rows) != entry.num_samples:
-            from ..errors import ManifestError
-
             raise ManifestError(f"{entry.name}: {len(rows)} rows for {entry.num_samples} samples")
         spans = [(int(o), (int(h), int(w), int(c)), int(h) * int(w) * int(c))
                  for o, h, w, c in zip(rows["offset"], rows["height"], rows["width"], rows["channels"])]

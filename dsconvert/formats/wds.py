@@ -46,7 +46,9 @@ from .._torch import lazy_module_attr
 from ..codecs import DECODE_MODES, ENCODED_MODES, decode_field, decode_image, encode_class
 from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
 from ..errors import BadInputError, ManifestError
+from ..cache import ShardAccess
 from ..manifest import Manifest, ShardEntry, expect, is_int
+from ..remote import Location
 from ..shards import ShardRecord, ShardSpec
 from ..source import Sample
 from ..storage import is_latency_bound
@@ -153,10 +155,10 @@ class WdsWriter(BaseWriter):
         return _TarSink(spec, file)
 
 
-def load_record(path: str) -> ShardRecord:
-    """A wds shard record, checked to have, per field, integer offset and size columns as long
-    as the keys (-1 marks a field a sample does not have)."""
-    record = ShardRecord.load(path, "wds")
+def load_record(path: str, data: Optional[bytes] = None) -> ShardRecord:
+    """A wds shard record (from ``path``, or ``data`` read from it), checked to have, per
+    field, integer offset and size columns as long as the keys (-1: a field a sample lacks)."""
+    record = ShardRecord.load(path, "wds", data)
     members = record.d.get("members")
     n = len(record.keys)
     expect(isinstance(members, dict) and all(isinstance(k, str) for k in members), path, "members",
@@ -199,17 +201,22 @@ def _io_pool(threads: int) -> ThreadPoolExecutor:
 
 
 class _PrefetchedBytes:
-    """Latency-bound storage (NFS, CephFS, FUSE): a forward window over the bytes this worker
-    needs, filled by concurrent ranged reads, with the next window fetched in the background.
+    """Latency-bound storage (NFS, CephFS, FUSE, object stores): a forward window over the
+    bytes this worker needs, filled by concurrent ranged reads, with the next window fetched in
+    the background.
 
     Page faults or one large read() would pay the storage's round trip once per 128 kB
-    request, one request at a time; 8 concurrent 1 MB requests hide most of it.
+    request, one request at a time; 8 concurrent 1 MB requests hide most of it. ``fill(view,
+    offset)`` reads into ``view`` from ``offset`` and returns the bytes read: ``os.preadv`` on
+    a local descriptor, or a ranged GET of the object.
     """
 
     PIECE = 1 << 20
 
-    def __init__(self, path: str, end: int, window: int = 16 << 20, threads: int = 8):
-        self.fd = os.open(path, os.O_RDONLY)
+    def __init__(self, fill: Callable[[memoryview, int], int], end: int, close: Callable[[], None] = lambda: None,
+                 window: int = 16 << 20, threads: int = 8):
+        self.fill = fill
+        self._close = close
         self.end = end
         self.window = window
         self.pool = _io_pool(threads)
@@ -220,10 +227,8 @@ class _PrefetchedBytes:
     def _start(self, offset: int, length: int) -> Tuple[int, bytearray, List[Future]]:
         buf = bytearray(length)
         view = memoryview(buf)
-        futures = [
-            self.pool.submit(os.preadv, self.fd, [view[a: a + self.PIECE]], offset + a)
-            for a in range(0, length, self.PIECE)
-        ]
+        futures = [self.pool.submit(self.fill, view[a: a + self.PIECE], offset + a)
+                   for a in range(0, length, self.PIECE)]
         return offset, buf, futures
 
     @staticmethod
@@ -256,16 +261,38 @@ class _PrefetchedBytes:
         if self.ahead is not None:
             self._finish(self.ahead)
             self.ahead = None
-        os.close(self.fd)
+        self._close()
+
+    @classmethod
+    def local(cls, path: str, end: int, **kw: Any) -> "_PrefetchedBytes":
+        fd = os.open(path, os.O_RDONLY)
+        return cls(lambda view, offset: os.preadv(fd, [view], offset), end, lambda: os.close(fd), **kw)
+
+    @classmethod
+    def remote(cls, location: Location, name: str, end: int, **kw: Any) -> "_PrefetchedBytes":
+        def fill(view: memoryview, offset: int) -> int:
+            data = location.read_range(name, offset, offset + len(view))
+            view[: len(data)] = data
+            return len(data)
+
+        return cls(fill, end, **kw)
 
 
 class _OpenShard:
     """A shard and its index, as columns of Python ints, read through one byte source."""
 
-    def __init__(self, root: str, entry: ShardEntry, bytes_limit: int):
-        index = load_record(os.path.join(root, entry.index or WdsWriter.index_name(entry.name)))
-        self.path = os.path.join(root, entry.name)
-        self.size = os.path.getsize(self.path)
+    def __init__(self, access: ShardAccess, entry: ShardEntry, bytes_limit: int):
+        index_name = entry.index or WdsWriter.index_name(entry.name)
+        index = load_record(access.url_of(index_name), access.file_bytes(index_name))
+        if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes) and access.cache is not None:
+            index = load_record(access.url_of(index_name), access.file_bytes(index_name, refresh=True))  # stale copy
+        if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes):
+            raise ManifestError(f"{access.url_of(index_name)} describes another version of {entry.name} than the "
+                                "manifest (was the output rewritten while being read?)", access.url_of(index_name))
+        self.access = access
+        self.name = entry.name
+        self.path = access.local_shard(entry)  # None: read ranges of the remote object
+        self.size = os.path.getsize(self.path) if self.path is not None else entry.bytes
         if self.size != index.bytes:
             raise ManifestError(f"{self.path}: {self.size} bytes, but its index says {index.bytes}", self.path)
         self.index = index
@@ -274,15 +301,17 @@ class _OpenShard:
         for _, offsets, sizes in self.fields:  # absent members are (-1, -1)
             if offsets and (max(map(operator.add, offsets, sizes)) > self.size or max(sizes) > bytes_limit
                             or min(offsets) < -1 or min(sizes) < -1):
-                raise ManifestError(f"{self.path}: index points outside the shard", self.path)
+                raise ManifestError(f"{access.url_of(entry.name)}: index points outside the shard", self.path)
         self.source: Any = None
 
     def open(self, first: int, stop: int, prefetch: bool) -> None:
-        """Prepare to read samples [first, stop) of this shard, in order."""
-        if prefetch:
+        """Prepare to read samples [first, stop) of this shard, in order: a memory map of the
+        local file, or concurrent ranged reads ahead (latency-bound mounts, remote objects)."""
+        if prefetch or self.path is None:
             end = max((o[i] + sz[i] for _, o, sz in self.fields for i in range(first, stop) if o[i] >= 0),
                       default=0)
-            self.source = _PrefetchedBytes(self.path, end)
+            self.source = (_PrefetchedBytes.local(self.path, end) if self.path is not None
+                           else _PrefetchedBytes.remote(self.access.location, self.name, end))
         else:
             self.source = _MappedBytes(self.path, self.size)
 
@@ -357,6 +386,7 @@ class _WdsDataset:
         max_member_bytes: int = 1 << 31,
         prefetch: Optional[bool] = None,
         allow_pickle: bool = False,
+        access: Optional[ShardAccess] = None,
     ):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
@@ -364,6 +394,7 @@ class _WdsDataset:
             raise ValueError("buffer_size must be >= 1")
         rank_span(0, 0, 1, even)  # validates ``even``
         self.root = root
+        self.access = access or ShardAccess(root)
         self.manifest = manifest
         self.transform = transform
         self.target_transform = target_transform
@@ -415,8 +446,8 @@ class _WdsDataset:
         n = self.manifest.num_samples
         if n == 0 or start >= stop:
             return
-        if self.prefetch is None:
-            self.prefetch = is_latency_bound(self.root)
+        if self.prefetch is None:  # remote objects are always read ahead, by ranges or into the cache
+            self.prefetch = not self.access.remote and is_latency_bound(self.access.cache_dir_or_root())
         classification = self.manifest.sample_type == "classification"
         ends = []
         total = 0
@@ -429,7 +460,7 @@ class _WdsDataset:
             k = bisect_right(ends, p)
             first = p - (ends[k] - shards[k].num_samples)
             run = min(ends[k] - p, stop - pos)
-            shard = _OpenShard(self.root, shards[k], self.max_member_bytes)
+            shard = _OpenShard(self.access, shards[k], self.max_member_bytes)
             shard.open(first, first + run, self.prefetch)
             try:
                 if classification:

@@ -1,0 +1,252 @@
+"""Reaching shards from a reader: the file itself, a verified copy on local SSD, or ranges.
+
+``ShardAccess`` is what a Dataset holds (it pickles into DataLoader workers): for each shard
+it gives a local path when there is one (a local output, or a cached copy) and otherwise
+lets the reader fetch byte ranges of the remote object concurrently.
+
+``ShardCache`` keeps whole shards on local disk on first use, for outputs on object stores
+or network file systems. The files are fsspec's: its ``simplecache`` file system names,
+downloads and finds them. dsconvert adds what a cache shared by training processes needs and
+``simplecache`` lacks:
+
+* a lock per file (``fcntl.flock``), so that concurrent DataLoader workers and ranks never
+  read a half-downloaded shard and download each shard once (``simplecache`` writes the
+  download under its final name);
+* verification: a shard's copy is hashed once against the manifest's sha256 and size, and a
+  ``.sha256`` marker records the result; a mismatch (a re-converted output, a bad transfer)
+  downloads it again, and a second mismatch is a ManifestError;
+* a size cap with least-recently-used eviction (each use touches the copy's mtime), under an
+  exclusive lock that downloads hold shared, so nothing being fetched or verified is
+  removed. A copy another process has memory-mapped stays readable after its removal (the
+  kernel keeps it until it is unmapped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
+
+from .errors import ManifestError, OptionError
+from .manifest import ShardEntry
+from .optional import require
+from .remote import Location, is_remote, protocol_of
+
+__all__ = ["ShardCache", "ShardAccess", "prefetch"]
+
+MARKER = ".sha256"
+
+
+@contextlib.contextmanager
+def _flock(path: str, exclusive: bool = True) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+class ShardCache:
+    """Whole files of remote (or network-mounted) outputs on local disk; see the module doc.
+
+    ``max_bytes``: the cap (an int or a size such as ``"500GB"``); None for no cap."""
+
+    def __init__(self, cache_dir: str, max_bytes: Union[int, str, None] = None,
+                 storage_options: Optional[Dict[str, Any]] = None):
+        from .shards import parse_size
+
+        self.dir = os.path.abspath(cache_dir)
+        self.files = os.path.join(self.dir, "files")
+        self.locks = os.path.join(self.dir, "locks")
+        self.max_bytes = parse_size(max_bytes) if isinstance(max_bytes, str) else max_bytes
+        if self.max_bytes is not None and self.max_bytes < 1:
+            raise OptionError(f"the cache size cap must be positive, not {max_bytes!r}")
+        self.storage_options = dict(storage_options or {})
+        self.downloads = 0  # files fetched (and verified) by this instance, for reports
+        self.downloaded_bytes = 0
+        self._counter = threading.Lock()
+        os.makedirs(self.files, exist_ok=True)
+        os.makedirs(self.locks, exist_ok=True)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_counter")
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._counter = threading.Lock()
+
+    def _open_local(self, url: str) -> str:
+        """fsspec's simplecache: the local copy's path, downloading it when absent."""
+        fsspec = require("fsspec", "caching remote shards")
+        target = {protocol_of(url): self.storage_options} if is_remote(url) else {}
+        return fsspec.open_local(f"simplecache::{url}", simplecache={"cache_storage": self.files,
+                                                                     "same_names": False}, **target)
+
+    def _lock_path(self, url: str) -> str:
+        return os.path.join(self.locks, hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40])
+
+    def get(self, url: str, sha256: Optional[str] = None, size: Optional[int] = None,
+            refresh: bool = False) -> str:
+        """A local path holding ``url``'s bytes, fetched on first use; with ``sha256`` (and
+        ``size``) verified against them. ``refresh`` fetches it again (a stale copy)."""
+        fetched = False
+        with _flock(os.path.join(self.dir, "evict.lock"), exclusive=False), _flock(self._lock_path(url)):
+            local = self._open_local(url)
+            if refresh:
+                self._remove(local)
+                local = self._open_local(url)
+                fetched = True
+            if sha256 is not None and _read_text(local + MARKER) != sha256:
+                for attempt in range(2):  # an unverified copy: check it, fetch it again once if bad
+                    if (size is None or os.path.getsize(local) == size) and _sha256(local) == sha256:
+                        break
+                    self._remove(local)
+                    if attempt:
+                        raise ManifestError(f"{url}: its bytes do not match the manifest's sha256 even after "
+                                            "a second download: the output changed while being read, or the "
+                                            "store returns bad data", url)
+                    local = self._open_local(url)
+                with open(local + MARKER + ".tmp", "w", encoding="ascii") as f:
+                    f.write(sha256)
+                os.replace(local + MARKER + ".tmp", local + MARKER)
+                fetched = True
+            os.utime(local)  # the LRU stamp
+        if fetched:
+            with self._counter:
+                self.downloads += 1
+                self.downloaded_bytes += os.path.getsize(local)
+            if self.max_bytes is not None:
+                self.evict(keep=local)
+        return local
+
+    @staticmethod
+    def _remove(local: str) -> None:
+        for path in (local, local + MARKER):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def usage(self) -> Tuple[int, int]:
+        """(files, bytes) in the cache."""
+        n = total = 0
+        for entry in os.scandir(self.files):
+            if entry.is_file() and not entry.name.endswith((MARKER, ".tmp")):
+                n += 1
+                total += entry.stat().st_size
+        return n, total
+
+    def evict(self, keep: Optional[str] = None) -> int:
+        """Remove least-recently-used copies until the cache fits its cap; return how many.
+        Waits until no process is fetching or verifying (they hold the lock shared)."""
+        if self.max_bytes is None:
+            return 0
+        with _flock(os.path.join(self.dir, "evict.lock"), exclusive=True):
+            entries = []
+            for entry in os.scandir(self.files):
+                if entry.is_file() and not entry.name.endswith((MARKER, ".tmp")):
+                    st = entry.stat()
+                    entries.append((st.st_mtime, st.st_size, entry.path))
+            total = sum(size for _, size, _ in entries)
+            removed = 0
+            for _, size, path in sorted(entries):
+                if total <= self.max_bytes:
+                    break
+                if path == keep:
+                    continue
+                self._remove(path)
+                total -= size
+                removed += 1
+            return removed
+
+
+class ShardAccess:
+    """Where a reader finds a shard's bytes; picklable into DataLoader workers."""
+
+    def __init__(self, root: str, storage_options: Optional[Dict[str, Any]] = None,
+                 cache_dir: Optional[str] = None, cache_size: Union[int, str, None] = None):
+        self.location = Location(root, storage_options)
+        self.cache = ShardCache(cache_dir, cache_size, storage_options) if cache_dir else None
+
+    @property
+    def remote(self) -> bool:
+        return self.location.remote
+
+    def url_of(self, name: str) -> str:
+        return self.location.url_of(name)
+
+    def file_bytes(self, name: str, refresh: bool = False) -> bytes:
+        """A small file of the output (an index, a samples table), through the cache if any."""
+        if self.cache is None:
+            return self.location.read_bytes(name)
+        with open(self.cache.get(self.url_of(name), refresh=refresh), "rb") as f:
+            return f.read()
+
+    def local_shard(self, entry: ShardEntry) -> Optional[str]:
+        """A local path with the shard's bytes (verified against the manifest when cached), or
+        None when it is only reachable remotely."""
+        if self.cache is not None:
+            return self.cache.get(self.url_of(entry.name), entry.sha256, entry.bytes)
+        return self.location.local_path(entry.name)
+
+    def cache_dir_or_root(self) -> str:
+        """The local folder reads come from (to judge whether it is latency-bound)."""
+        return self.cache.dir if self.cache is not None else self.location.url
+
+
+def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
+             storage_options: Optional[Dict[str, Any]] = None, workers: int = 8,
+             log: Optional[Any] = None) -> Dict[str, Any]:
+    """Fetch every shard (and index) of the output at ``url`` into ``cache_dir`` and verify
+    them; ``open_dataset(url, cache_dir=...)`` then reads only local copies."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .formats import writer_class
+    from .manifest import Manifest
+
+    access = ShardAccess(url, storage_options, cache_dir, max_bytes)
+    cache = access.cache
+    assert cache is not None
+    manifest = Manifest.load(access.location)
+    total = sum(e.bytes for e in manifest.shards)
+    if cache.max_bytes is not None and total > cache.max_bytes:
+        raise OptionError(f"{url} holds {total:,} bytes of shards, more than the cache's cap of "
+                          f"{cache.max_bytes:,}: fetching them all would evict earlier ones; raise the cap, or "
+                          "let open_dataset(..., cache_dir=...) fetch shards as training reads them")
+    writer = writer_class(manifest.format)
+    started = time.perf_counter()
+
+    def fetch(entry: ShardEntry) -> None:
+        access.local_shard(entry)
+        for name in writer.files_of(entry)[1:]:
+            access.file_bytes(name)
+        if log is not None:
+            log(f"cached {entry.name}")
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        list(pool.map(fetch, manifest.shards))
+    files, nbytes = cache.usage()
+    return {"url": access.location.url, "cache_dir": cache.dir, "shards": len(manifest.shards), "bytes": total,
+            "downloaded": cache.downloads, "downloaded_bytes": cache.downloaded_bytes,
+            "already_cached": len(manifest.shards) - cache.downloads, "cache_files": files, "cache_bytes": nbytes, "seconds": time.perf_counter() - started}
