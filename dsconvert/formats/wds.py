@@ -214,9 +214,10 @@ class _PrefetchedBytes:
     PIECE = 1 << 20
 
     def __init__(self, fill: Callable[[memoryview, int], int], end: int, close: Callable[[], None] = lambda: None,
-                 window: int = 16 << 20, threads: int = 8):
+                 window: int = 16 << 20, threads: int = 8, piece: int = PIECE):
         self.fill = fill
         self._close = close
+        self.PIECE = piece
         self.end = end
         self.window = window
         self.pool = _io_pool(threads)
@@ -270,6 +271,11 @@ class _PrefetchedBytes:
 
     @classmethod
     def remote(cls, location: Location, name: str, end: int, **kw: Any) -> "_PrefetchedBytes":
+        """Object stores: 4 MB ranged GETs, 8 at a time (a request costs a round trip and
+        some server work whatever its size; stores advise parts of several MB)."""
+        kw.setdefault("piece", 4 << 20)
+        kw.setdefault("window", 32 << 20)
+
         def fill(view: memoryview, offset: int) -> int:
             data = location.read_range(name, offset, offset + len(view))
             view[: len(data)] = data
