@@ -302,6 +302,14 @@ def test_dask_local_cluster_gives_the_process_pools_bytes(local_src, tmp_path):
     dask = str(tmp_path / "dask")
     assert main(["shard", local_src, "-o", dask, "--samples-per-shard", "4", "--cluster", "local:2", "-q"]) == 0
     assert local_files(dask) == local_files(pool)
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, host="127.0.0.1") as cluster:
+        running = str(tmp_path / "running")  # a scheduler that is already up, reached by its address
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        assert main(["shard", local_src, "-o", running, "--samples-per-shard", "4", "--cluster",
+                     cluster.scheduler_address, "-q"]) == 0
+    assert local_files(running) == local_files(pool)
     from dsconvert.cluster import cluster_executor
 
     with pytest.raises(OptionError, match="tcp://host:port"):
