@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bottleneck and the dsconvert command that removes it, with the predicted speedup.")
     p.add_argument("src", metavar="SRC", help="source folder or list file")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.analyze/1)")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="also write a self-contained HTML report with plots (pip install 'dsconvert[report]')")
     p.add_argument("--target", type=float, metavar="N",
                    help="samples/s the GPUs consume: say whether the loader keeps up")
     p.add_argument("--sample", type=_positive_int, default=200, metavar="N",
@@ -177,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="page cache state of the passes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="subset seed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.bench/1)")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="also write a self-contained HTML report with plots (pip install 'dsconvert[report]')")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _add_storage_options(p)
     p.set_defaults(func=_cmd_bench)
@@ -316,7 +320,18 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                      progress=not args.quiet and sys.stderr.isatty(),
                      storage_options=parse_storage_options(args.storage_option))
     print(render_json(report) if args.json else render_text(report))
+    _write_report(args, "analyze_html", report)
     return 0
+
+
+def _write_report(args: argparse.Namespace, renderer: str, report: dict) -> None:
+    if not args.report:
+        return
+    from . import html_report
+
+    path = html_report.write(args.report, getattr(html_report, renderer)(report))
+    if not args.quiet:
+        print(f"report written to {path}", file=sys.stderr)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -328,6 +343,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    size=args.size, max_samples=args.max_samples, caches=caches, seed=args.seed, log=log,
                    storage_options=parse_storage_options(args.storage_option))
     print(json.dumps(report, indent=1) if args.json else render_text(report))
+    _write_report(args, "bench_html", report)
     return 0
 
 

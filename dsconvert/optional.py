@@ -25,6 +25,9 @@ INSTALL_HINTS = {
     "fuse": "apt-get install -y fuse libfuse2 && pip install fusepy",
     "skimage.data": "pip install 'dsconvert[demo]'",
     "h5py": "pip install h5py",
+    "matplotlib": "pip install 'dsconvert[report]'",
+    "fsspec": "pip install 'dsconvert[s3]'",
+    "distributed": "pip install 'dsconvert[dask]'",
 }
 
 

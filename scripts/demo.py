@@ -1,7 +1,8 @@
 """The main job end to end on the embedded demo dataset.
 
 1. Generate an ImageFolder of JPEGs from the photographs scikit-image ships, and
-   `dsconvert analyze` it: what bounds loading, and which command fixes it.
+   `dsconvert analyze` it: what bounds loading, and which command fixes it (with the plots in
+   demo-out/analyze.html).
 2. `dsconvert shard` it into WebDataset tar shards (verifying every image).
 3. Read it back with `dsconvert.open_dataset` through a DataLoader, check that the samples
    are the ones ImageFolder would give, and compare read rates of the small files and the
@@ -60,8 +61,10 @@ def main() -> int:
     make_demo_dataset(photos, num_per_class=args.per_class)
     source = scan(photos)
     print(f"   {len(source.samples)} JPEGs in {len(source.classes)} classes: {', '.join(source.classes)}")
-    print(f"\n   dsconvert analyze {photos} --sample 100", flush=True)
-    dsconvert_main(["analyze", photos, "--sample", "100", "-q", "--output-dir", args.out])
+    report = os.path.join(args.out, "analyze.html")
+    print(f"\n   dsconvert analyze {photos} --sample 100 --report {report}", flush=True)
+    dsconvert_main(["analyze", photos, "--sample", "100", "-q", "--output-dir", args.out, "--report", report])
+    print(f"   (open {report} in a browser for the plots)")
 
     print(f"\n2. dsconvert shard {photos} -o {shards} --samples-per-shard 250", flush=True)
     status = dsconvert_main(["shard", photos, "-o", shards, "--samples-per-shard", "250"])

@@ -82,9 +82,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: i
     cold = read_pass(paths, cold=True, order="sequential", reader=reader)
     cold_random = read_pass(paths, cold=True, order="random", seed=seed, reader=reader)
     warm = read_pass(paths, cold=False, order="sequential", reader=reader)
-    fixed_ms, fit_mb_s = fit_fixed_cost(cold.pop("latencies_ms"), cold.pop("sizes"))
-    for r in (cold_random, warm):
-        r.pop("latencies_ms")
+    fixed_ms, fit_mb_s = fit_fixed_cost(cold["latencies_ms"], cold.pop("sizes"))
+    for r in (cold_random, warm):  # per-file latencies stay in the report: the HTML plots their ECDFs
         r.pop("sizes")
     cores = available_cpus()
     # object stores keep scaling with concurrent requests well past the core count

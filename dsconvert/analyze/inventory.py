@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..source import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
 from ..storage import is_latency_bound
 
-__all__ = ["Inventory", "take_inventory", "quantiles"]
+__all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram"]
 
 LAYOUT_FOLDERS = 256
 
@@ -37,6 +37,12 @@ def quantiles(values: List[float], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Dict[s
     return out
 
 
+def size_histogram(sizes: List[int]) -> List[Dict[str, int]]:
+    """Counts of sizes in power-of-two bins: [{"le": 2**k bytes, "count": n}] (empty bins out)."""
+    counts: Counter = Counter(max(0, int(s) - 1).bit_length() for s in sizes)
+    return [{"le": 1 << k, "count": counts[k]} for k in sorted(counts)]
+
+
 @dataclass
 class Inventory:
     root: str
@@ -52,6 +58,7 @@ class Inventory:
     extensions: Dict[str, int] = field(default_factory=dict)
     size_quantiles: Dict[str, float] = field(default_factory=dict)
     fanout_quantiles: Dict[str, float] = field(default_factory=dict)  # files per folder
+    size_histogram: List[Dict[str, int]] = field(default_factory=list)  # [{le: bytes, count}], log2 bins
     entries: List[Tuple[str, int]] = field(default_factory=list)  # (relative path, size)
 
     def to_dict(self) -> Dict:
@@ -196,6 +203,7 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
     inv.seconds = time.perf_counter() - started
     inv.extensions = dict(exts.most_common())
     inv.size_quantiles = quantiles(sizes)
+    inv.size_histogram = size_histogram(sizes)
     inv.fanout_quantiles = quantiles(fanout)
     listings.sort(key=lambda d: d.rel)
     inv.entries.sort()

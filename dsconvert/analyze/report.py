@@ -6,11 +6,11 @@ JSON schema ``dsconvert.analyze`` version 1 (a stable subset; more keys may be a
     storage      {kind, fstype, mount, latency_bound}
     inventory    {files, bytes, dirs, complete, estimated_files, estimated_bytes, seconds,
                   max_depth, layout, extensions{ext: n}, size_quantiles{p0..p100},
-                  fanout_quantiles{p0..p100}}
+                  fanout_quantiles{p0..p100}, size_histogram[{le, count}] (power-of-two bins)}
     sample       {files, images, seed, strata}
     read         {cold_sequential, cold_random, warm: {files, bytes, seconds, files_per_s,
-                  mb_per_s, latency_ms{p50,p90,p99}, latency_mean_ms}, fixed_ms_per_file,
-                  fit_bandwidth_mb_s}
+                  mb_per_s, latency_ms{p50,p90,p99}, latency_mean_ms, latencies_ms[] (per file,
+                  in read order)}, fixed_ms_per_file, fit_bandwidth_mb_s}
     sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}}]
     decode       {per_codec{codec: {library: {ms, mp_per_s, images, share}}},
                   per_sample_ms{library: ms}, images{width, height, megapixels, ...},
