@@ -35,6 +35,7 @@ from .errors import ManifestError, OptionError
 from .manifest import ShardEntry
 from .optional import require
 from .remote import Location, is_remote, protocol_of
+from .storage import file_sha256
 
 __all__ = ["ShardCache", "ShardAccess", "prefetch"]
 
@@ -49,14 +50,6 @@ def _flock(path: str, exclusive: bool = True) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_text(path: str) -> str:
@@ -121,7 +114,7 @@ class ShardCache:
                 fetched = True
             if sha256 is not None and _read_text(local + MARKER) != sha256:
                 for attempt in range(2):  # an unverified copy: check it, fetch it again once if bad
-                    if (size is None or os.path.getsize(local) == size) and _sha256(local) == sha256:
+                    if (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256:
                         break
                     self._remove(local)
                     if attempt:

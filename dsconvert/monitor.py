@@ -151,7 +151,8 @@ class DataLoadingMonitor:
 
     def _alert(self, share: float) -> None:
         self.alerts += 1
-        self._recent_load = sum(load for load, _ in self._recent)  # drop float drift now and then
+        # exact sums for the message (the running ones accumulate rounding); alerts are rare
+        self._recent_load = sum(load for load, _ in self._recent)
         self._recent_total = sum(load + comp for load, comp in self._recent)
         n = len(self._recent)
         alert = Alert(self.steps, n, share, self._recent_load / n * 1000,

@@ -9,10 +9,11 @@ from its own cache, so compare cold against warm in one run, not against absolut
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from typing import IO, Any, Dict, Iterable, Iterator, Tuple
 
-__all__ = ["atomic_write", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
+__all__ = ["atomic_write", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
            "LATENCY_BOUND_FS"]
 
 
@@ -30,6 +31,15 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of a file, read in 1 MB blocks (hashlib releases the GIL on them)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def evict_page_cache(paths: Iterable[str]) -> int:

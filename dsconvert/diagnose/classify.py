@@ -281,6 +281,9 @@ def _fixes(bottleneck: str, src: str, details: Dict[str, float], fast_decoder: O
     elif bottleneck == "remote":
         commands.append(f"dsconvert shard {src} --format wds -o /local/ssd/OUT   # the conversion is also the pre-cache "
                         "to local SSD")
+        notes.append("or keep the shards in the object store and read them through a verified local copy: "
+                     "dsconvert shard SRC -o s3://.../train-wds, then open_dataset(URL, cache_dir=\"/local/ssd/cache\") "
+                     "(dsconvert cache URL /local/ssd/cache fetches them ahead)")
     elif bottleneck == "unpickle":
         commands.append(f"dsconvert shard {src} --format npy -o OUT   # arrays in a memory map, never unpickled")
         notes.append("pickled samples: store arrays with np.save instead; dsconvert never unpickles data")

@@ -9,7 +9,6 @@ presence marks the shard done and whose spec digest lets a resumed run reuse it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Dict, List, Optional
 
@@ -18,10 +17,11 @@ from ..errors import BadInputError, ManifestError
 from ..keys import escape_path
 from ..manifest import ShardEntry
 from ..remote import Location
+from ..storage import file_sha256
 from ..shards import ShardRecord, ShardResult, ShardSpec, read_samples
 from ..source import Sample, Skipped
 
-__all__ = ["BaseWriter", "Sink", "file_sha256"]
+__all__ = ["BaseWriter", "Sink"]
 
 
 class Sink:
@@ -36,14 +36,6 @@ class Sink:
 
     def close(self) -> Dict[str, Any]:
         raise NotImplementedError
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class BaseWriter:
