@@ -122,7 +122,7 @@ def pyspy_path() -> str:
     return found
 
 
-_PTRACE_HINT = ("py-spy needs to read the process's memory: run as root or as the same user with "
+_PTRACE_HINT = ("py-spy and strace need to read the process's memory: run as root or as the same user with "
                 "`sudo sysctl kernel.yama.ptrace_scope=0`; in a container, start it with "
                 "`--cap-add SYS_PTRACE` (Docker) or the SYS_PTRACE capability (Kubernetes)")
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import DsconvertError, MissingDependencyError
-from .pyspy import PtraceError
+from .pyspy import _PTRACE_HINT, PtraceError
 
 __all__ = ["trace", "parse_strace", "summarize", "SYSCALLS", "BUCKETS_US"]
 
@@ -168,7 +168,7 @@ def trace(pids: Sequence[int], seconds: float = 5.0) -> Dict[str, Dict]:
             _, err = proc.communicate()
         text = open(log, encoding="utf-8", errors="replace").read() if os.path.exists(log) else ""
     if not text and re.search(r"not permitted|ermission denied", err or ""):
-        raise PtraceError(f"strace could not attach: {err.strip().splitlines()[-1]}")
+        raise PtraceError(f"strace could not attach: {err.strip().splitlines()[-1]}. {_PTRACE_HINT}")
     if not text and proc.returncode not in (0, -signal.SIGINT, 130):
         raise DsconvertError(f"strace failed: {(err or '').strip()[-300:]}")
     group_of = _thread_groups(pids)  # strace -f prints thread ids; descriptors belong to processes
