@@ -3,7 +3,6 @@ headless Chromium without console errors or network requests."""
 
 import html
 import json
-import os
 import re
 import shutil
 import sys
