@@ -12,12 +12,13 @@ path gives the RGB image that ``PIL.Image.open(f).convert("RGB")`` gives.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import struct
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -44,6 +45,7 @@ __all__ = [
     "parse_hw",
     "check_pixels",
     "jpeg_header",
+    "decode_errors_naming",
 ]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, without the dots
@@ -265,6 +267,18 @@ def decode_image(data: Any, mode: str = "pil") -> Any:
     if mode == "numpy":
         return decode_rgb(data, jpeg_decoders()[0][0])
     raise ValueError(f"decode must be one of {DECODE_MODES}, not {mode!r}")
+
+
+@contextlib.contextmanager
+def decode_errors_naming(where: str) -> Iterator[None]:
+    """Decode errors raised inside name ``where`` (a shard and sample): the message alone does
+    not find the bad sample. Pillow says "corrupt" as OSError, SyntaxError or ValueError."""
+    try:
+        yield
+    except BadInputError as exc:
+        raise BadInputError(exc.reason, where) from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise BadInputError(f"cannot decode: {exc}", where) from None
 
 
 def decode_field(field: str, data: Any, mode: str = "pil", allow_pickle: bool = False) -> Any:

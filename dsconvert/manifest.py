@@ -39,9 +39,8 @@ from typing import Any, Dict, List, Optional, Union
 from .errors import ManifestError
 from .keys import escape_path, unescape_path
 from .remote import Location, is_remote
-from .storage import atomic_write
 
-__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "write_json_atomic", "expect",
+__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "expect",
            "is_int", "is_str_list"]
 
 SCHEMA_VERSION = 1
@@ -208,10 +207,3 @@ def expect(ok: bool, where: str, name: str, what: str) -> None:
     if not ok:
         label = f"field '{name}'" if name else "the document"
         raise ManifestError(f"{where}: {label} must be {what}", where)
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON through :func:`dsconvert.storage.atomic_write`."""
-    with atomic_write(path, "w") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-        f.write("\n")

@@ -13,7 +13,7 @@ import hashlib
 import os
 from typing import IO, Any, Dict, Iterable, Iterator, Tuple
 
-__all__ = ["atomic_write", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
+__all__ = ["atomic_write", "stream_sha256", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
            "LATENCY_BOUND_FS"]
 
 
@@ -33,13 +33,18 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
         raise
 
 
-def file_sha256(path: str) -> str:
-    """The sha256 of a file, read in 1 MB blocks (hashlib releases the GIL on them)."""
+def stream_sha256(f: IO[bytes], block: int = 1 << 20) -> str:
+    """The sha256 of what a binary file object holds from here on, read in blocks (hashlib
+    releases the GIL on large ones)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for chunk in iter(lambda: f.read(block), b""):
+        h.update(chunk)
     return h.hexdigest()
+
+
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return stream_sha256(f)
 
 
 def evict_page_cache(paths: Iterable[str]) -> int:

@@ -40,6 +40,7 @@ from .formats import FORMATS, writer_class
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest, ShardEntry
 from .remote import Location, is_remote
+from .storage import stream_sha256
 from .shards import ShardRecord
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
@@ -65,14 +66,6 @@ def _load_record(out: Location, fmt: str, entry: ShardEntry) -> ShardRecord:
 
         return load_record(out.url_of(name), data)
     return ShardRecord.load(out.url_of(name), fmt, data)
-
-
-def _sha256(out: Location, name: str) -> str:
-    h = hashlib.sha256()
-    with out.open(name, block_size=8 << 20) as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _unsafe_name(name: str) -> bool:
@@ -182,7 +175,8 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
     if size != entry.bytes:
         problems.append(Problem("size", entry.name, f"{size} bytes, the manifest says {entry.bytes} (truncated or "
                                 "rewritten)"))
-    digest = _sha256(out, entry.name)
+    with out.open(entry.name, block_size=8 << 20) as f:
+        digest = stream_sha256(f, 8 << 20)
     if digest != entry.sha256:
         problems.append(Problem("checksum", entry.name, f"sha256 {digest[:16]}... differs from the manifest's "
                                 f"{entry.sha256[:16]}..."))

@@ -11,8 +11,7 @@ import numpy as np
 from PIL import Image
 
 from ..cache import ShardAccess
-from ..codecs import DECODE_MODES, ENCODED_MODES, decode_image
-from ..errors import BadInputError
+from ..codecs import DECODE_MODES, ENCODED_MODES, decode_errors_naming, decode_image
 from ..manifest import Manifest, ShardEntry
 
 __all__ = ["MapReader"]
@@ -92,12 +91,8 @@ class MapReader:
         if self.stored == "decoded":
             image = data if self.decode == "numpy" else Image.fromarray(np.asarray(data))
         else:
-            try:
+            with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
                 image = decode_image(data, self.decode)
-            except BadInputError as exc:  # name the sample
-                raise BadInputError(exc.reason, f"{self.manifest.shards[k].name}[{j}]") from None
-            except (OSError, SyntaxError, ValueError) as exc:
-                raise BadInputError(f"cannot decode: {exc}", f"{self.manifest.shards[k].name}[{j}]") from None
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

@@ -28,7 +28,6 @@ shard between ranks at any sample boundary free, and raw reads cost a slice, not
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import mmap
@@ -43,9 +42,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from .._torch import lazy_module_attr
-from ..codecs import DECODE_MODES, ENCODED_MODES, decode_field, decode_image, encode_class
+from ..codecs import (DECODE_MODES, ENCODED_MODES, decode_errors_naming, decode_field, decode_image,
+                      encode_class)
 from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
-from ..errors import BadInputError, ManifestError
+from ..errors import ManifestError
 from ..cache import ShardAccess
 from ..manifest import Manifest, ShardEntry, expect, is_int
 from ..remote import Location
@@ -481,7 +481,7 @@ class _WdsDataset:
 
     def _decode(self, shard: _OpenShard, i: int, raw: Any) -> Any:
         if self.manifest.sample_type == "classification":
-            with _naming(shard, i):
+            with decode_errors_naming(f"{shard.index.name}: {shard.index.keys[i]}"):
                 image = decode_image(raw, self.decode)
             label = shard.index.labels[i]
             if self.transform is not None:
@@ -490,7 +490,7 @@ class _WdsDataset:
                 label = self.target_transform(label)
             return image, label
         sample: Dict[str, Any] = {"__key__": shard.index.keys[i]}
-        with _naming(shard, i):
+        with decode_errors_naming(f"{shard.index.name}: {shard.index.keys[i]}"):
             for name, data in raw.items():
                 sample[name] = decode_field(name, data, self.decode, self.allow_pickle)
         if self.transform is not None:
@@ -512,18 +512,6 @@ class _WdsDataset:
             return
         for shard, i, raw in items:
             yield self._decode(shard, i, raw)
-
-
-@contextlib.contextmanager
-def _naming(shard: _OpenShard, i: int) -> Iterator[None]:
-    """Decode errors name the shard and sample: the message alone does not find it."""
-    where = f"{shard.index.name}: {shard.index.keys[i]}"
-    try:
-        yield
-    except BadInputError as exc:
-        raise BadInputError(exc.reason, where) from None
-    except (OSError, SyntaxError, ValueError) as exc:  # Pillow's ways of saying "corrupt"
-        raise BadInputError(f"cannot decode: {exc}", where) from None
 
 
 def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
