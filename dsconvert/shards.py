@@ -133,13 +133,14 @@ def _read_local(spec: ShardSpec, sample: Sample) -> Fetched:
 
 def _remote_batches(spec: ShardSpec) -> Iterator[List[Sample]]:
     batch: List[Sample] = []
-    nbytes = 0
+    nfiles = nbytes = 0
     for sample in spec.samples:
         batch.append(sample)
+        nfiles += len(sample.files)
         nbytes += sample.nbytes
-        if sum(len(s.files) for s in batch) >= REMOTE_BATCH_FILES or nbytes >= REMOTE_BATCH_BYTES:
+        if nfiles >= REMOTE_BATCH_FILES or nbytes >= REMOTE_BATCH_BYTES:
             yield batch
-            batch, nbytes = [], 0
+            batch, nfiles, nbytes = [], 0, 0
     if batch:
         yield batch
 

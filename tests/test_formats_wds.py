@@ -132,8 +132,7 @@ def test_prefetched_reads_equal_the_file(tmp_path):
     path = tmp_path / "blob"
     path.write_bytes(data)
     rng = random.Random(0)
-    src = _PrefetchedBytes.local(str(path), end=len(data), window=20_000, threads=3)
-    src.PIECE = 4096  # many pieces per window
+    src = _PrefetchedBytes.local(str(path), end=len(data), window=20_000, threads=3, piece=4096)  # many per window
     pos = 0
     while pos < len(data):
         size = rng.choice([0, 1, 100, 5000, 19_999, 45_000])  # some larger than the window

@@ -211,13 +211,11 @@ class _PrefetchedBytes:
     a local descriptor, or a ranged GET of the object.
     """
 
-    PIECE = 1 << 20
-
     def __init__(self, fill: Callable[[memoryview, int], int], end: int, close: Callable[[], None] = lambda: None,
-                 window: int = 16 << 20, threads: int = 8, piece: int = PIECE):
+                 window: int = 16 << 20, threads: int = 8, piece: int = 1 << 20):
         self.fill = fill
         self._close = close
-        self.PIECE = piece
+        self.piece = piece  # bytes per request
         self.end = end
         self.window = window
         self.pool = _io_pool(threads)
@@ -228,8 +226,8 @@ class _PrefetchedBytes:
     def _start(self, offset: int, length: int) -> Tuple[int, bytearray, List[Future]]:
         buf = bytearray(length)
         view = memoryview(buf)
-        futures = [self.pool.submit(self.fill, view[a: a + self.PIECE], offset + a)
-                   for a in range(0, length, self.PIECE)]
+        futures = [self.pool.submit(self.fill, view[a: a + self.piece], offset + a)
+                   for a in range(0, length, self.piece)]
         return offset, buf, futures
 
     @staticmethod
