@@ -5,10 +5,12 @@ it gives a local path when there is one (a local output, or a cached copy) and o
 lets the reader fetch byte ranges of the remote object concurrently.
 
 ``ShardCache`` keeps whole shards on local disk on first use, for outputs on object stores
-or network file systems. The files are fsspec's: its ``simplecache`` file system names,
-downloads and finds them. dsconvert adds what a cache shared by training processes needs and
-``simplecache`` lacks:
+or network file systems, fetched through fsspec. It is not fsspec's ``simplecache``, which
+downloads under the final name (a killed download leaves a short file that is then served
+as if whole); a cache shared by training processes needs:
 
+* downloads to a temp name, checked against the manifest's size and sha256 (shards, and
+  since 0.2 their index and samples table: the manifest's ``parts``), then renamed;
 * a lock per file (``fcntl.flock``), so that concurrent DataLoader workers and ranks never
   read a half-downloaded shard and download each shard once (``simplecache`` writes the
   download under its final name);
@@ -25,17 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import os
+import shutil
 import threading
 import time
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from .errors import ManifestError, OptionError
 from .manifest import ShardEntry
-from .optional import require
-from .remote import Location, is_remote, protocol_of
-from .storage import file_sha256
+from .remote import Location, filesystem, is_remote
+from .storage import check_name, file_sha256, open_regular, regular_size
 
 __all__ = ["ShardCache", "ShardAccess", "prefetch"]
 
@@ -50,6 +53,12 @@ def _flock(path: str, exclusive: bool = True) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _write_marker(local: str, sha256: str) -> None:
+    with open(local + MARKER + ".tmp", "w", encoding="ascii") as f:
+        f.write(sha256)
+    os.replace(local + MARKER + ".tmp", local + MARKER)
 
 
 def _read_text(path: str) -> str:
@@ -91,48 +100,68 @@ class ShardCache:
         self.__dict__.update(state)
         self._counter = threading.Lock()
 
-    def _open_local(self, url: str) -> str:
-        """fsspec's simplecache: the local copy's path, downloading it when absent."""
-        fsspec = require("fsspec", "caching remote shards")
-        target = {protocol_of(url): self.storage_options} if is_remote(url) else {}
-        return fsspec.open_local(f"simplecache::{url}", simplecache={"cache_storage": self.files,
-                                                                     "same_names": False}, **target)
-
     def _lock_path(self, url: str) -> str:
         return os.path.join(self.locks, hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40])
 
+    def _local_path(self, url: str) -> str:
+        digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+        return os.path.join(self.files, f"{digest}-{check_name(url.rsplit('/', 1)[-1], url)}")
+
+    def _download(self, url: str, local: str, sha256: Optional[str], size: Optional[int]) -> None:
+        """Fetch ``url`` to a temp name beside ``local``, check it, and only then rename it into
+        place: a process killed mid-download leaves a temp file, never a short copy under the
+        final name (fsspec's simplecache writes the final name directly). Caller holds the
+        file's lock."""
+        for stale in glob.glob(glob.escape(local) + ".*.tmp"):  # left by a killed download
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(stale)
+        tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            for attempt in range(2):
+                if is_remote(url):
+                    fs, path = filesystem(url, self.storage_options)
+                    fs.get_file(path, tmp)
+                else:
+                    with open_regular(url) as src, open(tmp, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 8 << 20)
+                if (size is None or os.path.getsize(tmp) == size) and (sha256 is None or file_sha256(tmp) == sha256):
+                    break
+                if attempt:
+                    raise ManifestError(f"{url}: its bytes do not match the manifest's sha256 even after a second "
+                                        "download: the output changed while being read, or the store returns bad data",
+                                        url)
+            if sha256 is not None:
+                _write_marker(local, sha256)  # before the rename: a copy in place is always a checked one
+            os.replace(tmp, local)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+
     def get(self, url: str, sha256: Optional[str] = None, size: Optional[int] = None,
-            refresh: bool = False) -> str:
+            refresh: bool = False, counted: bool = True) -> str:
         """A local path holding ``url``'s bytes, fetched on first use; with ``sha256`` (and
-        ``size``) verified against them. ``refresh`` fetches it again (a stale copy)."""
+        ``size``) verified against them. ``refresh`` fetches it again (a stale copy).
+        ``counted``: whether a fetch counts in ``downloads`` (shards do; their small files not)."""
         fetched = False
+        local = self._local_path(url)
         with _flock(os.path.join(self.dir, "evict.lock"), exclusive=False), _flock(self._lock_path(url)):
-            local = self._open_local(url)
-            if refresh:
+            present = os.path.exists(local) and not refresh
+            if present and sha256 is not None and _read_text(local + MARKER) != sha256:
+                # a copy checked against another digest (the output was rewritten), or never checked
+                present = (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256
+                if present:
+                    _write_marker(local, sha256)
+            if not present:
                 self._remove(local)
-                local = self._open_local(url)
-                fetched = True
-            if sha256 is not None and _read_text(local + MARKER) != sha256:
-                for attempt in range(2):  # an unverified copy: check it, fetch it again once if bad
-                    if (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256:
-                        break
-                    self._remove(local)
-                    if attempt:
-                        raise ManifestError(f"{url}: its bytes do not match the manifest's sha256 even after "
-                                            "a second download: the output changed while being read, or the "
-                                            "store returns bad data", url)
-                    local = self._open_local(url)
-                with open(local + MARKER + ".tmp", "w", encoding="ascii") as f:
-                    f.write(sha256)
-                os.replace(local + MARKER + ".tmp", local + MARKER)
+                self._download(url, local, sha256, size)
                 fetched = True
             os.utime(local)  # the LRU stamp
-        if fetched:
+        if fetched and counted:
             with self._counter:
                 self.downloads += 1
                 self.downloaded_bytes += os.path.getsize(local)
-            if self.max_bytes is not None:
-                self.evict(keep=local)
+        if fetched and self.max_bytes is not None:
+            self.evict(keep=local)
         return local
 
     @staticmethod
@@ -189,19 +218,31 @@ class ShardAccess:
     def url_of(self, name: str) -> str:
         return self.location.url_of(name)
 
-    def file_bytes(self, name: str, refresh: bool = False) -> bytes:
-        """A small file of the output (an index, a samples table), through the cache if any."""
+    def file_bytes(self, name: str, part: Optional[Dict[str, Any]] = None, refresh: bool = False) -> bytes:
+        """A small file of the output (an index, a samples table), through the cache if any;
+        with ``part`` (the manifest's {bytes, sha256} of it) checked against it."""
+        want = (part or {}).get("sha256")
         if self.cache is None:
-            return self.location.read_bytes(name)
-        with open(self.cache.get(self.url_of(name), refresh=refresh), "rb") as f:
-            return f.read()
+            data = self.location.read_bytes(name)
+        else:
+            with open_regular(self.cache.get(self.url_of(name), want, (part or {}).get("bytes"),
+                                             refresh=refresh, counted=False)) as f:
+                data = f.read()
+        if want is not None and hashlib.sha256(data).hexdigest() != want:
+            raise ManifestError(f"{self.url_of(name)}: its sha256 differs from the manifest's (was the output "
+                                "rewritten while being read?)", self.url_of(name))
+        return data
 
     def local_shard(self, entry: ShardEntry) -> Optional[str]:
         """A local path with the shard's bytes (verified against the manifest when cached), or
-        None when it is only reachable remotely."""
+        None when it is only reachable remotely. Only a regular file is handed out (a symlink to
+        ``/dev/zero`` or a FIFO would never end, or block)."""
         if self.cache is not None:
             return self.cache.get(self.url_of(entry.name), entry.sha256, entry.bytes)
-        return self.location.local_path(entry.name)
+        path = self.location.local_path(entry.name)
+        if path is not None:
+            regular_size(path)
+        return path
 
     def cache_dir_or_root(self) -> str:
         """The local folder reads come from (to judge whether it is latency-bound)."""
@@ -233,7 +274,7 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
     def fetch(entry: ShardEntry) -> None:
         access.local_shard(entry)
         for name in writer.files_of(entry)[1:]:
-            access.file_bytes(name)
+            access.file_bytes(name, entry.parts.get(name))
         if log is not None:
             log(f"cached {entry.name}")
 

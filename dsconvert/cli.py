@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
+import math
 import os
+import re
+import select
 import sys
 from collections import Counter
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, List, Optional
 
 from . import __version__
 from .codecs import DECODE_MODES, DECODERS, parse_hw
 from .convert import EXIT_SKIPPED, convert
-from .errors import DsconvertError, SourceError
+from .errors import DsconvertError, OptionError, SourceError
 from .formats import FORMATS
 from .manifest import Manifest
+from .shards import parse_size
 from .remote import is_remote, parse_storage_options
 from .sizing import format_size
 from .source import LAYOUTS
@@ -29,9 +35,56 @@ __all__ = ["main", "build_parser"]
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _path(text: str) -> str:
+    """A path or URL: not empty ('' would silently mean the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):  # float() also takes 'nan' and 'inf'
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """A rate: a finite number > 0."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A time budget: a finite number >= 0."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    """A byte count such as 512MB or 1GiB, >= 1 byte: a usage error, not a traceback, when not."""
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
     return value
 
 
@@ -81,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "OUT. Every input file ends up in a shard or in the manifest's skipped list with its "
         "reason. Killed runs resume when the same command is run again.",
     )
-    p.add_argument("src", metavar="SRC", help="source folder (ImageFolder or flat) or list file")
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
+    p.add_argument("src", type=_path, metavar="SRC", help="source folder (ImageFolder or flat) or list file")
+    p.add_argument("-o", "--output", required=True, type=_path, metavar="OUT", help="output folder")
     p.add_argument("--format", choices=sorted(FORMATS), default="wds",
                    help="output format: wds = WebDataset tar shards; hdf5 = HDF5 files (encoded "
                    "bytes, or pixels with --decode); npy = decoded, memory-mappable pixel cache "
@@ -92,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "basename-grouped files with sidecars, or a list file (default: %(default)s)")
     p.add_argument("--samples-per-shard", type=_positive_int, default=10000, metavar="N",
                    help="at most N samples per shard (default: %(default)s)")
-    p.add_argument("--shard-size", default="1GB", metavar="SIZE",
+    p.add_argument("--shard-size", type=_size, default="1GB", metavar="SIZE",
                    help="at most SIZE bytes per shard, e.g. 512MB, 1GiB; whichever limit comes "
                    "first ends a shard (default: %(default)s)")
     p.add_argument("--workers", type=_positive_int, default=None, metavar="N",
@@ -136,18 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
         "cache evicted, and warm; sequential and random; 1..N concurrent readers), decode cost per "
         "codec and library, and the read/prep stall of one DataLoader worker; then name the "
         "bottleneck and the dsconvert command that removes it, with the predicted speedup.")
-    p.add_argument("src", metavar="SRC", help="source folder or list file")
+    p.add_argument("src", type=_path, metavar="SRC", help="source folder or list file")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.analyze/1)")
-    p.add_argument("--report", metavar="FILE.html",
+    p.add_argument("--report", type=_path, metavar="FILE.html",
                    help="also write a self-contained HTML report with plots (pip install 'dsconvert[report]')")
-    p.add_argument("--target", type=float, metavar="N",
+    p.add_argument("--target", type=_positive_float, metavar="N",
                    help="samples/s the GPUs consume: say whether the loader keeps up")
     p.add_argument("--sample", type=_positive_int, default=200, metavar="N",
                    help="files to measure, stratified by folder and size (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
-    p.add_argument("--time-budget", type=float, default=30.0, metavar="S",
+    p.add_argument("--time-budget", type=_seconds, default=30.0, metavar="S",
                    help="seconds for the inventory walk; beyond it the rest is estimated (default: %(default)s)")
-    p.add_argument("--output-dir", metavar="DIR",
+    p.add_argument("--output-dir", type=_path, metavar="DIR",
                    help="where a conversion would go: its free space decides which formats fit "
                    "(default: the current folder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
@@ -161,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cold (page cache evicted) and warm, and print samples/s, MB/s, the wait for each batch and "
         "the workers' CPU use. Several PATHs are compared config by config: before and after "
         "conversion in one command.")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="source folders, list files or dsconvert outputs")
+    p.add_argument("paths", nargs="+", type=_path, metavar="PATH", help="source folders, list files or dsconvert outputs")
     p.add_argument("--workers", type=_int_list(0), metavar="N,N,...",
                    help="DataLoader worker counts to sweep (default: 0,1,2,4,... up to the CPUs)")
     p.add_argument("--batch-size", type=_int_list(1), default=[64], metavar="N,N,...",
@@ -179,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="page cache state of the passes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="subset seed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.bench/1)")
-    p.add_argument("--report", metavar="FILE.html",
+    p.add_argument("--report", type=_path, metavar="FILE.html",
                    help="also write a self-contained HTML report with plots (pip install 'dsconvert[report]')")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _add_storage_options(p)
@@ -217,10 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
         "format's structure; for wds the tar's own headers: unsafe or unindexed members), decode every "
         "sample with --decode, and compare with the source with --source: files missing, extra or "
         "changed since the conversion. Exit status 0 when all is well, 4 when problems were found.")
-    p.add_argument("path", metavar="OUT", help="a dsconvert output folder")
+    p.add_argument("path", type=_path, metavar="OUT", help="a dsconvert output folder")
     p.add_argument("--decode", action="store_true",
                    help="also read every sample through the reader and decode every image in full")
-    p.add_argument("--source", metavar="SRC", help="also compare with the source: missing, extra, changed files")
+    p.add_argument("--source", type=_path, metavar="SRC", help="also compare with the source: missing, extra, changed files")
     p.add_argument("--workers", type=_positive_int, metavar="N",
                    help="parallel hashing threads and decoding processes (default: the number of CPUs)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.verify/1)")
@@ -233,10 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fetch every shard (and index) of the dsconvert output at URL into CACHE_DIR and verify "
         "each against the manifest's sha256, in parallel. open_dataset(URL, cache_dir=CACHE_DIR) then reads "
         "only the local copies; shards already cached and verified are not fetched again.")
-    p.add_argument("url", metavar="URL", help="a dsconvert output: s3://bucket/train-wds, gs://..., or a "
+    p.add_argument("url", type=_path, metavar="URL", help="a dsconvert output: s3://bucket/train-wds, gs://..., or a "
                    "path on a network file system")
-    p.add_argument("cache_dir", metavar="CACHE_DIR", help="a folder on local SSD")
-    p.add_argument("--max-size", metavar="SIZE", help="the cache's cap, e.g. 500GB: training reads evict the "
+    p.add_argument("cache_dir", type=_path, metavar="CACHE_DIR", help="a folder on local SSD")
+    p.add_argument("--max-size", type=_size, metavar="SIZE", help="the cache's cap, e.g. 500GB: training reads evict the "
                    "least recently used shards beyond it (default: no cap)")
     p.add_argument("--workers", type=_positive_int, default=8, metavar="N",
                    help="shards fetched at once (default: %(default)s)")
@@ -248,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
                        description="Print what OUT/dsconvert.json records: format, samples, "
                        "shards, classes and every skipped input with its reason.")
-    p.add_argument("path", metavar="OUT", help="a dsconvert output folder")
+    p.add_argument("path", type=_path, metavar="OUT", help="a dsconvert output folder")
     p.add_argument("--skipped", action="store_true", help="list every skipped input")
     _add_storage_options(p)
     p.set_defaults(func=_cmd_info)
@@ -266,7 +319,21 @@ def _skip_summary(manifest: Manifest, limit: int) -> List[str]:
     return lines
 
 
+def _local_folder(path: str, what: str) -> None:
+    """Refuse an output folder that is a file, or lies inside one, naming it: makedirs' own
+    error ('File exists', 'Not a directory') does not say which path is wrong."""
+    if is_remote(path):
+        return
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        where = "is a file" if probe == os.path.abspath(path) else f"is inside {probe}, which is a file"
+        raise OptionError(f"{what} {path} {where}, not a folder", path)
+
+
 def _cmd_shard(args: argparse.Namespace) -> int:
+    _local_folder(args.output, "the output")
     if args.cluster:
         from .cluster import cluster_executor
 
@@ -314,6 +381,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     if not is_remote(args.src) and not os.path.exists(args.src):
         raise SourceError(f"source does not exist: {args.src}", args.src)
+    _check_report_path(args.report)
     log = _stderr_log(args)
     report = analyze(args.src, target=args.target, sample=args.sample, seed=args.seed,
                      time_budget=args.time_budget, output_dir=args.output_dir, log=log,
@@ -324,12 +392,26 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_report_path(path: Optional[str]) -> None:
+    """Refuse a --report path that cannot be written, before minutes of measuring, not after."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise OptionError(f"--report {path} is a folder; give a file name such as report.html", path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OptionError(f"--report {path}: {folder} is not an existing folder", path)
+
+
 def _write_report(args: argparse.Namespace, renderer: str, report: dict) -> None:
     if not args.report:
         return
     from . import html_report
 
-    path = html_report.write(args.report, getattr(html_report, renderer)(report))
+    page = getattr(html_report, renderer)(report)
+    # names with undecodable bytes (surrogate escapes) show as \udcXX, as on stderr; UTF-8 has no room for them
+    page = page.encode("utf-8", "backslashreplace").decode("utf-8")
+    path = html_report.write(args.report, page)
     if not args.quiet:
         print(f"report written to {path}", file=sys.stderr)
 
@@ -337,6 +419,7 @@ def _write_report(args: argparse.Namespace, renderer: str, report: dict) -> None
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench, render_text
 
+    _check_report_path(args.report)
     log = _stderr_log(args)
     caches = ("cold", "warm") if args.cache == "both" else (args.cache,)
     report = bench(args.paths, workers=args.workers, batch_sizes=args.batch_size, decode=args.decode,
@@ -372,6 +455,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .verify import EXIT_PROBLEMS, render_text, verify
 
+    _existing_output(args.path)
     log = _stderr_log(args)
     report = verify(args.path, decode=args.decode, source=args.source, workers=args.workers, log=log,
                     storage_options=parse_storage_options(args.storage_option))
@@ -382,6 +466,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_cache(args: argparse.Namespace) -> int:
     from .cache import prefetch
 
+    _local_folder(args.cache_dir, "the cache folder")
     report = prefetch(args.url, args.cache_dir, args.max_size, parse_storage_options(args.storage_option),
                       args.workers, log=_stderr_log(args))
     if args.json:
@@ -395,25 +480,45 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _existing_output(path: str) -> None:
+    """An OUT that does not exist, or is a file, said as such (not as a missing manifest)."""
+    if is_remote(path) or path.endswith(".json"):
+        return
+    if not os.path.lexists(path):
+        raise SourceError(f"{path} does not exist (expected a dsconvert output folder)", path)
+    if not os.path.isdir(path):
+        raise SourceError(f"{path} is a file, not a dsconvert output folder", path)
+
+
+def _known(value: Any, missing: str = "unknown") -> str:
+    """A manifest value for a message: never 'None' or '' (older or hand-made manifests)."""
+    return missing if value is None or value == "" else str(value)
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
+    _existing_output(args.path)
     m = Manifest.load(args.path, parse_storage_options(args.storage_option))
     total = sum(s.bytes for s in m.shards)
-    print(f"format:      {m.format} (schema {m.schema_version}, {m.created_by})")
-    print(f"source:      {m.source.get('url')} ({m.source.get('layout')})")
+    print(f"format:      {m.format} (schema {m.schema_version}, written by {_known(m.created_by)})")
+    print(f"source:      {_known(m.source.get('url'))} (layout {_known(m.source.get('layout'))})")
     print(f"samples:     {m.num_samples} ({m.sample_type}, {m.stored})")
     if m.stored == "decoded":
         o = m.options
-        shape = f"resize {o.get('resize')}" if o.get("resize") else (
+        shape = f"resize {o['resize']}" if o.get("resize") else (
             f"size {o['size'][0]}x{o['size'][1]}" if o.get("size") else "full size")
-        print(f"pixels:      RGB uint8, {shape}, JPEG decoder {o.get('decoder')}")
+        print(f"pixels:      RGB uint8, {shape}, JPEG decoder {_known(o.get('decoder'))}")
     print(f"shards:      {len(m.shards)}, {format_size(total)}")
-    print(f"fields:      {', '.join(f'{k} ({v})' for k, v in m.fields.items())}")
+    print(f"fields:      {', '.join(f'{k} ({v})' for k, v in m.fields.items()) or 'none'}")
     if m.classes is not None:
         shown = ", ".join(m.classes[:8]) + (", ..." if len(m.classes) > 8 else "")
         print(f"classes:     {len(m.classes)}: {shown}")
     a = m.accounting
-    print(f"inputs:      {a.get('files_seen')} seen = {a.get('files_written')} written + "
-          f"{a.get('files_skipped')} skipped ({a.get('files_ignored')} hidden/OS files ignored)")
+    counts = ("files_seen", "files_written", "files_skipped", "files_ignored")
+    if all(k in a for k in counts):
+        print(f"inputs:      {a['files_seen']} seen = {a['files_written']} written + "
+              f"{a['files_skipped']} skipped ({a['files_ignored']} hidden/OS files ignored)")
+    else:
+        print(f"inputs:      not recorded; {len(m.skipped)} skipped, {len(m.ignored)} ignored")
     if m.skipped:
         print("\n".join(_skip_summary(m, len(m.skipped) if args.skipped else 10)))
     return 0
@@ -427,30 +532,127 @@ def _storage_error(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in _STORAGE_LIBRARIES or isinstance(exc, PermissionError)
 
 
+def _os_message(exc: OSError) -> str:
+    """'permission denied: /data/x': what the system said, and about which path."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    what = what[:1].lower() + what[1:]
+    names = [os.fsdecode(n) if isinstance(n, bytes) else str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    return f"{what}: {' -> '.join(names)}" if names else what
+
+
+def _message(exc: BaseException) -> str:
+    """The one line that stands for ``exc``: every error the CLI can meet, named."""
+    if isinstance(exc, DsconvertError):
+        return str(exc)
+    if isinstance(exc, BrokenProcessPool):
+        return ("a worker process died unexpectedly (killed, out of memory, or a crash in a native library); "
+                "run the same command again (a conversion resumes where it stopped)")
+    if isinstance(exc, OSError) and exc.filename is not None and type(exc).__module__ == "builtins":
+        return _os_message(exc)  # a local file: its path says more than a storage hint
+    if _storage_error(exc):
+        return (f"storage: {type(exc).__name__}: {exc} (check the URL, the credentials and --storage-option, "
+                "e.g. client_kwargs.endpoint_url=...)")
+    if isinstance(exc, OSError):
+        return _os_message(exc)
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    detail = f": {exc}" if str(exc) else ""
+    return f"internal error: {type(exc).__name__}{detail} (set DSCONVERT_DEBUG=1 to see where; please report it)"
+
+
+_LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+\s*")  # what splitlines() splits at
+
+
+def _one_line(text: str) -> str:
+    """Messages quote paths and library errors, which may hold line breaks."""
+    return _LINE_BREAKS.sub(" ", text).strip()
+
+
 @contextlib.contextmanager
 def _errors_as_messages() -> Iterator[None]:
-    red = "\033[31m" if sys.stderr.isatty() and not os.environ.get("NO_COLOR") else ""
-    reset = "\033[0m" if red else ""
+    """Every exception becomes ``dsconvert: error: ...`` on one line and exit status 1 (with
+    DSCONVERT_DEBUG set, unexpected ones keep their traceback). A broken pipe is main's."""
     try:
         yield
-    except DsconvertError as exc:
-        print(f"{red}dsconvert: error:{reset} {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    except BrokenPipeError:
+        raise
     except Exception as exc:
-        if not _storage_error(exc):
+        if os.environ.get("DSCONVERT_DEBUG") and not isinstance(exc, DsconvertError):
             raise
-        print(f"{red}dsconvert: error:{reset} storage: {type(exc).__name__}: {exc} (check the URL, the "
-              "credentials and --storage-option, e.g. client_kwargs.endpoint_url=...)", file=sys.stderr)
+        red = "\033[31m" if sys.stderr.isatty() and not os.environ.get("NO_COLOR") else ""
+        reset = "\033[0m" if red else ""
+        print(f"{red}dsconvert: error:{reset} {_one_line(_message(exc))}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def _tolerant_streams() -> Iterator[None]:
+    """Names with undecodable bytes (surrogate escapes) print as escapes instead of raising
+    UnicodeEncodeError on a strict stdout (PYTHONIOENCODING=utf-8, some locales)."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            try:
+                stream.reconfigure(errors="backslashreplace")
+                changed.append(stream)
+            except (ValueError, OSError):
+                pass
+    try:
+        yield
+    finally:
+        for stream in changed:
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="strict")
+
+
+def _pipe_closed(stream: Any) -> bool:
+    """Whether ``stream`` is a pipe whose reader has gone (``dsconvert info OUT | head -1``)."""
+    try:
+        fd = stream.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _silence(streams: List[Any]) -> None:
+    """Point the closed output at /dev/null, so the interpreter's last flush does not complain."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in streams:
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
+def _exit_status(code: Any) -> int:
+    """SystemExit's code as a status: None is 0, a message is printed and is 1."""
+    if code is None or isinstance(code, int):
+        return int(code or 0)
+    print(f"dsconvert: error: {_one_line(str(code))}", file=sys.stderr)
+    return 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        with _errors_as_messages():
-            return args.func(args)
-    except KeyboardInterrupt:
-        print("dsconvert: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    """Run the command line ``argv``; return the exit status (see the parser's epilog)."""
+    with _tolerant_streams():
+        try:
+            args = build_parser().parse_args(argv)
+            with _errors_as_messages():
+                status = args.func(args)
+                sys.stdout.flush()  # here, so that a closed pipe is seen here and not at exit
+                return status
+        except KeyboardInterrupt:
+            print("dsconvert: interrupted; run the same command again to resume", file=sys.stderr)
+            return 130
+        except BrokenPipeError as exc:
+            closed = [s for s in (sys.stdout, sys.stderr) if _pipe_closed(s)]
+            if closed:  # the reader stopped reading: nothing more to say, and nowhere to say it
+                _silence(closed)
+                return 141  # as a process killed by SIGPIPE, which is what `cat` would do
+            print(f"dsconvert: error: {_one_line(_message(exc))}", file=sys.stderr)
+            return 1
+        except SystemExit as exc:
+            return _exit_status(exc.code)

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from . import optional
-from .errors import BadInputError
+from .errors import BadInputError, DsconvertError
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -44,7 +44,9 @@ __all__ = [
     "image_size",
     "parse_hw",
     "check_pixels",
-    "jpeg_header",
+    "pixel_limit",
+    "load_npy",
+    "FastJpeg",
     "decode_errors_naming",
 ]
 
@@ -89,20 +91,36 @@ def encode_class(label: int) -> bytes:
 # --- checking inputs during conversion ---------------------------------------------------
 
 
-def _open_image(data: bytes, max_pixels: Optional[int]) -> Image.Image:
-    """Open (not decode) an image, with Pillow's decompression-bomb limit turned into an error.
+@contextlib.contextmanager
+def pixel_limit(limit: Optional[int]) -> Iterator[None]:
+    """Decode within ``limit`` pixels (None: leave ``PIL.Image.MAX_IMAGE_PIXELS`` as it is).
+
+    The limit is Pillow's global, because Pillow's own checks read it: lowering only our check
+    would leave Pillow refusing at 2x its default anyway, so ``--max-image-pixels`` could never
+    raise the limit. Conversion sets it per shard in its worker; restored on exit."""
+    if limit is None:
+        yield
+        return
+    before = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = int(limit)
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = before
+
+
+def _pil_open(data: Any) -> Image.Image:
+    """``Image.open`` (header only) within the pixel limit, as an error on every level.
 
     Pillow only *warns* between ``MAX_IMAGE_PIXELS`` and twice that; in a worker process a
-    warning is lost, so we treat the warning level as the limit.
-    """
-    limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
-    img = Image.open(io.BytesIO(data))
-    w, h = img.size
-    if limit is not None and limit > 0 and w * h > limit:
-        raise BadInputError(
-            f"decompression bomb: {w}x{h} = {w * h} pixels exceeds the limit of {limit} "
-            "(Pillow's MAX_IMAGE_PIXELS; raise it with --max-image-pixels)"
-        )
+    warning is lost, so the warning level is the limit."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise BadInputError(f"decompression bomb: {exc}") from None
+    check_pixels(*img.size)  # the limit may have been lowered since Pillow checked
     return img
 
 
@@ -117,19 +135,16 @@ def check_image(data: bytes, max_pixels: Optional[int] = None, full: bool = Fals
     if not data:
         raise BadInputError("empty file (0 bytes)")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = _open_image(data, max_pixels)
+        with pixel_limit(max_pixels):
+            img = _pil_open(data)
             if img.format in ("JPEG", "MPO") and not full:
                 img.draft(img.mode, (max(1, img.size[0] // 8), max(1, img.size[1] // 8)))
             img.load()
     except BadInputError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise BadInputError(f"decompression bomb: {exc}") from None
     except UnidentifiedImageError:
         raise BadInputError("not a decodable image (Pillow cannot identify the format)") from None
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error) as exc:
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, MemoryError) as exc:
         raise BadInputError(f"corrupt or truncated image: {exc}") from None
 
 
@@ -155,7 +170,7 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
         elif kind == "text":
             data.decode("utf-8")
         elif kind == "npy":
-            np.load(io.BytesIO(data), allow_pickle=False)
+            load_npy(data, allow_pickle=False)
     except Exception as exc:
         raise BadInputError(f"not a valid .{field} file: {exc}") from None
 
@@ -164,49 +179,76 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
 
 
 def check_pixels(width: int, height: int) -> None:
-    """Refuse to decode an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (None: no limit).
-
-    Pillow itself only warns between the limit and twice it, and the fast JPEG decoders do
-    not check at all: a 50 kB file declaring 30000 x 30000 pixels would allocate 2.7 GB."""
+    """Refuse to decode an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (None: no limit;
+    :func:`pixel_limit` sets it). Pillow itself only warns between the limit and twice it,
+    and the fast JPEG decoders do not check at all: a 50 kB file declaring 30000 x 30000
+    pixels would allocate 2.7 GB."""
     limit = Image.MAX_IMAGE_PIXELS
     if limit and width * height > limit:
         raise BadInputError(f"decompression bomb: {width}x{height} = {width * height} pixels exceeds the limit "
-                            f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS)")
+                            f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
 
 
 def _pil_rgb(data: bytes) -> Image.Image:
     # Exactly torchvision's pil_loader: open, then convert("RGB") (which loads), within the
     # pixel limit.
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)  # Pillow only warns at 1-2x
-            img = Image.open(io.BytesIO(data))
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise BadInputError(f"decompression bomb: {exc}") from None
-    check_pixels(*img.size)  # the limit may have been lowered since Pillow checked
-    return img.convert("RGB")
+    return _pil_open(data).convert("RGB")
 
 
-def _turbo_decoder() -> Optional[Callable[[bytes], np.ndarray]]:
+class FastJpeg:
+    """A libjpeg-turbo binding: its own header reader (the dimensions it will decode to, so
+    the pixel limit is checked on exactly what is allocated) and a strict decode.
+
+    ``header(data) -> (height, width, cmyk)`` raises on anything libjpeg cannot parse.
+    ``decode(data)`` raises on every libjpeg warning (premature end of data, corrupt data):
+    the caller then lets Pillow decide, so the fast path accepts exactly what Pillow accepts
+    (a truncated file raises there; extraneous bytes do not)."""
+
+    def __init__(self, name: str, header: Callable[[bytes], Tuple[int, int, bool]],
+                 decode: Callable[[bytes], np.ndarray]):
+        self.name = name
+        self.header = header
+        self.decode = decode
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return self.decode(data)
+
+
+def _turbo_decoder() -> Optional[FastJpeg]:
     tj = optional.turbojpeg()
     if tj is None:
         return None
     from turbojpeg import TJPF_RGB
 
-    def decode(data: bytes) -> np.ndarray:
+    cmyk_spaces = (3, 4)  # TJCS_CMYK, TJCS_YCCK
+
+    def header(data: bytes) -> Tuple[int, int, bool]:
         with warnings.catch_warnings():
-            # libjpeg "warnings" (extraneous bytes...) are not errors for Pillow either
-            warnings.simplefilter("ignore")
-            return tj.decode(data, pixel_format=TJPF_RGB)
+            warnings.simplefilter("error")  # a header libjpeg only warns about is not one we trust
+            width, height, _, colorspace = tj.decode_header(data)
+        return height, width, colorspace in cmyk_spaces
 
-    return decode
+    def decode(data: bytes) -> np.ndarray:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # PyTurboJPEG reports libjpeg's warnings as Python warnings
+            pixels = tj.decode(data, pixel_format=TJPF_RGB)
+        if caught:
+            raise ValueError(f"libjpeg: {caught[0].message}")
+        return pixels
+
+    return FastJpeg("turbojpeg", header, decode)
 
 
-def _simplejpeg_decoder() -> Optional[Callable[[bytes], np.ndarray]]:
+def _simplejpeg_decoder() -> Optional[FastJpeg]:
     sj = optional.simplejpeg()
     if sj is None:
         return None
-    return lambda data: sj.decode_jpeg(data, colorspace="RGB")
+
+    def header(data: bytes) -> Tuple[int, int, bool]:
+        height, width, colorspace, _ = sj.decode_jpeg_header(data)
+        return height, width, str(colorspace).upper() in ("CMYK", "YCCK")
+
+    return FastJpeg("simplejpeg", header, lambda data: sj.decode_jpeg(data, colorspace="RGB", strict=True))
 
 
 def _pil_decoder(data: bytes) -> np.ndarray:
@@ -232,22 +274,37 @@ def jpeg_decoders() -> List[Tuple[str, Callable[[bytes], np.ndarray]]]:
     return _decoders[pid]
 
 
-def jpeg_header(data: bytes) -> Optional[Tuple[int, int, int]]:
-    """(height, width, components) from a JPEG's SOF marker, or None when there is none."""
-    i = 2
-    n = len(data)
-    while i + 9 < n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:
-            i += 1
-            continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return (int.from_bytes(data[i + 5: i + 7], "big"), int.from_bytes(data[i + 7: i + 9], "big"),
-                    data[i + 9])
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return None
+def load_npy(data: Any, allow_pickle: bool = False) -> np.ndarray:
+    """An ``.npy`` held in memory, its header checked against its length before anything is
+    allocated: a 128-byte file may declare a terabyte. Only ``.npy`` (not ``.npz``), and
+    object arrays only with ``allow_pickle`` (loading them runs code from the data)."""
+    data = bytes(data) if not isinstance(data, bytes) else data
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f"format version {version[0]}.{version[1]} is not read here (1.0 and 2.0 are)")
+        shape, _, dtype = read_header(f, max_header_size=10000)
+    except (ValueError, SyntaxError, TypeError, EOFError, struct.error) as exc:
+        raise BadInputError(f"not a .npy array: {exc}") from None
+    if dtype.hasobject:
+        if not allow_pickle:
+            raise BadInputError("the .npy holds pickled objects, which are never loaded unless "
+                                "allow_pickle=True (loading them runs code from the data)")
+    else:
+        count = 1
+        for n in shape:
+            count *= int(n)
+        if count * dtype.itemsize != len(data) - f.tell():
+            raise BadInputError(f"the .npy header declares {shape} {dtype} ({count * dtype.itemsize:,} bytes) but "
+                                f"{len(data) - f.tell():,} bytes follow it")
+    f.seek(0)
+    try:
+        return np.load(f, allow_pickle=allow_pickle)
+    except (ValueError, OSError, EOFError) as exc:
+        raise BadInputError(f"not a loadable .npy array: {exc}") from None
 
 
 def as_buffer(data: Any) -> np.ndarray:
@@ -277,7 +334,9 @@ def decode_errors_naming(where: str) -> Iterator[None]:
         yield
     except BadInputError as exc:
         raise BadInputError(exc.reason, where) from None
-    except (OSError, SyntaxError, ValueError) as exc:
+    except DsconvertError:
+        raise  # about the output, not this sample's bytes
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise BadInputError(f"cannot decode: {exc}", where) from None
 
 
@@ -301,12 +360,9 @@ def decode_field(field: str, data: Any, mode: str = "pil", allow_pickle: bool = 
         return data.decode("utf-8")
     if kind == "npy":
         try:
-            return np.load(io.BytesIO(data), allow_pickle=allow_pickle)
-        except ValueError as exc:
-            if "allow_pickle" in str(exc):
-                raise BadInputError(f".{field} holds pickled objects, which are never loaded unless "
-                                    "allow_pickle=True (loading them runs code from the data)") from None
-            raise
+            return load_npy(data, allow_pickle)
+        except BadInputError as exc:
+            raise BadInputError(f".{field}: {exc.reason}") from None
     if kind == "pickle" and allow_pickle:
         import pickle
 
@@ -337,16 +393,22 @@ def resolve_decoder(name: str = "auto") -> str:
 
 def decode_rgb(data: bytes, decoder: str = "pil") -> np.ndarray:
     """HWC uint8 RGB pixels, as ``np.asarray(Image.open(f).convert("RGB"))``, with JPEGs
-    through the named fast decoder (CMYK and non-JPEG data always through Pillow)."""
-    header = jpeg_header(data) if decoder != "pil" and data[:3] == _JPEG_MAGIC else None
-    if header is not None and header[2] != 4:  # CMYK/YCCK (4 components): the fast paths refuse it
-        check_pixels(header[1], header[0])
-        for name, fn in jpeg_decoders():
-            if name == decoder:
+    through the named fast decoder. The pixel limit is checked on the dimensions the decoder's
+    own header reader gives; CMYK, non-JPEG data, and anything libjpeg warns about go through
+    Pillow, which decides exactly as it does for ``decode="pil"``."""
+    if decoder != "pil" and data[:3] == _JPEG_MAGIC:
+        fast = next((fn for name, fn in jpeg_decoders() if name == decoder), None)
+        if isinstance(fast, FastJpeg):
+            try:
+                height, width, cmyk = fast.header(data)
+            except Exception:
+                cmyk = True  # not a header libjpeg-turbo reads cleanly: Pillow decides
+            if not cmyk:
+                check_pixels(width, height)
                 try:
-                    return np.ascontiguousarray(fn(data))
+                    return np.ascontiguousarray(fast.decode(data))
                 except Exception:
-                    break  # not something libjpeg-turbo's fast path takes: Pillow decides
+                    pass  # a warning or an error: Pillow decides, raising on what it refuses
     return _pil_decoder(data)
 
 

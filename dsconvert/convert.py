@@ -15,8 +15,10 @@ import contextlib
 import errno
 import os
 import re
+import sys
 import tempfile
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -27,6 +29,7 @@ from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, Opti
 from .formats import CAN_DECODE, DECODED_ONLY, FORMATS, writer_class
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest
+from .pool import process_pool
 from .progress import progress_bar
 from .shards import CHANGED_DURING, ShardResult, ShardSpec, parse_size, plan_shards
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
@@ -54,8 +57,15 @@ class ConvertResult:
         return len(self.manifest.skipped)
 
 
+_held_locks: set = set()  # outputs this process is converting into (POSIX locks are per process)
+
+
 class _OutputLock:
-    """An exclusive flock on OUT/.dsconvert.lock: two conversions never share an output."""
+    """An exclusive lock on OUT/.dsconvert.lock: two conversions never share an output.
+
+    A POSIX record lock (``lockf``), not ``flock``: forked pool workers do not inherit it, so
+    a killed conversion's lock dies with its main process, whatever its workers do. Within one
+    process a set of held paths does what the kernel does between processes."""
 
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, LOCK_NAME)
@@ -64,21 +74,44 @@ class _OutputLock:
     def __enter__(self) -> "_OutputLock":
         import fcntl
 
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
+            if self.path in _held_locks:
+                raise BlockingIOError
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
             raise OutputLockedError(
                 f"another dsconvert process is writing into {os.path.dirname(self.path)}", self.path
             ) from None
+        self.fd = fd
+        _held_locks.add(self.path)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.fd is not None:
-            os.close(self.fd)  # closing releases the flock
+            _held_locks.discard(self.path)
+            os.close(self.fd)  # closing releases the lock
             self.fd = None
+
+
+def _claim(out: Location, overwrite: bool) -> None:
+    """Refuse to write into a folder that holds files dsconvert did not write, unless
+    ``overwrite``; then mark the folder as a dsconvert output (the lock file, kept after the
+    run). Without this, a user's ``shard-000007.tar`` (webdataset's own naming) would be
+    removed as a stale shard of an earlier plan."""
+    if out.exists(MANIFEST_NAME) or out.exists(LOCK_NAME):
+        return
+    present = out.listdir()
+    if present and not overwrite:
+        shown = ", ".join(repr(n) for n in present[:5]) + (f" and {len(present) - 5} more" if len(present) > 5 else "")
+        raise OutputExistsError(
+            f"{out.url} is not empty and is not a dsconvert output (it holds {shown}); choose a new or empty "
+            "folder, or pass --overwrite to write into it (files named like dsconvert's shards are then replaced)",
+            out.url)
+    if out.remote:
+        with out.write(LOCK_NAME) as f:  # object stores have no lock: the object marks the output as ours
+            f.write(b"")
 
 
 def available_cpus() -> int:
@@ -159,12 +192,17 @@ def _check_space(out_dir: str, prefix: str, needed: SizeEstimate, fmt: str) -> N
         )
 
 
+_NO_SPACE_TEXT = re.compile(rf"No space left on device|Disk quota exceeded|errno = ({errno.ENOSPC}|{errno.EDQUOT})\b")
+
+
 def _is_out_of_space(exc: BaseException) -> bool:
-    """ENOSPC or EDQUOT; h5py reports them as an OSError without errno but with the text."""
-    if not isinstance(exc, OSError) or isinstance(exc, DsconvertError):
+    """ENOSPC or EDQUOT. h5py reports them as an OSError without errno, or (when a flush or
+    close fails) as a RuntimeError, with libhdf5's text ``errno = 28`` in the message."""
+    if isinstance(exc, DsconvertError) or not isinstance(exc, (OSError, RuntimeError)):
         return False
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(exc) \
-        or "errno = 28" in str(exc)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return _NO_SPACE_TEXT.search(str(exc)) is not None
 
 
 @contextlib.contextmanager
@@ -173,7 +211,7 @@ def _out_of_space_is_resumable(out: Location) -> Iterator[None]:
     renamed into place only when whole), and the same command resumes once there is room."""
     try:
         yield
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
         if not _is_out_of_space(exc):
             raise
         local = tempfile.gettempdir() if out.remote else out.url  # remote shards are staged locally
@@ -208,25 +246,77 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
         bar.set_postfix_str(f"{len(results)}/{len(specs)} shards, {rate:.0f} MB/s")
 
     own_pool = None
-    if executor is None and workers > 1 and len(todo) > 1:
-        own_pool = executor = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)))
+    # libhdf5 (2.0) segfaults when it frees a file whose write failed (a full disk): hdf5
+    # shards are written in a child process even for one worker, so a crash there is one
+    # clear error here instead of the end of this process
+    isolate = bool(todo) and writer.format == "hdf5"
+    if executor is None and ((workers > 1 and len(todo) > 1) or isolate):
+        own_pool = executor = process_pool(min(workers, len(todo)))
     try:
         if executor is None:
             for spec in todo:
                 finished(spec, writer.write_shard(spec))
         else:
-            futures = {executor.submit(writer.write_shard, spec): spec for spec in todo}
+            task = _write_shard if own_pool is not None else writer.write_shard
+            futures = {executor.submit(task, spec): spec for spec in todo}
             try:
                 for future in cf.as_completed(futures):
                     finished(futures[future], future.result())
-            except BaseException:
+            except BaseException as exc:
                 for future in futures:
                     future.cancel()
+                _raise_cause(exc, futures, specs[0].out_dir)
                 raise
     finally:
         if own_pool is not None:
             own_pool.shutdown(wait=True, cancel_futures=True)
     return [results[spec.index] for spec in specs]
+
+
+def _quiet_unraisable(unraisable: Any) -> None:
+    """A worker's hook for errors in finalizers: a full disk is reported once, by the parent;
+    h5py's objects failing to flush as they are freed afterwards is not news (tracebacks)."""
+    if not _is_out_of_space(unraisable.exc_value):
+        sys.__unraisablehook__(unraisable)
+
+
+def _quiet_excepthook(kind: Any, value: BaseException, tb: Any) -> None:
+    """Cython finalizers (h5py's) print their error through sys.excepthook first."""
+    if not _is_out_of_space(value):
+        sys.__excepthook__(kind, value, tb)
+
+
+def _write_shard(spec: ShardSpec) -> ShardResult:
+    """What our own pool's workers run: the format's write_shard, with quiet finalizers."""
+    sys.unraisablehook, sys.excepthook = _quiet_unraisable, _quiet_excepthook
+    return writer_class(spec.format).write_shard(spec)
+
+
+def _raise_cause(exc: BaseException, futures: Dict[cf.Future, ShardSpec], out_dir: str) -> None:
+    """Raise what the user needs to know when a shard failed, if it is not ``exc`` itself.
+
+    A worker that dies (SIGKILL, the OOM killer, a crash in a native library) breaks the
+    pool, and every pending shard then fails with BrokenProcessPool: the first real error of
+    another shard (a full disk, typically) says more. A dead worker alone is one line saying
+    so; finished shards are whole, so the same command resumes."""
+    if not isinstance(exc, Exception):
+        return  # KeyboardInterrupt, SystemExit: as they are
+    for future in futures:
+        if future.done() and not future.cancelled():
+            other = future.exception()
+            if other is not None and _is_out_of_space(other):
+                raise other from None
+    if isinstance(exc, BrokenProcessPool):
+        if not is_remote(out_dir) and free_bytes(out_dir) < _NEARLY_FULL:
+            # libhdf5 may crash the worker before it reports the full disk
+            raise OSError(errno.ENOSPC, "No space left on device", out_dir) from None
+        raise DsconvertError(
+            f"a worker process died unexpectedly (killed, out of memory, or a crash in a native library) "
+            f"while writing {out_dir}: finished shards are kept; run the same command again to resume",
+            out_dir) from None
+
+
+_NEARLY_FULL = 1 << 20  # free bytes below which a dead writer most likely met a full disk
 
 
 def convert(
@@ -299,6 +389,7 @@ def convert(
     )
     started = time.perf_counter()
     location.makedirs()
+    _claim(location, overwrite)
     lock = contextlib.nullcontext() if location.remote else _OutputLock(out_dir)
     with lock, _out_of_space_is_resumable(location):
         if location.exists(MANIFEST_NAME):
@@ -312,7 +403,10 @@ def convert(
                     "another source; pass --overwrite to replace it", out_dir)
             elif not any(x["reason"].startswith(CHANGED_DURING) for x in previous.skipped):
                 return ConvertResult(previous, out_dir, already_complete=True)
-            # else inputs changed while it ran: rescan; shards whose inputs did not change are kept
+            # else inputs changed while it ran: rescan; shards whose inputs did not change are kept.
+            # The manifest goes first: from the first rewritten shard on it would describe shards
+            # that are no longer there, and a kill then would leave it lying.
+            location.remove(MANIFEST_NAME)
 
         with progress_bar(progress, "scanning", unit=" files") as bar:
             source = scan(src_abs, layout, progress=bar.update, storage_options=storage_options)

@@ -14,6 +14,7 @@ __all__ = [
     "OutputLockedError",
     "InsufficientSpaceError",
     "OptionError",
+    "NotRegularFileError",
 ]
 
 
@@ -68,3 +69,8 @@ class BadInputError(DsconvertError, ValueError):
 
 class MissingDependencyError(DsconvertError, ImportError):
     """An optional dependency is needed; the message says what to install."""
+
+
+class NotRegularFileError(DsconvertError, OSError):
+    """A file an output names is a symlink to a device, a FIFO, a folder...: never opened, since
+    reading ``/dev/zero`` never ends and opening a FIFO blocks."""

@@ -17,7 +17,7 @@ encoded string, which leaves it free as the separator of :func:`disambiguate`.
 
 from __future__ import annotations
 
-__all__ = ["encode_key", "decode_key", "disambiguate", "escape_path", "unescape_path"]
+__all__ = ["encode_key", "decode_key", "disambiguate", "escape_path", "unescape_path", "is_utf8"]
 
 _ALWAYS = frozenset("%~\\")
 _SEPARATOR = "~"
@@ -102,3 +102,13 @@ def unescape_path(text: str) -> str:
     """Inverse of :func:`escape_path`; the result opens the file with ``open()``. ValueError for
     a malformed ``%`` escape (text from a hand-edited or hostile manifest)."""
     return _unescape(text)
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: False for a name with undecodable bytes (POSIX names
+    are bytes; Python hands those over as lone surrogates, which no JSON or tar text holds)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -36,7 +36,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from .errors import ManifestError
+from .errors import DsconvertError, ManifestError
 from .keys import escape_path, unescape_path
 from .remote import Location, is_remote
 
@@ -56,6 +56,9 @@ class ShardEntry:
     bytes: int
     sha256: str
     index: Optional[str] = None
+    # the shard's other files (its index, npy's samples table): name -> {"bytes", "sha256"}, so
+    # that a copy of any of them (a cache's, say) is checked before it is used
+    parts: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,10 +87,12 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "manifest") -> "Manifest":
-        """Build from parsed JSON, naming the offending field when anything is off."""
+        """Build from parsed JSON, naming the offending field when anything is off: a manifest
+        is data from disk (hand-edited, truncated, hostile), and every field a reader or the
+        CLI uses is checked here, so nothing downstream meets a list where it wants a string."""
         expect(isinstance(d, dict), where, "", "a JSON object")
         version = d.get("schema_version")
-        expect(isinstance(version, int), where, "schema_version", "an integer")
+        expect(is_int(version) and version >= 1, where, "schema_version", "an integer >= 1")
         if version > SCHEMA_VERSION:
             raise ManifestError(
                 f"{where}: schema_version {version} is newer than this dsconvert understands "
@@ -106,6 +111,9 @@ class Manifest:
         expect(d["sample_type"] in SAMPLE_TYPES, where, "sample_type", f"one of {SAMPLE_TYPES}")
         expect(d["num_samples"] >= 0, where, "num_samples", ">= 0")
         expect(d.get("stored", "encoded") in STORED, where, "stored", f"one of {STORED}")
+        _check_source(d["source"], where)
+        expect(all(isinstance(v, str) for v in d["fields"].values()), where, "fields",
+               "an object of field name -> kind (strings)")
         classes = d.get("classes")
         expect(
             classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
@@ -123,9 +131,18 @@ class Manifest:
         for name in ("skipped", "ignored"):
             items = d.get(name, [])
             expect(
-                isinstance(items, list) and all(isinstance(x, dict) and "path" in x and "reason" in x for x in items),
-                where, name, "a list of {path, reason} objects",
+                isinstance(items, list) and all(isinstance(x, dict) and isinstance(x.get("path"), str)
+                                                and isinstance(x.get("reason"), str) for x in items),
+                where, name, "a list of {path, reason} objects with string values",
             )
+        accounting = d.get("accounting", {})
+        expect(isinstance(accounting, dict) and all(is_int(v) and v >= 0 for v in accounting.values()),
+               where, "accounting", "an object of counts (integers >= 0)")
+        options = d.get("options", {})
+        expect(isinstance(options, dict), where, "options", "an object")
+        _check_options(options, where)
+        created_by = d.get("created_by", "")
+        expect(isinstance(created_by, str), where, "created_by", "a string")
         return cls(
             format=d["format"],
             source=d["source"],
@@ -136,9 +153,9 @@ class Manifest:
             shards=shards,
             skipped=d.get("skipped", []),
             ignored=d.get("ignored", []),
-            accounting=d.get("accounting", {}),
-            options=d.get("options", {}),
-            created_by=d.get("created_by", ""),
+            accounting=accounting,
+            options=options,
+            created_by=created_by,
             stored=d.get("stored", "encoded"),
             schema_version=version,
         )
@@ -169,27 +186,80 @@ class Manifest:
                 "or its conversion has not finished (run the same `dsconvert shard` command again)",
                 where,
             ) from None
+        except OSError as exc:
+            if loc.remote or isinstance(exc, DsconvertError):  # the storage client's own error says more
+                raise
+            raise ManifestError(_unreadable(loc.url, where, exc), where) from None
         try:
             d = json.loads(raw)
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError included
             raise ManifestError(f"{where}: not valid JSON ({exc})", where) from None
+        except RecursionError:  # "[[[[..." deeper than the interpreter's stack
+            raise ManifestError(f"{where}: not a manifest (JSON nested too deeply)", where) from None
         return cls.from_dict(d, where=where)
 
 
+def _unreadable(folder: str, where: str, exc: OSError) -> str:
+    """Why a local manifest cannot be read, in words that name the path."""
+    if isinstance(exc, NotADirectoryError) or (os.path.exists(folder) and not os.path.isdir(folder)):
+        return f"{folder} is a file, not a dsconvert output folder"
+    if isinstance(exc, PermissionError):
+        return f"cannot read {where}: permission denied"
+    if isinstance(exc, IsADirectoryError):
+        return f"{where} is a folder, not a manifest file"
+    return f"cannot read {where}: {exc.strerror or exc}"
+
+
+def _check_source(source: Dict[str, Any], where: str) -> None:
+    """``source``: url, root and layout are strings when present (verify rescans with them)."""
+    from .source import LAYOUTS  # here: source imports codecs, which must not import the manifest
+
+    for key in ("url", "root", "layout"):
+        expect(key not in source or isinstance(source[key], str), where, f"source.{key}", "a string")
+    expect(source.get("layout", "auto") in LAYOUTS, where, "source.layout", f"one of {LAYOUTS}")
+
+
+def _check_options(options: Dict[str, Any], where: str) -> None:
+    """The options that readers, ``verify`` and ``info`` use; the others are compared as they are."""
+    size = options.get("size")
+    for key, ok, what in (
+        ("prefix", isinstance(options.get("prefix", ""), str), "a string"),
+        ("decoder", options.get("decoder") is None or isinstance(options["decoder"], str), "null or a string"),
+        ("resize", options.get("resize") is None or (is_int(options["resize"]) and options["resize"] >= 1),
+         "null or an integer >= 1"),
+        ("size", size is None or (isinstance(size, list) and len(size) == 2 and all(is_int(v) and v >= 1 for v in size)),
+         "null or [height, width]"),
+    ):
+        expect(ok, where, f"options.{key}", what)
+
+
 def _shard_entry(s: Any, where: str, at: str) -> ShardEntry:
+    from .storage import check_name
+
     expect(isinstance(s, dict), where, at, "an object")
     for name, kind in (("name", str), ("num_samples", int), ("bytes", int), ("sha256", str)):
         expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}", kind.__name__)
-    name = s["name"]
-    expect(
-        name and "/" not in name and "\\" not in name and name not in (".", ".."),
-        where, f"{at}.name", "a plain file name (no path separators)",
-    )
+    parts = s.get("parts", {})
+    expect(isinstance(parts, dict), where, f"{at}.parts", "an object of file name -> {bytes, sha256}")
+    for label, name in [("name", s["name"]), ("index", s.get("index"))] + [("parts", p) for p in parts]:
+        if name is None and label == "index":
+            continue
+        try:
+            check_name(name)
+        except ManifestError:
+            expect(False, where, f"{at}.{label}", "a plain file name: letters, digits, '_', '.', '-' (no "
+                   f"separators, no %-escapes), not {name!r}")
     expect(s["num_samples"] >= 0 and s["bytes"] >= 0, where, at, "non-negative counts")
+    expect(is_sha256(s["sha256"]), where, f"{at}.sha256", "64 hex digits")
     index = s.get("index")
-    expect(index is None or (isinstance(index, str) and "/" not in index and index not in (".", "..")),
-            where, f"{at}.index", "null or a plain file name")
-    return ShardEntry(name, s["num_samples"], s["bytes"], s["sha256"], index)
+    expect(all(
+        isinstance(p, dict) and is_int(p.get("bytes")) and p["bytes"] >= 0 and is_sha256(p.get("sha256"))
+        for p in parts.values()), where, f"{at}.parts", "an object of file name -> {bytes, sha256}")
+    return ShardEntry(s["name"], s["num_samples"], s["bytes"], s["sha256"], index, parts)
+
+
+def is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def is_int(value: Any) -> bool:

@@ -26,9 +26,9 @@ from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import OptionError
 from .optional import require
-from .storage import atomic_write
+from .storage import atomic_write, check_name, open_regular, regular_size
 
-__all__ = ["is_remote", "join_url", "parse_storage_options", "filesystem", "Location", "protocol_of",
+__all__ = ["json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location", "protocol_of",
            "mtime_ns_of"]
 
 LOCAL_PROTOCOLS = ("file", "local")
@@ -123,7 +123,10 @@ def mtime_ns_of(info: Dict[str, Any]) -> int:
 class Location:
     """A folder on local disk or behind fsspec; picklable (a worker makes its own client)."""
 
-    def __init__(self, url: str, storage_options: Optional[Dict[str, Any]] = None):
+    def __init__(self, url: str, storage_options: Optional[Dict[str, Any]] = None, flat: bool = True):
+        """``flat``: every name is a plain file name of the folder, checked (an output, whose
+        names come from manifests); False for a scanned source's relative paths."""
+        self.flat = flat
         self.remote = is_remote(url)
         self.url = url.rstrip("/") if self.remote else os.path.abspath(url)
         self.storage_options = dict(storage_options or {}) if self.remote else {}
@@ -136,40 +139,45 @@ class Location:
         return filesystem(self.url, self.storage_options)[0]
 
     def path(self, name: str = "") -> str:
-        """The local path or the file system's path (bucket/key) of ``name``."""
+        """The local path or the file system's path (bucket/key) of ``name``, a plain file name
+        (checked: names come from manifests, and a URL's protocol may decode ``%2f``)."""
+        if name and self.flat:
+            check_name(name, self.url)
         if not self.remote:
             return os.path.join(self.url, name) if name else self.url
         base = filesystem(self.url, self.storage_options)[1]
         return f"{base}/{name}" if name else base
 
     def url_of(self, name: str) -> str:
-        return join_url(self.url, name)
+        return join_url(self.url, check_name(name, self.url) if self.flat else name)
 
     def local_path(self, name: str) -> Optional[str]:
-        return None if self.remote else os.path.join(self.url, name)
+        return None if self.remote else self.path(name)
 
     def read_bytes(self, name: str) -> bytes:
+        """The whole of ``name``: a local regular file (never a device or FIFO), or the object."""
         if not self.remote:
-            with open(os.path.join(self.url, name), "rb") as f:
+            with open_regular(self.path(name)) as f:
                 return f.read()
         return self.fs.cat_file(self.path(name))
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         if not self.remote:
-            with open(os.path.join(self.url, name), "rb") as f:
+            with open_regular(self.path(name)) as f:
                 f.seek(start)
-                return f.read(end - start)
+                return f.read(max(0, end - start))
         return self.fs.cat_file(self.path(name), start=start, end=end)
 
     def size(self, name: str) -> int:
-        """Bytes of ``name``; FileNotFoundError when it is not there."""
+        """Bytes of ``name``; FileNotFoundError when it is not there, NotRegularFileError when
+        it is not a regular file."""
         if not self.remote:
-            return os.path.getsize(os.path.join(self.url, name))
+            return regular_size(self.path(name))
         return int(self.fs.info(self.path(name))["size"])
 
     def exists(self, name: str) -> bool:
         if not self.remote:
-            return os.path.exists(os.path.join(self.url, name))
+            return os.path.lexists(self.path(name))
         return bool(self.fs.exists(self.path(name)))
 
     def listdir(self) -> List[str]:
@@ -186,7 +194,7 @@ class Location:
         """Remove ``name``; nothing happens when it is not there."""
         try:
             if not self.remote:
-                os.unlink(os.path.join(self.url, name))
+                os.unlink(self.path(name))
             else:
                 self.fs.rm_file(self.path(name))
         except FileNotFoundError:
@@ -201,7 +209,7 @@ class Location:
     def open(self, name: str, block_size: int = 1 << 20) -> IO[bytes]:
         """A readable file object (remote: fsspec's, reading ahead ``block_size`` bytes)."""
         if not self.remote:
-            return open(os.path.join(self.url, name), "rb")
+            return open_regular(self.path(name))
         return self.fs.open(self.path(name), "rb", block_size=block_size)
 
     @contextlib.contextmanager
@@ -209,7 +217,7 @@ class Location:
         """Write ``name`` whole or not at all. The file object has a local ``.name`` (h5py
         writes through the path)."""
         if not self.remote:
-            with atomic_write(os.path.join(self.url, name), mode) as f:
+            with atomic_write(self.path(name), mode) as f:
                 yield f
             return
         staging = tempfile.mkdtemp(prefix="dsconvert-upload-")
@@ -221,7 +229,14 @@ class Location:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def write_bytes(self, name: str, data: bytes) -> None:
+        with self.write(name) as f:
+            f.write(data)
+
     def write_json(self, name: str, obj: Any) -> None:
-        with self.write(name, "w") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        self.write_bytes(name, json_bytes(obj))
+
+
+def json_bytes(obj: Any) -> bytes:
+    """How dsconvert writes JSON files: UTF-8, one space of indent, a final newline."""
+    return (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode("utf-8")

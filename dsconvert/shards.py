@@ -13,17 +13,18 @@ import hashlib
 import json
 import os
 import re
+from fractions import Fraction
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .codecs import check_field
-from .errors import BadInputError, ManifestError
+from .errors import BadInputError, ManifestError, OptionError
 from .keys import escape_path
 from .manifest import ShardEntry, expect, is_int, is_str_list
-from .remote import Location, filesystem, is_remote
+from .remote import Location, filesystem, is_remote, json_bytes
 from .source import Sample, Skipped
 
-__all__ = ["ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_samples", "CHANGED_DURING"]
+__all__ = ["part_of", "ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_samples", "CHANGED_DURING"]
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,13 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
 
 
 def parse_size(text: str) -> int:
-    """'1GB' -> 10**9, '512MiB' -> 2**29, '4096' -> 4096."""
+    """'1GB' -> 10**9, '512MiB' -> 2**29, '4096' -> 4096. An OptionError (a ValueError) for
+    anything else; exact arithmetic, so no float rounding and no overflow on huge numbers."""
     m = _SIZE.match(str(text))
     if not m:
-        raise ValueError(f"not a size: {text!r} (use e.g. 1GB, 512MiB, 1000000)")
+        raise OptionError(f"not a size: {text!r} (use e.g. 1GB, 512MiB, 1000000)")
     unit = (m.group(2) or "").lower().rstrip("b")
-    return int(float(m.group(1)) * _UNITS[unit])
+    return int(Fraction(m.group(1)) * _UNITS[unit])
 
 
 CHANGED_DURING = "changed during the conversion"  # a skip reason that a rerun undoes
@@ -176,6 +178,11 @@ def read_samples(spec: ShardSpec) -> Iterator[Tuple[Sample, Fetched]]:
 RECORD_SCHEMA = 1
 
 
+def part_of(data: bytes) -> Dict[str, Any]:
+    """A file's entry in a manifest's ``parts``: what a copy of it must be."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
 class ShardRecord:
     """A finished shard's record, ``NAME.index.json``, written after the shard itself.
 
@@ -210,8 +217,11 @@ class ShardRecord:
         d.update(extra)
         return cls(d)
 
-    def save(self, out: Location, name: str) -> None:
-        out.write_json(name, self.d)
+    def save(self, out: Location, name: str) -> Dict[str, Any]:
+        """Write the record as ``name``; return its {bytes, sha256} for the manifest."""
+        data = json_bytes(self.d)
+        out.write_bytes(name, data)
+        return part_of(data)
 
     @classmethod
     def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> "ShardRecord":
@@ -221,8 +231,10 @@ class ShardRecord:
                 with open(path, "rb") as f:
                     data = f.read()
             d = json.loads(data)
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError included
             raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
+        except RecursionError:  # "[[[[..." deeper than the interpreter's stack
+            raise ManifestError(f"{path}: not a shard record (JSON nested too deeply)", path) from None
         if not isinstance(d, dict) or d.get("format") != fmt or not is_int(d.get("schema_version")):
             raise ManifestError(f"{path}: not a dsconvert {fmt} shard record", path)
         if d["schema_version"] > RECORD_SCHEMA:
@@ -252,15 +264,21 @@ class ShardRecord:
                 isinstance(s, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(v) for v in p)
                                             for p in s) for s in d["stats"])),
              f"a list of {n} lists of [size, mtime_ns]"),
+            ("parts", "parts" not in d or (isinstance(d["parts"], dict) and all(
+                isinstance(p, dict) and is_int(p.get("bytes")) and isinstance(p.get("sha256"), str)
+                for p in d["parts"].values())), "an object of file name -> {bytes, sha256}"),
             ("skipped", isinstance(d.get("skipped"), list) and all(
                 isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
                 for x in d["skipped"]), "a list of {path, reason} objects"),
         ):
             expect(ok, path, name, what)
 
-    def result(self, index_name: str) -> ShardResult:
+    def result(self, index_name: str, index_part: Dict[str, Any]) -> ShardResult:
+        """What the manifest lists for this shard; ``index_part``: the record file's own
+        {bytes, sha256}, with the other files' the record lists in ``parts``."""
         d = self.d
-        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name)
+        parts = {index_name: index_part, **d.get("parts", {})}
+        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name, dict(sorted(parts.items())))
         skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
         return ShardResult(entry, skipped, dict(d["fields"]), files)

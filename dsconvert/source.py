@@ -31,6 +31,7 @@ import errno
 import io
 import json
 import os
+import re
 import stat as stat_mod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .codecs import IMAGE_EXTENSIONS, is_image_field
 from .errors import SourceError
-from .keys import disambiguate, encode_key
+from .keys import disambiguate, encode_key, escape_path, is_utf8
 from .remote import filesystem, is_remote, mtime_ns_of
 
 __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
@@ -152,7 +153,10 @@ class _Walker:
         try:
             entries = list(os.scandir(path))
         except OSError as exc:
-            self.skipped.append(Skipped(rel or ".", f"unreadable folder: {exc.strerror}"))
+            if not rel:  # the source itself: nothing to convert, and "no samples found" would hide why
+                raise SourceError(f"cannot read the source folder {path}: "
+                                  f"{(exc.strerror or str(exc)).lower()}", path) from None
+            self.skipped.append(Skipped(rel, f"unreadable folder: {exc.strerror}"))
             return
         for entry in entries:
             name = entry.name
@@ -230,6 +234,10 @@ def _flat(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> Source:
             if not ext:
                 walker.skipped.append(Skipped(relpath, "no file extension, so no field name"))
                 continue
+            if not is_utf8(ext) or not ext.isprintable():
+                # the field name goes into tar member names and the manifest as text
+                walker.skipped.append(Skipped(relpath, "file extension is not printable UTF-8 text, so no field name"))
+                continue
             groups.setdefault(stem, []).append((ext.lower(), relpath, size, mtime))
         for stem in sorted(groups):
             files: List[SourceFile] = []
@@ -266,31 +274,67 @@ def looks_like_image_folder(dirs: Sequence[FolderListing]) -> bool:
     return any(is_image_field(_split_ext(n)[1]) for d in dirs[1:] for n, _, _ in d.files)
 
 
+LABEL_MAX = 2**63 - 1  # labels are stored as int64 (hdf5, npy, torch tensors)
+_INT = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also takes "٣" and "1_000"
+
+
+def _decode_list(path: str, raw: bytes) -> str:
+    """A list file's text: UTF-8 (a BOM is dropped), or a SourceError naming the line."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        lineno = raw.count(b"\n", 0, exc.start) + 1
+        raise SourceError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02X}); save the list "
+                          "file as UTF-8", path) from None
+
+
+def _json_row(path: str, lineno: int, line: str) -> Tuple[int, str, str]:
+    """One JSONL line as (line number, path, label text); a SourceError naming the line."""
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise SourceError(f"{path}:{lineno}: not valid JSON ({exc})", path) from None
+    except RecursionError:
+        raise SourceError(f"{path}:{lineno}: JSON nested too deeply", path) from None
+    if not isinstance(obj, dict) or "path" not in obj or "label" not in obj:
+        raise SourceError(f"{path}:{lineno}: expected a JSON object with 'path' and 'label'", path)
+    rel, label = obj["path"], obj["label"]
+    if not isinstance(rel, str) or not rel:
+        raise SourceError(f"{path}:{lineno}: 'path' must be a non-empty string, not {_short(rel)}", path)
+    if isinstance(label, bool) or not isinstance(label, (int, str)):
+        raise SourceError(f"{path}:{lineno}: 'label' must be an integer or a class name (a string), "
+                          f"not {_short(label)}", path)
+    return lineno, rel, str(label)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _read_list(path: str, text: str) -> List[Tuple[int, str, str]]:
     """Rows of a list file's ``text`` as (line number, path, label text)."""
     rows: List[Tuple[int, str, str]] = []
     with io.StringIO(text, newline="") as f:
         if path.lower().endswith((".jsonl", ".ndjson")):
             for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                    rows.append((lineno, str(obj["path"]), str(obj["label"])))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise SourceError(
-                        f"{path}:{lineno}: expected a JSON object with 'path' and 'label' ({exc})", path
-                    ) from None
+                if line.strip():
+                    rows.append(_json_row(path, lineno, line))
             return rows
         dialect = "excel-tab" if path.lower().endswith(".tsv") else "excel"
-        for lineno, row in enumerate(csv.reader(f, dialect=dialect), 1):
-            if not row or not "".join(row).strip():
-                continue
-            if len(row) < 2:
-                raise SourceError(f"{path}:{lineno}: expected 'path,label', got {row!r}", path)
-            if lineno == 1 and row[0].strip().lower() in ("path", "file", "filename", "image"):
-                continue  # a header
-            rows.append((lineno, row[0].strip(), row[1].strip()))
+        reader = csv.reader(f, dialect=dialect)
+        try:
+            for row in reader:
+                lineno = reader.line_num
+                if not row or not "".join(row).strip():
+                    continue
+                if len(row) < 2:
+                    raise SourceError(f"{path}:{lineno}: expected 'path,label', got {_short(row)}", path)
+                if lineno == 1 and row[0].strip().lower() in ("path", "file", "filename", "image"):
+                    continue  # a header
+                rows.append((lineno, row[0].strip(), row[1].strip()))
+        except csv.Error as exc:  # a field over csv's size limit, say
+            raise SourceError(f"{path}:{reader.line_num}: not a valid CSV row ({exc})", path) from None
     return rows
 
 
@@ -327,12 +371,12 @@ def _list(list_path: str, storage_options: Optional[Dict[str, Any]] = None) -> S
     if is_remote(list_path):
         fs, path = filesystem(list_path, storage_options)
         base = list_path.rsplit("/", 1)[0]
-        text = fs.cat_file(path).decode("utf-8")
+        text = _decode_list(list_path, fs.cat_file(path))
         stat = lambda rels: _stat_remote(fs, path.rsplit("/", 1)[0], rels)  # noqa: E731
     else:
         base = os.path.dirname(list_path)
-        with open(list_path, encoding="utf-8", newline="") as f:
-            text = f.read()
+        with open(list_path, "rb") as f:
+            text = _decode_list(list_path, f.read())
         stat = lambda rels: _stat_local(base, rels)  # noqa: E731
     rows = _read_list(list_path, text)
     if not rows:
@@ -341,8 +385,11 @@ def _list(list_path: str, storage_options: Optional[Dict[str, Any]] = None) -> S
     if all(_is_int(label) for label in labels):
         classes = None
         label_index = {label: int(label) for label in labels}
-        if any(v < 0 for v in label_index.values()):
-            raise SourceError(f"{list_path}: integer labels must be >= 0", list_path)
+        for lineno, _, label in rows:
+            if not 0 <= label_index[label] <= LABEL_MAX:
+                shown = label if len(label) <= 24 else label[:21] + "..."
+                raise SourceError(f"{list_path}:{lineno}: label {shown} is out of range: integer labels are "
+                                  f"class indices, 0 to {LABEL_MAX} (int64)", list_path)
     else:
         classes = sorted(set(labels))
         label_index = {c: i for i, c in enumerate(classes)}
@@ -365,11 +412,8 @@ def _list(list_path: str, storage_options: Optional[Dict[str, Any]] = None) -> S
 
 
 def _is_int(text: str) -> bool:
-    try:
-        int(text)
-        return True
-    except ValueError:
-        return False
+    """An integer label in ASCII digits (up to 4300 of them: int()'s limit)."""
+    return len(text) <= 4300 and _INT.fullmatch(text) is not None
 
 
 class _Listed:
@@ -412,8 +456,12 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
     if is_remote(src):
         return _scan_remote(src.rstrip("/"), layout, progress, storage_options)
     if not os.path.exists(src):
-        raise SourceError(f"source does not exist: {src}", src)
+        raise SourceError(f"source does not exist: {escape_path(src)}", src)
     src = os.path.abspath(src)
+    if not is_utf8(src):
+        raise SourceError(
+            f"the source path {escape_path(src)} (undecodable bytes shown as %XX) is not valid UTF-8, and the "
+            "manifest records it as text: rename it, or reach it through a symlink with a UTF-8 name", src)
     if os.path.isfile(src):
         if layout in ("auto", "list") and src.lower().endswith(LIST_SUFFIXES):
             return _list(src)

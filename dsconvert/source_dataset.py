@@ -28,7 +28,7 @@ class _SourceDataset:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         self.source = source
-        self.location = Location(source.root, storage_options)  # remote sources: one GET per file
+        self.location = Location(source.root, storage_options, flat=False)  # remote sources: one GET per file
         self.transform = transform
         self.target_transform = target_transform
         self.decode = decode

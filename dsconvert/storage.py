@@ -11,9 +11,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from typing import IO, Any, Dict, Iterable, Iterator, Tuple
+import re
+import stat
+from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
 
-__all__ = ["atomic_write", "stream_sha256", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
+from .errors import ManifestError, NotRegularFileError
+
+__all__ = ["open_regular", "regular_size", "SizeBoundedFile", "check_name", "atomic_write", "stream_sha256", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
            "LATENCY_BOUND_FS"]
 
 
@@ -33,6 +37,68 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
         raise
 
 
+def regular_size(path: str) -> int:
+    """The size of ``path`` (symlinks followed), refusing anything but a regular file."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(f"{path} is not a regular file (a device, FIFO, socket or folder): not read", path)
+    return st.st_size
+
+
+def open_regular(path: str) -> IO[bytes]:
+    """Open ``path`` for reading only if it is a regular file, checked on the open descriptor
+    (no race with a swap): O_NONBLOCK keeps a FIFO from blocking the open itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(f"{path} is not a regular file (a device, FIFO, socket or folder): not read",
+                                      path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class SizeBoundedFile:
+    """A read-only file object that never asks for more bytes than the file has left.
+
+    Parsers (tarfile's PAX headers, say) read as many bytes as the data declares; a header
+    declaring a terabyte would otherwise allocate one before finding the file is short."""
+
+    def __init__(self, f: IO[bytes], size: int):
+        self.f = f
+        self.size = size
+        self.overrun = 0  # the most bytes a read asked for past the end: data declaring too much
+
+    def read(self, n: Optional[int] = -1) -> bytes:
+        left = max(0, self.size - self.f.tell())
+        if n is not None and n > left:
+            self.overrun = max(self.overrun, n - left)
+        return self.f.read(left if n is None or n < 0 else min(n, left))
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+
+# Every name dsconvert writes into an output: PREFIX-NNNNNN.<suffix>, dsconvert.json, and the
+# hidden temp names of atomic writes. Nothing that a protocol could decode into a separator
+# (``%2f``), no separators, no query or fragment, no control characters.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
+
+
+def check_name(name: Any, where: str = "") -> str:
+    """``name`` if it is a plain file name inside an output, else a ManifestError: names come
+    from manifests and records, which may be hostile, and are joined to local paths and URLs."""
+    if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or name in (".", ".."):
+        raise ManifestError(f"{where + ': ' if where else ''}{name!r} is not a plain file name of an output "
+                            "(letters, digits, '_', '.', '-'; no separators or %-escapes)", where or None)
+    return name
+
+
 def stream_sha256(f: IO[bytes], block: int = 1 << 20) -> str:
     """The sha256 of what a binary file object holds from here on, read in blocks (hashlib
     releases the GIL on large ones)."""
@@ -43,7 +109,7 @@ def stream_sha256(f: IO[bytes], block: int = 1 << 20) -> str:
 
 
 def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         return stream_sha256(f)
 
 

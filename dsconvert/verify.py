@@ -31,16 +31,17 @@ import shutil
 import tarfile
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .errors import BadInputError, DsconvertError, ManifestError
+from .errors import BadInputError, DsconvertError, ManifestError, NotRegularFileError
 from .formats import FORMATS, writer_class
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest, ShardEntry
+from .pool import process_pool
 from .remote import Location, is_remote
-from .storage import stream_sha256
+from .storage import SizeBoundedFile, stream_sha256
 from .shards import ShardRecord
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
@@ -52,15 +53,26 @@ EXIT_PROBLEMS = 4  # the CLI's exit status when verification found problems
 
 @dataclass
 class Problem:
-    kind: str  # missing-file, size, checksum, record, structure, unsafe-member, decode, extra-file
+    kind: str  # missing-file, unsafe-file, size, checksum, record, structure, unsafe-member, decode, extra-file
     path: str  # the shard (or file) it is about, relative to the output
     message: str
     severity: str = "error"  # or "warning"
 
 
-def _load_record(out: Location, fmt: str, entry: ShardEntry) -> ShardRecord:
+def _part_problems(entry: ShardEntry, name: str, data: bytes) -> List[Problem]:
+    """A shard's file (its index, its samples table) against the manifest's size and sha256."""
+    from .shards import part_of
+
+    want = entry.parts.get(name)
+    if want is None or part_of(data) == {"bytes": want["bytes"], "sha256": want["sha256"]}:
+        return []
+    return [Problem("checksum", name, f"{len(data)} bytes with another sha256 than the manifest's "
+                    f"{want['bytes']} bytes, {want['sha256'][:16]}...")]
+
+
+def _load_record(out: Location, fmt: str, entry: ShardEntry, data: Optional[bytes] = None) -> ShardRecord:
     name = entry.index or writer_class(fmt).index_name(entry.name)
-    data = out.read_bytes(name)
+    data = out.read_bytes(name) if data is None else data
     if fmt == "wds":
         from .formats.wds import load_record
 
@@ -82,7 +94,10 @@ def _check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
                 expected[f"{key}.{field}"] = (offset, size)
     seen = set()
     try:
-        with out.open(name) as raw, tarfile.open(fileobj=raw, mode="r:") as tf:  # headers; nothing extracted
+        size = out.size(name)
+        # headers only, nothing extracted; no read past the file's end, whatever a header declares
+        bounded = SizeBoundedFile(raw := out.open(name), size)
+        with raw, tarfile.open(fileobj=bounded, mode="r:") as tf:
             for m in tf:
                 if _unsafe_name(m.name):
                     problems.append(Problem("unsafe-member", name, f"member {m.name!r} has an unsafe path "
@@ -100,9 +115,12 @@ def _check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
                     problems.append(Problem("structure", name, f"member {m.name!r} is at {m.offset_data}+{m.size}, "
                                             f"the index says {want[0]}+{want[1]}"))
                 seen.add(m.name)
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+    except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
         problems.append(Problem("structure", name, f"not a readable tar: {exc}"))
         return problems
+    if bounded.overrun:
+        problems.append(Problem("structure", name, f"a header declares {bounded.overrun:,} bytes more than the file "
+                                "holds (not read)"))
     for missing in sorted(set(expected) - seen)[:20]:
         problems.append(Problem("structure", name, f"indexed member {missing!r} is not in the tar"))
     return problems
@@ -113,7 +131,7 @@ def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Pr
 
     import numpy as np
 
-    from .formats.npy import SAMPLE_DTYPE, NpyWriter
+    from .formats.npy import NpyWriter, load_rows, rows_problem
 
     rows_name = NpyWriter.rows_name(entry.name)
     try:
@@ -121,24 +139,15 @@ def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Pr
         np.lib.format.read_magic(head)
         shape, _, dtype = np.lib.format.read_array_header_1_0(head)
         rows_bytes = out.read_bytes(rows_name)
-        rows = np.load(io.BytesIO(rows_bytes), allow_pickle=False)
-    except (OSError, ValueError) as exc:
+        rows = load_rows(rows_bytes)
+    except (OSError, ValueError, SyntaxError, TypeError) as exc:  # ManifestError is a ValueError
         return [Problem("structure", entry.name, f"not loadable as .npy: {exc}")]
-    problems = []
     if dtype != np.uint8 or len(shape) != 1 or head.tell() + shape[0] != entry.bytes:
-        problems.append(Problem("structure", entry.name, f"pixels are {dtype} {shape}, not 1-D uint8 filling the file"))
-        return problems
-    pixels_len = shape[0]
-    if rows.dtype != SAMPLE_DTYPE or len(rows) != entry.num_samples:
-        problems.append(Problem("structure", rows_name, f"{len(rows)} rows of {rows.dtype}, expected "
-                                f"{entry.num_samples} of {SAMPLE_DTYPE}"))
-        return problems
-    extent = rows["offset"] + rows["height"].astype(np.int64) * rows["width"] * rows["channels"]
-    bad = (rows["offset"] < 0) | (rows["height"] < 1) | (rows["width"] < 1) | ~np.isin(rows["channels"], (1, 3, 4)) \
-        | (extent > pixels_len)
-    if bad.any():
-        problems.append(Problem("structure", rows_name, f"{int(bad.sum())} row(s) point outside the pixels or have "
-                                f"impossible shapes (first: sample {int(np.argmax(bad))})"))
+        return [Problem("structure", entry.name, f"pixels are {dtype} {shape}, not 1-D uint8 filling the file")]
+    problems = _part_problems(entry, rows_name, rows_bytes)
+    problem = rows_problem(rows, entry.num_samples, shape[0])
+    if problem:
+        problems.append(Problem("structure", rows_name, problem))
     want = record.d.get("samples_sha256")
     if want and hashlib.sha256(rows_bytes).hexdigest() != want:
         problems.append(Problem("checksum", rows_name, "sha256 differs from the one recorded"))
@@ -146,20 +155,14 @@ def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Pr
 
 
 def _check_hdf5(out: Location, entry: ShardEntry) -> List[Problem]:
+    from .formats.hdf5 import layout_problems
     from .optional import require
 
     h5py = require("h5py", "verifying hdf5 shards")
     try:
         with out.open(entry.name) as raw, h5py.File(raw, "r") as f:
-            if f.attrs.get("dsconvert_format") != "hdf5":
-                return [Problem("structure", entry.name, "no dsconvert_format='hdf5' attribute")]
-            problems = []
-            for ds in ("images", "labels", "keys") + (("shapes",) if "shapes" in f else ()):
-                if ds not in f or f[ds].shape[0] != entry.num_samples:
-                    problems.append(Problem("structure", entry.name, f"dataset /{ds} is missing or not "
-                                            f"{entry.num_samples} long"))
-            return problems
-    except (OSError, ValueError, KeyError) as exc:
+            return [Problem("structure", entry.name, p) for p in layout_problems(f, entry.num_samples)]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         return [Problem("structure", entry.name, f"not a readable HDF5 file: {exc}")]
 
 
@@ -169,22 +172,30 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
     fmt = manifest.format
     try:
         size = out.size(entry.name)
+    except NotRegularFileError as exc:
+        return [Problem("unsafe-file", entry.name, str(exc))], 0, None
     except OSError:
         return [Problem("missing-file", entry.name, "the shard is missing")], 0, None
     problems: List[Problem] = []
     if size != entry.bytes:
         problems.append(Problem("size", entry.name, f"{size} bytes, the manifest says {entry.bytes} (truncated or "
                                 "rewritten)"))
-    with out.open(entry.name, block_size=8 << 20) as f:
-        digest = stream_sha256(f, 8 << 20)
+    try:
+        with out.open(entry.name, block_size=8 << 20) as f:
+            digest = stream_sha256(SizeBoundedFile(f, size), 8 << 20)  # no more than it had when measured
+    except NotRegularFileError as exc:  # swapped since it was measured
+        return [Problem("unsafe-file", entry.name, str(exc))], 0, None
     if digest != entry.sha256:
         problems.append(Problem("checksum", entry.name, f"sha256 {digest[:16]}... differs from the manifest's "
                                 f"{entry.sha256[:16]}..."))
+    index_name = entry.index or writer_class(fmt).index_name(entry.name)
     try:
-        record = _load_record(out, fmt, entry)
+        index_bytes = out.read_bytes(index_name)
+        problems += _part_problems(entry, index_name, index_bytes)
+        record = _load_record(out, fmt, entry, index_bytes)
     except FileNotFoundError:
         return problems + [Problem("record", entry.name, "its index (shard record) is missing")], size, None
-    except ManifestError as exc:
+    except (ManifestError, NotRegularFileError) as exc:
         return problems + [Problem("record", entry.name, str(exc))], size, None
     for field, mine, theirs in (("num_samples", record.d["num_samples"], entry.num_samples),
                                 ("bytes", record.bytes, entry.bytes), ("sha256", record.d["sha256"], entry.sha256)):
@@ -345,7 +356,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
         n = len(readable)
         try:
             if workers > 1 and n > 1:
-                with ProcessPoolExecutor(max_workers=min(workers, n)) as pool:
+                with process_pool(min(workers, n)) as pool:
                     results = list(pool.map(_decode_shard, [out] * n, [manifest.format] * n, readable,
                                             [storage_options] * n, [scratch] * n))
             else:
@@ -386,7 +397,7 @@ def render_text(report: Dict[str, Any], limit: int = 20) -> str:
     lines = [f"dsconvert verify {report['output']}: {report['format']}, {report['shards']} shard(s), "
              f"{report['num_samples']:,} samples"]
     rate = report["bytes"] / report["hash_seconds"] / 1e6 if report["hash_seconds"] else 0.0
-    checks = sum(p["kind"] in ("missing-file", "size", "checksum", "record") for p in report["problems"])
+    checks = sum(p["kind"] in ("missing-file", "unsafe-file", "size", "checksum", "record") for p in report["problems"])
     lines.append(f"  files:     {format_size(report['bytes'])} hashed ({rate:,.0f} MB/s); "
                  + ("sizes, checksums and records match the manifest" if not checks else f"{checks} problem(s)"))
     structure = sum(p["kind"] in ("structure", "unsafe-member") for p in report["problems"])

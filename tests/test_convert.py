@@ -1,7 +1,6 @@
 """Conversion guarantees: every input accounted for, strict mode, resume after SIGKILL,
 no rewrite of a finished output, one writer per output."""
 
-import fcntl
 import os
 import zlib
 import struct
@@ -124,16 +123,34 @@ def test_a_changed_source_file_is_rewritten_on_resume(tmp_path, image_folder, ph
 
 
 def test_second_writer_is_refused(tmp_path, image_folder):
+    """The lock is a POSIX record lock held by another process (what a second dsconvert takes)."""
+    import subprocess
+    import sys
+
     out = tmp_path / "out"
     out.mkdir()
-    fd = os.open(out / ".dsconvert.lock", os.O_RDWR | os.O_CREAT)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(out / '.dsconvert.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.lockf(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\nsys.stdin.read()\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(OutputLockedError, match="another dsconvert process"):
             convert(image_folder, str(out), workers=1)
     finally:
-        os.close(fd)
+        holder.stdin.close()
+        holder.wait(timeout=10)
     convert(image_folder, str(out), workers=1)
+
+
+def test_one_process_cannot_take_its_own_output_twice(tmp_path, image_folder):
+    from dsconvert.convert import _OutputLock
+
+    (tmp_path / "out").mkdir()
+    with _OutputLock(str(tmp_path / "out")):
+        with pytest.raises(OutputLockedError):
+            convert(image_folder, str(tmp_path / "out"), workers=1)
 
 
 def test_output_inside_source_is_refused(image_folder):
@@ -182,6 +199,7 @@ def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_pat
     write(os.path.join(image_folder, victim), encode(photos["rocket"].resize((40, 30))))  # after the scan
     out = tmp_path / "out"
     out.mkdir()
+    (out / ".dsconvert.lock").touch()  # the folder is a dsconvert output, as a conversion's first step makes it
     spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification", tuple(source.samples))
     result = WdsWriter.write_shard(spec)
     assert result.entry.num_samples == 15

@@ -12,7 +12,7 @@ from PIL import Image
 
 from dsconvert import BadInputError, ManifestError, convert, open_dataset
 
-from conftest import make_image_folder, write
+from conftest import make_image_folder, rehash_parts, write
 from test_convert import _png_bomb
 
 
@@ -126,6 +126,9 @@ def test_malformed_shard_records_name_the_field(tmp_path, image_folder, mutate, 
     record = json.load(open(path))
     mutate(record)
     json.dump(record, open(path, "w"))
+    with pytest.raises(ManifestError, match="sha256 differs from the manifest's"):
+        list(open_dataset(out, decode="raw"))  # the manifest's digest of the record catches any change
+    rehash_parts(out)  # a consistent hostile output: the record's own checks must catch it
     with pytest.raises(ManifestError) as exc:
         list(open_dataset(out, decode="raw"))
     assert f"field '{field}'" in str(exc.value) and exc.value.path == path

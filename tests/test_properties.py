@@ -99,7 +99,7 @@ def _keys(ds):
 
 # --- manifests --------------------------------------------------------------------------------
 
-names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}-\d{6}\.(tar|h5|npy)", fullmatch=True)
+names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}-[0-9]{6}\.(tar|h5|npy)", fullmatch=True)  # as dsconvert names them
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 
 

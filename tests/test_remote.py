@@ -65,7 +65,8 @@ class S3:
     def files(self, key):
         self.fs.invalidate_cache()
         base = f"{self.bucket}/{key}"
-        return {p[len(base) + 1:]: self.fs.cat_file(p) for p in self.fs.find(base)}
+        return {p[len(base) + 1:]: self.fs.cat_file(p) for p in self.fs.find(base)
+                if not p[len(base) + 1:].startswith(".")}  # as local_files: not the output's marker
 
     def cli(self):
         return ["--storage-option", f"client_kwargs.endpoint_url={self.endpoint}",
@@ -99,6 +100,9 @@ def same_output(a, b, same_source=True):
             da, db = json.loads(a[name]), json.loads(b[name])
             for key in ("source", "spec_sha256", "stats"):
                 da.pop(key, None), db.pop(key, None)
+            if not same_source:  # the manifest carries the records' digests, which then differ
+                for shard in da.get("shards", []) + db.get("shards", []):
+                    shard.pop("parts", None)
             assert da == db, name
         else:
             assert a[name] == b[name], name

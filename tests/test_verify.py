@@ -13,7 +13,7 @@ from dsconvert import convert, open_dataset
 from dsconvert.cli import main
 from dsconvert.verify import EXIT_PROBLEMS, verify
 
-from conftest import encode, make_image_folder, write
+from conftest import encode, make_image_folder, rehash_parts, write
 from test_convert import _png_bomb
 
 
@@ -49,10 +49,12 @@ def _rewrite_sums(out, shard_name):
     rec = json.load(open(index))
     rec.update(bytes=len(data), sha256=digest)
     json.dump(rec, open(index, "w"))
+    record = open(index, "rb").read()
     man = json.load(open(os.path.join(out, "dsconvert.json")))
     for s in man["shards"]:
         if s["name"] == shard_name:
             s.update(bytes=len(data), sha256=digest)
+            s["parts"][os.path.basename(index)] = {"bytes": len(record), "sha256": hashlib.sha256(record).hexdigest()}
     json.dump(man, open(os.path.join(out, "dsconvert.json"), "w"))
 
 
@@ -134,12 +136,16 @@ def test_index_pointing_outside_or_huge_sizes(tmp_path, src):
     rec["members"]["jpg"]["size"][3] = 10**12
     json.dump(rec, open(index, "w"))
     report = verify(out)
+    assert kinds(report) == ["checksum"]  # the manifest's digest of the index
+    rehash_parts(out)
+    report = verify(out)
     assert kinds(report) == ["structure"]
     assert "the index says" in report["problems"][0]["message"]
     with pytest.raises(ManifestError, match="index points outside the shard"):
         list(open_dataset(out))
     rec["members"]["jpg"]["size"] = "everything"
     json.dump(rec, open(index, "w"))
+    rehash_parts(out)
     report = verify(out)
     assert kinds(report) == ["record"] and "field 'members.jpg.size'" in report["problems"][0]["message"]
 

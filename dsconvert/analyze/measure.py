@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import random
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -170,13 +171,57 @@ def decode_costs(paths: Sequence[str], per_codec: int = 40, reader: Reader = LOC
             if ok:
                 costs[codec][lib] = {"ms": wall / ok * 1000, "mp_per_s": pixels / wall / 1e6, "images": ok,
                                      "share": seen[codec] / sum(seen.values())}
-    other: Dict[str, float] = {}
+    other: Dict[str, Any] = {}
     if npys:
-        t = time.perf_counter()
+        loaded, seconds = 0, 0.0
+        left_out: Counter = Counter()
         for data in npys:
-            np.load(io.BytesIO(data), allow_pickle=False)
-        other["npy_load_ms"] = (time.perf_counter() - t) / len(npys) * 1000
+            kind = _npy_kind(data)
+            if kind == "array":
+                t = time.perf_counter()
+                try:
+                    np.load(io.BytesIO(data), allow_pickle=False)
+                except Exception:  # a header that reads but a body that does not
+                    kind = "invalid"
+                else:
+                    seconds += time.perf_counter() - t
+                    loaded += 1
+            if kind != "array":
+                left_out[kind] += 1
+        if loaded:
+            other["npy_load_ms"] = seconds / loaded * 1000
+        if left_out:
+            other["npy_not_loaded"] = "; ".join(f"{n} of {len(npys)} .npy files {_NPY_KINDS[kind]}"
+                                                for kind, n in sorted(left_out.items()))
     return costs, other
+
+
+_NPY_KINDS = {
+    "invalid": "are not valid arrays (truncated, or another format under the name)",
+    "object": "hold Python objects (dtype object): loading them unpickles, which runs code from the data, "
+              "so they were not loaded",
+}
+
+
+def _npy_kind(data: bytes) -> str:
+    """'array', 'object' or 'invalid', from the header alone: an object array is never loaded,
+    nor one whose header promises more bytes than the file has (np.load on bytes would
+    allocate them all first)."""
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        else:  # (2, 0); (3, 0) differs only in allowing UTF-8 field names
+            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    except Exception:  # numpy raises ValueError, SyntaxError, EOFError... for a bad header
+        return "invalid"
+    if dtype.hasobject:
+        return "object"
+    needed = dtype.itemsize
+    for n in shape:
+        needed *= n
+    return "array" if needed <= len(data) - f.tell() else "invalid"
 
 
 def image_geometry(paths: Sequence[str], reader: Reader = LOCAL) -> Dict:

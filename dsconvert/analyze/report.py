@@ -14,7 +14,8 @@ JSON schema ``dsconvert.analyze`` version 1 (a stable subset; more keys may be a
     sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}}]
     decode       {per_codec{codec: {library: {ms, mp_per_s, images, share}}},
                   per_sample_ms{library: ms}, images{width, height, megapixels, ...},
-                  npy_load_ms?, pickle? (why it was not measured)}
+                  npy_load_ms?, npy_not_loaded? (how many .npy files
+                  were not loaded, and why), pickle? (why it was not measured)}
     stall        {decoder, images, prep_only_per_s, fetch_only_per_s, both_per_s}
     disk         {output_dir, free_bytes}
     measurements the verdict's input (dsconvert.analyze.verdict.Measurements)
@@ -97,6 +98,9 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
     dec = report["decode"]
     add(bold("decode cost (from memory)"))
     for codec, libs in dec["per_codec"].items():
+        if not libs:  # every sampled file of this codec failed to decode
+            add(f"  {codec:5s} none of the sampled files decoded (corrupt, truncated, or too large)")
+            continue
         share = next(iter(libs.values()))["share"]
         add(f"  {codec:5s} ({share:.0%} of images): " + ", ".join(
             f"{lib} {c['ms']:.2f} ms ({c['mp_per_s']:.0f} MP/s)" for lib, c in libs.items()))
@@ -106,6 +110,8 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
             f"{g['megapixels']['p10']:.2f}-{g['megapixels']['p90']:.2f} MP (p10-p90)")
     if "npy_load_ms" in dec:
         add(f"  np.load    {dec['npy_load_ms']:.3f} ms per file")
+    if "npy_not_loaded" in dec:
+        add(f"  .npy       {dec['npy_not_loaded']}")
     if "pickle" in dec:
         add(f"  pickle     {dec['pickle']}")
     s = report.get("stall") or {}

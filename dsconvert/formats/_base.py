@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from ..codecs import field_kind
+from ..codecs import field_kind, pixel_limit
 from ..errors import BadInputError, ManifestError
 from ..keys import escape_path
 from ..manifest import ShardEntry
 from ..remote import Location
 from ..storage import file_sha256
-from ..shards import ShardRecord, ShardResult, ShardSpec, read_samples
+from ..shards import ShardRecord, ShardResult, ShardSpec, part_of, read_samples
 from ..source import Sample, Skipped
 
 __all__ = ["BaseWriter", "Sink"]
@@ -73,7 +73,7 @@ class BaseWriter:
         stats: List[List[List[int]]] = []
         fields: Dict[str, str] = {}
         out = Location(spec.out_dir, spec.storage_options)
-        with out.write(spec.name) as f:
+        with pixel_limit(spec.max_image_pixels), out.write(spec.name) as f:
             sink = cls.open_sink(spec, f, f.name)
             for sample, fetched in read_samples(spec):
                 try:
@@ -99,8 +99,8 @@ class BaseWriter:
             digest = sink.sha256 or file_sha256(f.name)
         record = ShardRecord.build(cls.format, spec, keys, labels if classification else None, sources, stats,
                                    nbytes, digest, skipped, fields, extra)
-        record.save(out, cls.index_name(spec.name))
-        return record.result(cls.index_name(spec.name))
+        index_part = record.save(out, cls.index_name(spec.name))
+        return record.result(cls.index_name(spec.name), index_part)
 
     @classmethod
     def completed(cls, spec: ShardSpec) -> Optional[ShardResult]:
@@ -108,12 +108,14 @@ class BaseWriter:
         index = cls.index_name(spec.name)
         out = Location(spec.out_dir, spec.storage_options)
         try:
-            record = ShardRecord.load(out.url_of(index), cls.format, out.read_bytes(index))
+            data = out.read_bytes(index)
+            record = ShardRecord.load(out.url_of(index), cls.format, data)
             size = out.size(spec.name)
+            parts_present = all(out.size(name) == part["bytes"] for name, part in record.d.get("parts", {}).items())
         except (OSError, ManifestError):
             return None
-        if record.spec_sha256 != spec.digest() or size != record.bytes:
+        if record.spec_sha256 != spec.digest() or size != record.bytes or not parts_present:
             return None
-        result = record.result(index)
+        result = record.result(index, part_of(data))
         result.resumed = True
         return result

@@ -87,11 +87,12 @@ class MapReader:
 
     def __getitem__(self, index: int) -> Tuple[Any, Any]:
         k, j = self._locate(int(index))
-        data, label = self._read(self._handle(k), j)
-        if self.stored == "decoded":
-            image = data if self.decode == "numpy" else Image.fromarray(np.asarray(data))
-        else:
-            with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
+        handle = self._handle(k)
+        with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
+            data, label = self._read(handle, j)
+            if self.stored == "decoded":
+                image = data if self.decode == "numpy" else Image.fromarray(np.asarray(data))
+            else:
                 image = decode_image(data, self.decode)
         if self.transform is not None:
             image = self.transform(image)

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .._torch import lazy_module_attr
+from ..errors import BadInputError, ManifestError
 from ..manifest import ShardEntry
 from ..optional import require
 from ..shards import ShardSpec
@@ -110,6 +111,73 @@ class _HdfSink(Sink):
         return {}
 
 
+_DATASETS = {"images", "shapes", "labels", "keys"}
+
+
+def layout_problems(f: Any, num_samples: int) -> List[str]:
+    """What makes an open shard more than the layout above, as messages (empty: none).
+
+    A shard is data, possibly hostile, and HDF5 can make a dataset read *other* files:
+    external storage (raw data in any file, ``/etc/passwd`` say), external links, virtual
+    datasets, soft links. Every one of those, any filter (we write none), any object beyond
+    the four datasets, and any dataset of another kind or length is refused, in the reader
+    and in ``verify``, before a byte of sample data is read."""
+    h5py = require("h5py", "reading hdf5 shards")
+    from h5py import h5d
+
+    problems: List[str] = []
+    if f.attrs.get("dsconvert_format") != "hdf5":
+        problems.append("no dsconvert_format='hdf5' attribute")
+    stored = f.attrs.get("stored")
+    if stored not in ("encoded", "decoded"):
+        problems.append(f"attribute stored is {stored!r}, not 'encoded' or 'decoded'")
+    names = list(f.keys())
+    for name in names:
+        link = f.get(name, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            problems.append(f"/{name} is a {type(link).__name__}, which may point outside the shard")
+            continue
+        if name not in _DATASETS:
+            problems.append(f"/{name} is not part of the layout")
+            continue
+        obj = f[name]
+        if not isinstance(obj, h5py.Dataset):
+            problems.append(f"/{name} is a {type(obj).__name__}, not a dataset")
+            continue
+        plist = obj.id.get_create_plist()
+        if plist.get_layout() not in (h5d.CHUNKED, h5d.CONTIGUOUS, h5d.COMPACT):
+            problems.append(f"/{name} is a virtual dataset, which reads other files")
+        elif plist.get_external_count() or obj.external:
+            problems.append(f"/{name} keeps its data in external files {obj.external!r}")
+        elif plist.get_nfilters():
+            problems.append(f"/{name} has {plist.get_nfilters()} filter(s), which dsconvert never writes")
+        elif not obj.shape or obj.shape[0] != num_samples:
+            problems.append(f"/{name} holds {obj.shape[0] if obj.shape else 0} rows, not {num_samples}")
+        elif not _expected_kind(name, obj, stored):
+            problems.append(f"/{name} is {obj.dtype} of shape {obj.shape}, not what dsconvert writes")
+    images = f.get("images") if "images" in names and isinstance(f.get("images", getlink=True), h5py.HardLink) \
+        else None
+    pixels_1d = stored == "decoded" and isinstance(images, h5py.Dataset) and len(images.shape) == 1
+    for name in ("images", "labels", "keys") + (("shapes",) if pixels_1d else ()):
+        if name not in names:
+            problems.append(f"/{name} is missing")
+    return problems
+
+
+def _expected_kind(name: str, ds: Any, stored: Any) -> bool:
+    h5py = require("h5py", "reading hdf5 shards")
+    vlen = h5py.check_vlen_dtype(ds.dtype)
+    if name == "images":
+        if len(ds.shape) == 1:
+            return vlen == np.dtype(np.uint8)
+        return stored == "decoded" and ds.dtype == np.uint8 and len(ds.shape) == 4 and ds.shape[3] == 3
+    if name == "shapes":
+        return ds.dtype == np.int32 and ds.shape[1:] == (3,)
+    if name == "labels":
+        return ds.dtype == np.int64 and len(ds.shape) == 1
+    return h5py.check_string_dtype(ds.dtype) is not None and len(ds.shape) == 1
+
+
 class HdfWriter(BaseWriter):
     format = "hdf5"
     suffix = ".h5"
@@ -127,7 +195,16 @@ class _HdfDataset(MapReader):
         h5py = require("h5py", "reading hdf5 shards")
         local = self.access.local_shard(entry)
         # remote without a cache: h5py reads through fsspec's file object, 1 MB ahead per request
-        f = h5py.File(local if local is not None else self.access.location.open(entry.name), "r")
+        try:
+            f = h5py.File(local if local is not None else self.access.location.open(entry.name), "r")
+        except OSError as exc:
+            raise ManifestError(f"{self.access.url_of(entry.name)}: not a readable HDF5 file ({exc})") from None
+        problems = layout_problems(f, entry.num_samples)
+        if not problems and f.attrs["stored"] != self.stored:
+            problems.append(f"it stores {f.attrs['stored']} images, the manifest says {self.stored}")
+        if problems:
+            f.close()
+            raise ManifestError(f"{self.access.url_of(entry.name)}: refused: {problems[0]}")
         shapes = f["shapes"][()] if "shapes" in f else None
         return f, f["images"], shapes, f["labels"][()].tolist()
 
@@ -137,7 +214,11 @@ class _HdfDataset(MapReader):
         if self.stored == "encoded":
             return item.tobytes(), labels[j]
         if shapes is not None:
-            item = item.reshape(tuple(shapes[j]))
+            shape = tuple(int(v) for v in shapes[j])
+            if len(shape) != 3 or min(shape) < 1 or shape[2] not in (1, 3, 4) or \
+                    shape[0] * shape[1] * shape[2] != item.size:
+                raise BadInputError(f"shape {shape} does not fit its {item.size} pixel values")
+            item = item.reshape(shape)
         return item, labels[j]
 
 

@@ -28,17 +28,18 @@ import hashlib
 import io
 import os
 import struct
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .._torch import lazy_module_attr
-from ..codecs import decode_rgb, resize_rgb
+from ..codecs import decode_rgb, load_npy, resize_rgb
 from ..errors import BadInputError, ManifestError, OptionError
 from ..manifest import ShardEntry
-from ..shards import ShardSpec
+from ..shards import ShardSpec, part_of
 from ..source import Sample
 from ..remote import Location
+from ..storage import open_regular
 from ._base import BaseWriter, Sink
 from ._map import MapReader
 
@@ -98,9 +99,9 @@ class _PixelSink(Sink):
         rows_name = NpyWriter.rows_name(self.spec.name)
         table = io.BytesIO()
         np.save(table, np.array(self.rows, dtype=SAMPLE_DTYPE))
-        with Location(self.spec.out_dir, self.spec.storage_options).write(rows_name) as f:
-            f.write(table.getvalue())
-        return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest()}
+        Location(self.spec.out_dir, self.spec.storage_options).write_bytes(rows_name, table.getvalue())
+        return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest(),
+                "parts": {rows_name: part_of(table.getvalue())}}
 
 
 class NpyWriter(BaseWriter):
@@ -121,6 +122,60 @@ class NpyWriter(BaseWriter):
         return _PixelSink(spec, file)
 
 
+def load_rows(data: bytes) -> np.ndarray:
+    """A samples table from its bytes: a 1-D .npy of SAMPLE_DTYPE, nothing else (not an
+    .npz, never pickled objects), its header checked against its length first."""
+    try:
+        rows = load_npy(data, allow_pickle=False)
+    except BadInputError as exc:
+        raise ManifestError(f"the samples table is {exc.reason}") from None
+    if rows.dtype != SAMPLE_DTYPE or rows.ndim != 1:
+        raise ManifestError(f"the samples table is {rows.dtype} {rows.shape}, not 1-D {SAMPLE_DTYPE}")
+    return rows
+
+
+def rows_problem(rows: np.ndarray, num_samples: int, pixels_len: int) -> Optional[str]:
+    """Why ``rows`` cannot describe ``num_samples`` images inside ``pixels_len`` bytes, or None.
+
+    Heights, widths and channels come from disk: their product is computed in floating point
+    first, so a row whose height x width x channels overflows int64 cannot wrap around into
+    a small (or negative) extent that passes the bounds check."""
+    if len(rows) != num_samples:
+        return f"{len(rows)} rows for {num_samples} samples"
+    if not len(rows):
+        return None
+    h, w, c, o = rows["height"], rows["width"], rows["channels"], rows["offset"]
+    rough = o.astype(np.float64) + h.astype(np.float64) * w * c
+    bad = (o < 0) | (h < 1) | (w < 1) | ~np.isin(c, (1, 3, 4)) | (rough > float(pixels_len) + 1.0)
+    if not bad.any():
+        extent = o + h.astype(np.int64) * w.astype(np.int64) * c.astype(np.int64)  # exact now: < 2**53
+        bad |= extent > pixels_len
+    if bad.any():
+        first = int(np.argmax(bad))
+        return (f"{int(bad.sum())} row(s) point outside the pixels or have impossible shapes (first: sample {first}, "
+                f"offset {int(o[first])}, {int(h[first])}x{int(w[first])}x{int(c[first])})")
+    return None
+
+
+def open_pixels(path: str) -> np.ndarray:
+    """The pixel array of a shard, memory-mapped: a 1-D uint8 .npy whose header's length is
+    exactly what the file holds (a header may declare anything)."""
+    with open_regular(path) as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+        except (ValueError, SyntaxError, TypeError, EOFError) as exc:
+            raise ManifestError(f"{path}: not a .npy pixel array ({exc})", path) from None
+        offset = f.tell()
+        size = os.fstat(f.fileno()).st_size
+    if dtype != np.uint8 or len(shape) != 1 or offset + shape[0] != size:
+        raise ManifestError(f"{path}: pixels are {dtype} {shape}, not 1-D uint8 filling the file's {size} bytes", path)
+    if not shape[0]:
+        return np.zeros(0, np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape).view(np.ndarray)
+
+
 class _NpyDataset(MapReader):
     """Map-style dataset over npy caches: ``decode="numpy"`` returns zero-copy, read-only
     views of the memory map; ``"pil"`` PIL images. See :func:`dsconvert.open_dataset`."""
@@ -130,10 +185,15 @@ class _NpyDataset(MapReader):
         if local is None:
             raise OptionError(f"{self.access.url_of(entry.name)}: npy caches are memory-mapped from local disk; "
                               "open it with cache_dir=... (a local SSD folder) to read it from there")
-        pixels = np.load(local, mmap_mode="r").view(np.ndarray)
-        rows = np.load(io.BytesIO(self.access.file_bytes(NpyWriter.rows_name(entry.name))), allow_pickle=False)
-        if len(rows) != entry.num_samples:
-            raise ManifestError(f"{entry.name}: {len(rows)} rows for {entry.num_samples} samples")
+        pixels = open_pixels(local)
+        rows_name = NpyWriter.rows_name(entry.name)
+        try:
+            rows = load_rows(self.access.file_bytes(rows_name, entry.parts.get(rows_name)))
+        except ManifestError as exc:
+            raise ManifestError(f"{self.access.url_of(rows_name)}: {exc}") from None
+        problem = rows_problem(rows, entry.num_samples, len(pixels))
+        if problem:
+            raise ManifestError(f"{self.access.url_of(rows_name)}: {problem}")
         spans = [(int(o), (int(h), int(w), int(c)), int(h) * int(w) * int(c))
                  for o, h, w, c in zip(rows["offset"], rows["height"], rows["width"], rows["channels"])]
         return pixels, spans, rows["label"].tolist()

@@ -287,10 +287,11 @@ class _OpenShard:
 
     def __init__(self, access: ShardAccess, entry: ShardEntry, bytes_limit: int):
         index_name = entry.index or WdsWriter.index_name(entry.name)
-        index = load_record(access.url_of(index_name), access.file_bytes(index_name))
-        if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes) and access.cache is not None:
+        part = entry.parts.get(index_name)  # manifests before 0.2 carry no digest of the index
+        index = load_record(access.url_of(index_name), access.file_bytes(index_name, part))
+        if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes) and access.cache is not None and not part:
             index = load_record(access.url_of(index_name), access.file_bytes(index_name, refresh=True))  # stale copy
-        if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes):
+        if (index.d["sha256"], index.bytes, index.d["num_samples"]) != (entry.sha256, entry.bytes, entry.num_samples):
             raise ManifestError(f"{access.url_of(index_name)} describes another version of {entry.name} than the "
                                 "manifest (was the output rewritten while being read?)", access.url_of(index_name))
         self.access = access
