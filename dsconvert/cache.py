@@ -10,7 +10,7 @@ downloads under the final name (a killed download leaves a short file that is th
 as if whole); a cache shared by training processes needs:
 
 * downloads to a temp name, checked against the manifest's size and sha256 (shards, and
-  since 0.2 their index and samples table: the manifest's ``parts``), then renamed;
+  their index and samples table where the manifest lists them in ``parts``), then renamed;
 * a lock per file (``fcntl.flock``), so that concurrent DataLoader workers and ranks never
   read a half-downloaded shard and download each shard once (``simplecache`` writes the
   download under its final name);

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import struct
+import tokenize
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -46,6 +47,7 @@ __all__ = [
     "check_pixels",
     "pixel_limit",
     "load_npy",
+    "NPY_HEADER_ERRORS",
     "FastJpeg",
     "decode_errors_naming",
 ]
@@ -274,6 +276,11 @@ def jpeg_decoders() -> List[Tuple[str, Callable[[bytes], np.ndarray]]]:
     return _decoders[pid]
 
 
+# what numpy's .npy header parser raises on a damaged header (it tokenizes the header's text)
+NPY_HEADER_ERRORS = (ValueError, SyntaxError, TypeError, EOFError, struct.error, tokenize.TokenError, MemoryError,
+                     RecursionError)
+
+
 def load_npy(data: Any, allow_pickle: bool = False) -> np.ndarray:
     """An ``.npy`` held in memory, its header checked against its length before anything is
     allocated: a 128-byte file may declare a terabyte. Only ``.npy`` (not ``.npz``), and
@@ -287,7 +294,7 @@ def load_npy(data: Any, allow_pickle: bool = False) -> np.ndarray:
         if read_header is None:
             raise ValueError(f"format version {version[0]}.{version[1]} is not read here (1.0 and 2.0 are)")
         shape, _, dtype = read_header(f, max_header_size=10000)
-    except (ValueError, SyntaxError, TypeError, EOFError, struct.error) as exc:
+    except NPY_HEADER_ERRORS as exc:
         raise BadInputError(f"not a .npy array: {exc}") from None
     if dtype.hasobject:
         if not allow_pickle:

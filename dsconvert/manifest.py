@@ -17,7 +17,9 @@ Schema version 1::
       "fields": {"jpg": "image", "cls": "class"},
       "num_samples": 1234,
       "shards": [{"name": "shard-000000.tar", "index": "shard-000000.index.json",
-                  "num_samples": 1000, "bytes": 123456, "sha256": "..."}],
+                  "num_samples": 1000, "bytes": 123456, "sha256": "...",
+                  # the shard's other files, checked wherever a copy of them is read
+                  "parts": {"shard-000000.index.json": {"bytes": 5678, "sha256": "..."}}}],
       "skipped": [{"path": "cat/bad.jpg", "reason": "corrupt or truncated image: ..."}],
       "ignored": [{"path": ".DS_Store", "reason": "hidden file or OS metadata"}],
       "accounting": {"files_seen": 1236, "files_written": 1234, "files_skipped": 2,

@@ -131,6 +131,7 @@ def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Pr
 
     import numpy as np
 
+    from .codecs import NPY_HEADER_ERRORS
     from .formats.npy import NpyWriter, load_rows, rows_problem
 
     rows_name = NpyWriter.rows_name(entry.name)
@@ -140,7 +141,7 @@ def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Pr
         shape, _, dtype = np.lib.format.read_array_header_1_0(head)
         rows_bytes = out.read_bytes(rows_name)
         rows = load_rows(rows_bytes)
-    except (OSError, ValueError, SyntaxError, TypeError) as exc:  # ManifestError is a ValueError
+    except (OSError,) + NPY_HEADER_ERRORS as exc:  # ManifestError is a ValueError
         return [Problem("structure", entry.name, f"not loadable as .npy: {exc}")]
     if dtype != np.uint8 or len(shape) != 1 or head.tell() + shape[0] != entry.bytes:
         return [Problem("structure", entry.name, f"pixels are {dtype} {shape}, not 1-D uint8 filling the file")]
@@ -155,14 +156,14 @@ def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Pr
 
 
 def _check_hdf5(out: Location, entry: ShardEntry) -> List[Problem]:
-    from .formats.hdf5 import layout_problems
+    from .formats.hdf5 import HDF5_ERRORS, layout_problems
     from .optional import require
 
     h5py = require("h5py", "verifying hdf5 shards")
     try:
         with out.open(entry.name) as raw, h5py.File(raw, "r") as f:
             return [Problem("structure", entry.name, p) for p in layout_problems(f, entry.num_samples)]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except HDF5_ERRORS as exc:
         return [Problem("structure", entry.name, f"not a readable HDF5 file: {exc}")]
 
 

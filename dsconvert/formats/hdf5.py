@@ -112,6 +112,8 @@ class _HdfSink(Sink):
 
 
 _DATASETS = {"images", "shapes", "labels", "keys"}
+# what h5py raises on a damaged file: libhdf5's errors map to OSError, RuntimeError, KeyError...
+HDF5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, IndexError, OverflowError)
 
 
 def layout_problems(f: Any, num_samples: int) -> List[str]:
@@ -195,22 +197,29 @@ class _HdfDataset(MapReader):
         h5py = require("h5py", "reading hdf5 shards")
         local = self.access.local_shard(entry)
         # remote without a cache: h5py reads through fsspec's file object, 1 MB ahead per request
-        try:
+        f = None
+        try:  # libhdf5 reports damaged metadata as any of these
             f = h5py.File(local if local is not None else self.access.location.open(entry.name), "r")
-        except OSError as exc:
-            raise ManifestError(f"{self.access.url_of(entry.name)}: not a readable HDF5 file ({exc})") from None
-        problems = layout_problems(f, entry.num_samples)
-        if not problems and f.attrs["stored"] != self.stored:
-            problems.append(f"it stores {f.attrs['stored']} images, the manifest says {self.stored}")
-        if problems:
-            f.close()
-            raise ManifestError(f"{self.access.url_of(entry.name)}: refused: {problems[0]}")
-        shapes = f["shapes"][()] if "shapes" in f else None
-        return f, f["images"], shapes, f["labels"][()].tolist()
+            problems = layout_problems(f, entry.num_samples)
+            if not problems and f.attrs["stored"] != self.stored:
+                problems.append(f"it stores {f.attrs['stored']} images, the manifest says {self.stored}")
+            if problems:
+                raise ManifestError(f"{self.access.url_of(entry.name)}: refused: {problems[0]}")
+            shapes = f["shapes"][()] if "shapes" in f else None
+            return f, f["images"], shapes, f["labels"][()].tolist()
+        except ManifestError:
+            f is not None and f.close()
+            raise
+        except HDF5_ERRORS as exc:
+            f is not None and f.close()
+            raise ManifestError(f"{self.access.url_of(entry.name)}: not a readable HDF5 shard ({exc})") from None
 
     def _read(self, handle: Any, j: int) -> Tuple[Any, int]:
         _, images, shapes, labels = handle
-        item = images[j]
+        try:
+            item = images[j]
+        except HDF5_ERRORS as exc:
+            raise BadInputError(f"damaged HDF5 data: {exc}") from None
         if self.stored == "encoded":
             return item.tobytes(), labels[j]
         if shapes is not None:

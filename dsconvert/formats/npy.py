@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .._torch import lazy_module_attr
-from ..codecs import decode_rgb, load_npy, resize_rgb
+from ..codecs import NPY_HEADER_ERRORS, decode_rgb, load_npy, resize_rgb
 from ..errors import BadInputError, ManifestError, OptionError
 from ..manifest import ShardEntry
 from ..shards import ShardSpec, part_of
@@ -165,7 +165,7 @@ def open_pixels(path: str) -> np.ndarray:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read(f)
-        except (ValueError, SyntaxError, TypeError, EOFError) as exc:
+        except NPY_HEADER_ERRORS as exc:
             raise ManifestError(f"{path}: not a .npy pixel array ({exc})", path) from None
         offset = f.tell()
         size = os.fstat(f.fileno()).st_size

@@ -287,7 +287,7 @@ class _OpenShard:
 
     def __init__(self, access: ShardAccess, entry: ShardEntry, bytes_limit: int):
         index_name = entry.index or WdsWriter.index_name(entry.name)
-        part = entry.parts.get(index_name)  # manifests before 0.2 carry no digest of the index
+        part = entry.parts.get(index_name)  # older manifests carry no digest of the index
         index = load_record(access.url_of(index_name), access.file_bytes(index_name, part))
         if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes) and access.cache is not None and not part:
             index = load_record(access.url_of(index_name), access.file_bytes(index_name, refresh=True))  # stale copy
