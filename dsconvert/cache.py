@@ -222,12 +222,11 @@ class ShardAccess:
         """A small file of the output (an index, a samples table), through the cache if any;
         with ``part`` (the manifest's {bytes, sha256} of it) checked against it."""
         want = (part or {}).get("sha256")
-        if self.cache is None:
-            data = self.location.read_bytes(name)
-        else:
+        if self.cache is not None:  # the cache checks a copy against ``want`` before it hands it out
             with open_regular(self.cache.get(self.url_of(name), want, (part or {}).get("bytes"),
                                              refresh=refresh, counted=False)) as f:
-                data = f.read()
+                return f.read()
+        data = self.location.read_bytes(name)
         if want is not None and hashlib.sha256(data).hexdigest() != want:
             raise ManifestError(f"{self.url_of(name)}: its sha256 differs from the manifest's (was the output "
                                 "rewritten while being read?)", self.url_of(name))

@@ -37,12 +37,15 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
         raise
 
 
-def regular_size(path: str) -> int:
-    """The size of ``path`` (symlinks followed), refusing anything but a regular file."""
-    st = os.stat(path)
+def _regular(path: str, st: os.stat_result) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(f"{path} is not a regular file (a device, FIFO, socket or folder): not read", path)
-    return st.st_size
+    return st
+
+
+def regular_size(path: str) -> int:
+    """The size of ``path`` (symlinks followed), refusing anything but a regular file."""
+    return _regular(path, os.stat(path)).st_size
 
 
 def open_regular(path: str) -> IO[bytes]:
@@ -50,9 +53,7 @@ def open_regular(path: str) -> IO[bytes]:
     (no race with a swap): O_NONBLOCK keeps a FIFO from blocking the open itself."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFileError(f"{path} is not a regular file (a device, FIFO, socket or folder): not read",
-                                      path)
+        _regular(path, os.fstat(fd))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

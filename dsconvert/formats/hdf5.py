@@ -134,6 +134,7 @@ def layout_problems(f: Any, num_samples: int) -> List[str]:
     if stored not in ("encoded", "decoded"):
         problems.append(f"attribute stored is {stored!r}, not 'encoded' or 'decoded'")
     names = list(f.keys())
+    datasets: Dict[str, Any] = {}  # the names that are hard-linked datasets of the layout
     for name in names:
         link = f.get(name, getlink=True)
         if not isinstance(link, h5py.HardLink):
@@ -146,6 +147,7 @@ def layout_problems(f: Any, num_samples: int) -> List[str]:
         if not isinstance(obj, h5py.Dataset):
             problems.append(f"/{name} is a {type(obj).__name__}, not a dataset")
             continue
+        datasets[name] = obj
         plist = obj.id.get_create_plist()
         if plist.get_layout() not in (h5d.CHUNKED, h5d.CONTIGUOUS, h5d.COMPACT):
             problems.append(f"/{name} is a virtual dataset, which reads other files")
@@ -157,9 +159,7 @@ def layout_problems(f: Any, num_samples: int) -> List[str]:
             problems.append(f"/{name} holds {obj.shape[0] if obj.shape else 0} rows, not {num_samples}")
         elif not _expected_kind(name, obj, stored):
             problems.append(f"/{name} is {obj.dtype} of shape {obj.shape}, not what dsconvert writes")
-    images = f.get("images") if "images" in names and isinstance(f.get("images", getlink=True), h5py.HardLink) \
-        else None
-    pixels_1d = stored == "decoded" and isinstance(images, h5py.Dataset) and len(images.shape) == 1
+    pixels_1d = stored == "decoded" and "images" in datasets and len(datasets["images"].shape) == 1
     for name in ("images", "labels", "keys") + (("shapes",) if pixels_1d else ()):
         if name not in names:
             problems.append(f"/{name} is missing")

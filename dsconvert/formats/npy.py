@@ -28,7 +28,7 @@ import hashlib
 import io
 import os
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -157,23 +157,29 @@ def rows_problem(rows: np.ndarray, num_samples: int, pixels_len: int) -> Optiona
     return None
 
 
-def open_pixels(path: str) -> np.ndarray:
-    """The pixel array of a shard, memory-mapped: a 1-D uint8 .npy whose header's length is
-    exactly what the file holds (a header may declare anything)."""
-    with open_regular(path) as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read(f)
-        except NPY_HEADER_ERRORS as exc:
-            raise ManifestError(f"{path}: not a .npy pixel array ({exc})", path) from None
-        offset = f.tell()
-        size = os.fstat(f.fileno()).st_size
+def pixels_extent(f: IO[bytes], size: int, where: str) -> Tuple[int, int]:
+    """(offset, length) of a shard's pixels from its .npy header at ``f``: a 1-D uint8 array
+    whose length is exactly what the file's ``size`` holds (a header may declare anything)."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+    except NPY_HEADER_ERRORS as exc:
+        raise ManifestError(f"{where}: not a .npy pixel array ({exc})", where) from None
+    offset = f.tell()
     if dtype != np.uint8 or len(shape) != 1 or offset + shape[0] != size:
-        raise ManifestError(f"{path}: pixels are {dtype} {shape}, not 1-D uint8 filling the file's {size} bytes", path)
-    if not shape[0]:
+        raise ManifestError(f"{where}: pixels are {dtype} {shape}, not 1-D uint8 filling the file's {size} bytes",
+                            where)
+    return offset, shape[0]
+
+
+def open_pixels(path: str) -> np.ndarray:
+    """The pixel array of a shard, memory-mapped, its header checked (:func:`pixels_extent`)."""
+    with open_regular(path) as f:
+        offset, length = pixels_extent(f, os.fstat(f.fileno()).st_size, path)
+    if not length:
         return np.zeros(0, np.uint8)
-    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape).view(np.ndarray)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(length,)).view(np.ndarray)
 
 
 class _NpyDataset(MapReader):
