@@ -88,12 +88,15 @@ class MapReader:
     def __getitem__(self, index: int) -> Tuple[Any, Any]:
         k, j = self._locate(int(index))
         handle = self._handle(k)
-        with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
+        try:  # a plain try: free on the hot path, where a context manager costs as much as the read
             data, label = self._read(handle, j)
             if self.stored == "decoded":
                 image = data if self.decode == "numpy" else Image.fromarray(np.asarray(data))
             else:
                 image = decode_image(data, self.decode)
+        except Exception:
+            with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
+                raise
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:
