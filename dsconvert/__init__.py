@@ -13,7 +13,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .convert import ConvertResult, convert  # noqa: E402
-from .data import open_dataset  # noqa: E402
+from .readers.open import open_dataset  # noqa: E402
 from .errors import (  # noqa: E402
     BadInputError,
     DsconvertError,
@@ -28,7 +28,7 @@ from .errors import (  # noqa: E402
 from .manifest import Manifest  # noqa: E402
 from .monitor import DataLoadingMonitor  # noqa: E402
 from .source import scan  # noqa: E402
-from .source_dataset import open_source  # noqa: E402
+from .source import open_source  # noqa: E402
 
 __all__ = [
     "__version__",

@@ -33,11 +33,12 @@ import numpy as np
 
 from .codecs import DECODE_MODES, ENCODED_MODES
 from .errors import OptionError, SourceError
+from .formats import get
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
 from .optional import require
-from .remote import Location
-from .storage import evict_page_cache
+from .io.location import Location
+from .io.localfs import evict_page_cache
 
 __all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA", "BENCH_VERSION",
            "default_worker_counts"]
@@ -99,7 +100,7 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
     """(dataset limited to max_samples, target description)."""
     from torch.utils.data import Subset
 
-    from .data import open_dataset
+    from .readers.open import open_dataset
 
     location = Location(path, storage_options)
     path = location.url
@@ -109,7 +110,7 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
         manifest = Manifest.load(location)
         _check_transform(path, manifest.sample_type, transform)
         ds = open_dataset(path, transform=transform, decode=decode, storage_options=storage_options)
-        iterable = manifest.format == "wds"
+        iterable = get(manifest.format).iterable
         n = manifest.num_samples
         files = [] if location.remote else [os.path.join(path, name) for name in sorted(os.listdir(path))
                                              if os.path.isfile(os.path.join(path, name))]
@@ -117,7 +118,7 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
         kind, sample_type = manifest.format, manifest.sample_type
     else:
         from .source import scan
-        from .source_dataset import SourceDataset
+        from .source.dataset import SourceDataset
 
         source = scan(path, storage_options=storage_options)
         _check_transform(path, source.sample_type, transform)
@@ -204,7 +205,7 @@ def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, colla
 
 def default_worker_counts(cpus: Optional[int] = None) -> List[int]:
     """0, 1, 2, 4, ... up to the CPUs this process may use."""
-    from .convert import available_cpus
+    from .processes import available_cpus
 
     cpus = cpus or available_cpus()
     counts = [0, 1]
@@ -222,7 +223,7 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     """Read each of ``paths`` through a DataLoader per worker count, batch size and cache
     state; return the report (schema ``dsconvert.bench``, version 1). See the module doc."""
     require("torch", "dsconvert bench")
-    from .convert import available_cpus
+    from .processes import available_cpus
 
     say = log or (lambda msg: None)
     if not paths:

@@ -26,8 +26,8 @@ from .convert import EXIT_SKIPPED, convert
 from .errors import DsconvertError, OptionError, SourceError
 from .formats import FORMATS
 from .manifest import Manifest
-from .shards import parse_size
-from .remote import is_remote, parse_storage_options
+from .plan import parse_size
+from .io.location import is_remote, parse_storage_options
 from .sizing import format_size
 from .source import LAYOUTS
 
@@ -464,7 +464,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import prefetch
+    from .io.shard_cache import prefetch
 
     _local_folder(args.cache_dir, "the cache folder")
     report = prefetch(args.url, args.cache_dir, args.max_size, parse_storage_options(args.storage_option),

@@ -15,17 +15,17 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import struct
 import tokenize
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from . import optional
 from .errors import BadInputError, DsconvertError
+from .processes import ProcessLocal
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -122,7 +122,6 @@ def _pil_open(data: Any) -> Image.Image:
             img = Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise BadInputError(f"decompression bomb: {exc}") from None
-    check_pixels(*img.size)  # the limit may have been lowered since Pillow checked
     return img
 
 
@@ -182,9 +181,9 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
 
 def check_pixels(width: int, height: int) -> None:
     """Refuse to decode an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (None: no limit;
-    :func:`pixel_limit` sets it). Pillow itself only warns between the limit and twice it,
-    and the fast JPEG decoders do not check at all: a 50 kB file declaring 30000 x 30000
-    pixels would allocate 2.7 GB."""
+    :func:`pixel_limit` sets it), for the fast JPEG decoders, which do not check at all: a
+    50 kB file declaring 30000 x 30000 pixels would allocate 2.7 GB. (Pillow checks the same
+    limit itself: :func:`_pil_open`.)"""
     limit = Image.MAX_IMAGE_PIXELS
     if limit and width * height > limit:
         raise BadInputError(f"decompression bomb: {width}x{height} = {width * height} pixels exceeds the limit "
@@ -257,23 +256,21 @@ def _pil_decoder(data: bytes) -> np.ndarray:
     return np.asarray(_pil_rgb(data))
 
 
-_decoders: Dict[int, List[Tuple[str, Callable[[bytes], np.ndarray]]]] = {}
+_decoders = ProcessLocal()
 
 
 def jpeg_decoders() -> List[Tuple[str, Callable[[bytes], np.ndarray]]]:
     """The JPEG -> RGB array decoders that load in this process, fastest first (probed once
     per process: a forked worker probes again, so no C handle crosses a fork)."""
-    pid = os.getpid()
-    if pid not in _decoders:
-        _decoders.clear()
+    if "jpeg" not in _decoders:
         found: List[Tuple[str, Callable[[bytes], np.ndarray]]] = []
         for name, make in (("turbojpeg", _turbo_decoder), ("simplejpeg", _simplejpeg_decoder)):
             decoder = make()
             if decoder is not None:
                 found.append((name, decoder))
         found.append(("pil", _pil_decoder))
-        _decoders[pid] = found
-    return _decoders[pid]
+        _decoders["jpeg"] = found
+    return _decoders["jpeg"]
 
 
 # what numpy's .npy header parser raises on a damaged header (it tokenizes the header's text)

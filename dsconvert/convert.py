@@ -20,22 +20,23 @@ import tempfile
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 from . import __version__
 from .codecs import resolve_decoder
 from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
                      OutputExistsError, OutputLockedError, SourceError)
-from .formats import CAN_DECODE, DECODED_ONLY, FORMATS, writer_class
+from .formats import FORMATS, Format, get
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest
-from .pool import process_pool
+from .processes import available_cpus, process_pool
 from .progress import progress_bar
-from .shards import CHANGED_DURING, ShardResult, ShardSpec, parse_size, plan_shards
+from .plan import CHANGED_DURING, ShardResult, ShardSpec, parse_size, plan_shards
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
-from .remote import Location, is_remote
-from .storage import free_bytes, mount_of
+from .io.location import Location, is_remote
+from .io.localfs import free_bytes, mount_of
+from .io.locks import file_lock
 
 __all__ = ["convert", "ConvertResult", "EXIT_SKIPPED"]
 
@@ -52,47 +53,17 @@ class ConvertResult:
     shards_resumed: int = 0
     seconds: float = 0.0
 
-    @property
-    def num_skipped(self) -> int:
-        return len(self.manifest.skipped)
 
-
-_held_locks: set = set()  # outputs this process is converting into (POSIX locks are per process)
-
-
-class _OutputLock:
-    """An exclusive lock on OUT/.dsconvert.lock: two conversions never share an output.
-
-    A POSIX record lock (``lockf``), not ``flock``: forked pool workers do not inherit it, so
-    a killed conversion's lock dies with its main process, whatever its workers do. Within one
-    process a set of held paths does what the kernel does between processes."""
-
-    def __init__(self, out_dir: str):
-        self.path = os.path.join(out_dir, LOCK_NAME)
-        self.fd: Optional[int] = None
-
-    def __enter__(self) -> "_OutputLock":
-        import fcntl
-
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            if self.path in _held_locks:
-                raise BlockingIOError
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise OutputLockedError(
-                f"another dsconvert process is writing into {os.path.dirname(self.path)}", self.path
-            ) from None
-        self.fd = fd
-        _held_locks.add(self.path)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            _held_locks.discard(self.path)
-            os.close(self.fd)  # closing releases the lock
-            self.fd = None
+@contextlib.contextmanager
+def _output_lock(out_dir: str) -> Iterator[None]:
+    """An exclusive lock on OUT/.dsconvert.lock: two conversions never share an output. A
+    process lock (:func:`dsconvert.io.locks.file_lock`), so a killed conversion's lock dies
+    with its main process, whatever its pool workers do."""
+    path = os.path.join(out_dir, LOCK_NAME)
+    with file_lock(path, wait=False, process=True) as got:
+        if not got:
+            raise OutputLockedError(f"another dsconvert process is writing into {out_dir}", path)
+        yield
 
 
 def _claim(out: Location, overwrite: bool) -> None:
@@ -114,14 +85,6 @@ def _claim(out: Location, overwrite: bool) -> None:
             f.write(b"")
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (a container's limit, not the host's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _shaping_options(**options: Any) -> Dict[str, Any]:
     """The options that decide the output's bytes; a rerun with others must not reuse it."""
     return dict(sorted(options.items()))
@@ -139,9 +102,9 @@ def _check_paths(src: str, out: str) -> None:
 
 def _remove_previous(out: Location, manifest: Manifest) -> None:
     out.remove(MANIFEST_NAME)  # first: the output is unfinished from here on
-    writer = writer_class(manifest.format)
+    fmt = get(manifest.format)
     for entry in manifest.shards:
-        for name in writer.files_of(entry):
+        for name in fmt.files_of(entry):
             out.remove(name)
 
 
@@ -152,7 +115,7 @@ def _shard_files(prefix: str) -> str:
 
 def _remove_stale(out: Location, prefix: str, keep: set) -> None:
     """Remove our shards and indexes that the current plan does not contain, and temp files
-    left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.storage.atomic_write`)."""
+    left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.io.localfs.atomic_write`)."""
     shard = _shard_files(prefix)
     stale = re.compile(rf"^{shard}$")
     temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)})\.\d+\.tmp$")
@@ -161,32 +124,31 @@ def _remove_stale(out: Location, prefix: str, keep: set) -> None:
             out.remove(name)
 
 
-def _make_specs(source: Source, fmt: str, out: Location, prefix: str, samples_per_shard: int,
+def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, samples_per_shard: int,
                 shard_bytes: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
                 format_options: Dict[str, Any], bytes_ratio: float,
                 storage_options: Dict[str, Any]) -> List[ShardSpec]:
     """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels)."""
-    writer = writer_class(fmt)
     sample_type = source.sample_type
     classification = sample_type == "classification"
-    ranges = plan_shards(source.samples, samples_per_shard, max(1, shard_bytes - writer.overhead),
-                         size_of=lambda s: int(writer.sample_bytes(s, classification) * bytes_ratio))
+    ranges = plan_shards(source.samples, samples_per_shard, max(1, shard_bytes - fmt.overhead),
+                         size_of=lambda s: int(fmt.sample_bytes(s, classification) * bytes_ratio))
     return [
-        ShardSpec(fmt, i, writer.shard_name(prefix, i), source.root, out.url, sample_type,
+        ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
                   tuple(source.samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options)
         for i, (a, b) in enumerate(ranges)
     ]
 
 
-def _check_space(out_dir: str, prefix: str, needed: SizeEstimate, fmt: str) -> None:
+def _check_space(out_dir: str, prefix: str, needed: SizeEstimate, fmt: Type[Format]) -> None:
     """Refuse to start when the output cannot fit (shards already there count as written)."""
     shard = re.compile(rf"^{_shard_files(prefix)}$")
     present = sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir) if shard.match(n))
     free = free_bytes(out_dir)
     if needed.bytes - present > free:
-        hint = " (--resize SHORT or --size HxW shrinks decoded caches)" if fmt in CAN_DECODE else ""
+        hint = " (--resize SHORT or --size HxW shrinks decoded caches)" if fmt.pixels != "never" else ""
         raise InsufficientSpaceError(
-            f"the {fmt} output needs {needed.describe()} but {mount_of(out_dir)[0]} has "
+            f"the {fmt.id} output needs {needed.describe()} but {mount_of(out_dir)[0]} has "
             f"{format_size(free)} free; free some room, choose another --output{hint}, or pass --force",
             out_dir,
         )
@@ -224,11 +186,13 @@ def _out_of_space_is_resumable(out: Location) -> Iterator[None]:
 
 def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar) -> List[ShardResult]:
     """Write every spec, reporting each finished shard; the first error cancels the rest."""
-    writer = writer_class(specs[0].format) if specs else None
+    if not specs:
+        return []
+    fmt = get(specs[0].format)
     results: Dict[int, ShardResult] = {}
     todo: List[ShardSpec] = []
     for spec in specs:
-        done = writer.completed(spec)
+        done = fmt.completed(spec)
         if done is not None:
             results[spec.index] = done
             bar.update(len(spec.samples))
@@ -246,18 +210,17 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
         bar.set_postfix_str(f"{len(results)}/{len(specs)} shards, {rate:.0f} MB/s")
 
     own_pool = None
-    # libhdf5 (2.0) segfaults when it frees a file whose write failed (a full disk): hdf5
-    # shards are written in a child process even for one worker, so a crash there is one
-    # clear error here instead of the end of this process
-    isolate = bool(todo) and writer.format == "hdf5"
+    # a format whose native library may crash on a failed write is written in a child process
+    # even for one worker, so that a crash there is one clear error here
+    isolate = bool(todo) and fmt.write_in_child
     if executor is None and ((workers > 1 and len(todo) > 1) or isolate):
         own_pool = executor = process_pool(min(workers, len(todo)))
     try:
         if executor is None:
             for spec in todo:
-                finished(spec, writer.write_shard(spec))
+                finished(spec, fmt.write_shard(spec))
         else:
-            task = _write_shard if own_pool is not None else writer.write_shard
+            task = _write_shard if own_pool is not None else fmt.write_shard
             futures = {executor.submit(task, spec): spec for spec in todo}
             try:
                 for future in cf.as_completed(futures):
@@ -289,7 +252,7 @@ def _quiet_excepthook(kind: Any, value: BaseException, tb: Any) -> None:
 def _write_shard(spec: ShardSpec) -> ShardResult:
     """What our own pool's workers run: the format's write_shard, with quiet finalizers."""
     sys.unraisablehook, sys.excepthook = _quiet_unraisable, _quiet_excepthook
-    return writer_class(spec.format).write_shard(spec)
+    return get(spec.format).write_shard(spec)
 
 
 def _raise_cause(exc: BaseException, futures: Dict[cf.Future, ShardSpec], out_dir: str) -> None:
@@ -366,9 +329,11 @@ def convert(
         raise OptionError(f"layout must be one of {LAYOUTS}, not {layout!r}")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
         raise OptionError(f"prefix must be a plain file name stem, not {prefix!r}")
-    decode = decode or format in DECODED_ONLY
-    if decode and format not in CAN_DECODE:
-        raise OptionError(f"decode=True needs a format that stores pixels ({', '.join(CAN_DECODE)})")
+    fmt = get(format)
+    decode = decode or fmt.pixels == "always"
+    if decode and fmt.pixels == "never":
+        can = ", ".join(f for f in FORMATS if get(f).pixels != "never")
+        raise OptionError(f"decode=True needs a format that stores pixels ({can})")
     if (resize is not None or size is not None) and not decode:
         raise OptionError("resize/size apply to decoded outputs: --format npy, or hdf5 with --decode")
     if resize is not None and size is not None:
@@ -390,7 +355,7 @@ def convert(
     started = time.perf_counter()
     location.makedirs()
     _claim(location, overwrite)
-    lock = contextlib.nullcontext() if location.remote else _OutputLock(out_dir)
+    lock = contextlib.nullcontext() if location.remote else _output_lock(out_dir)
     with lock, _out_of_space_is_resumable(location):
         if location.exists(MANIFEST_NAME):
             previous = Manifest.load(location)
@@ -414,29 +379,27 @@ def convert(
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)
 
-        if format != "wds" and source.sample_type != "classification":
+        if not fmt.any_samples and source.sample_type != "classification":
+            able = ", ".join(f for f in FORMATS if get(f).any_samples)
             raise SourceError(
                 f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "
-                f"source, and {src_abs} was scanned as {source.layout} (use --format wds)", src_abs)
-        writer = writer_class(format)
+                f"source, and {src_abs} was scanned as {source.layout} (use --format {able})", src_abs)
         classification = source.sample_type == "classification"
         estimate = estimate_output_bytes(source, decode, resize, size,
-                                         stored_bytes=lambda s: writer.sample_bytes(s, classification))
+                                         stored_bytes=lambda s: fmt.sample_bytes(s, classification))
         if not force and not location.remote:  # each shard also has a fixed part (a tar's end, HDF5 headers)
             shards_at_least = -(-len(source.samples) // samples_per_shard)
-            _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * writer.overhead,
-                                                       estimate.sampled, estimate.exact), format)
+            _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * fmt.overhead,
+                                                       estimate.sampled, estimate.exact), fmt)
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
-                          "decoder": decoder_name}
-        if format == "hdf5":
-            format_options["classes"] = source.classes
+                          "decoder": decoder_name, **fmt.writer_options(source)}
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes else 1.0
-        specs = _make_specs(source, format, location, prefix, samples_per_shard, shard_bytes,
+        specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}))
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
             results = _run(specs, workers, executor, bar)
 
-        keep = {name for r in results for name in writer.files_of(r.entry)}
+        keep = {name for r in results for name in fmt.files_of(r.entry)}
         _remove_stale(location, prefix, keep)
         manifest = _build_manifest(src_abs, source, format, results, options, decode)
         manifest.save(location)

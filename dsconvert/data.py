@@ -1,64 +1,12 @@
-"""``open_dataset``: read a manifest and return the right Dataset for its format."""
+"""The Datasets, for users: ``open_dataset`` and ``CachedDataset``.
 
-from __future__ import annotations
+Importing this module imports torch (when installed); ``dsconvert.open_dataset`` does not
+until it makes a Dataset.
+"""
 
-from typing import Any, Callable, Dict, Optional, Union
+from .readers.cached import CachedDataset
+from .readers.open import open_dataset
+from .readers.map import MapDataset
+from .readers.stream import StreamDataset
 
-from .cache import ShardAccess
-from .formats import FORMATS, dataset_class
-from .manifest import Manifest
-
-__all__ = ["open_dataset", "CachedDataset"]  # noqa: F822 (CachedDataset: see __getattr__)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "CachedDataset":  # imported on first use (it subclasses torch's Dataset)
-        from .cached import CachedDataset
-
-        return CachedDataset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def open_dataset(
-    path: str,
-    transform: Optional[Callable] = None,
-    target_transform: Optional[Callable] = None,
-    decode: str = "pil",
-    *,
-    storage_options: Optional[Dict[str, Any]] = None,
-    cache_dir: Optional[str] = None,
-    cache_size: Union[int, str, None] = None,
-    **options: Any,
-) -> Any:
-    """Open a dsconvert output as a Dataset, a drop-in for ``ImageFolder(root, transform)``.
-
-    ``decode``: ``"pil"`` (RGB PIL images, exactly as ImageFolder loads them), ``"numpy"``
-    (HWC uint8 arrays through the fastest JPEG decoder that loads) or ``"raw"`` (the encoded
-    bytes). For ImageFolder and list sources a sample is ``(image, label)``; for other
-    sources a dict of decoded fields with ``__key__``.
-
-    Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
-    ``even`` (None | "pad" | "drop"), ``prefetch``, ``allow_pickle`` (default False: pickled
-    fields stay bytes, since loading them runs code from the data); see
-    :class:`dsconvert.formats.wds.WdsDataset`. Images larger than
-    ``PIL.Image.MAX_IMAGE_PIXELS`` raise BadInputError (decompression bombs), on every decode path.
-    hdf5 and npy outputs are map-style (``len``, indexing; shuffle and DDP through the
-    DataLoader's sampler, e.g. ``DistributedSampler``); decoded ones have no ``"raw"`` mode,
-    and npy's ``"numpy"`` mode returns zero-copy, read-only views of the memory map.
-
-    ``path`` may be a URL fsspec reaches (``s3://bucket/train-wds``), with ``storage_options``.
-    Without ``cache_dir`` remote wds shards are read by concurrent ranged requests ahead of
-    use and hdf5 through fsspec's file objects; npy needs ``cache_dir``. With ``cache_dir`` (a
-    local SSD folder) every shard is fetched whole on first use, verified against the
-    manifest's sha256, and read from there after; ``cache_size`` caps it ("500GB"), evicting
-    the least recently used shards. Safe for any number of workers and ranks at once. A local
-    output on a network file system can be cached the same way.
-    """
-    access = ShardAccess(path, storage_options, cache_dir, cache_size)
-    manifest = Manifest.load(access.location)
-    root = access.location.url
-    if manifest.format not in FORMATS:
-        raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")
-    cls = dataset_class(manifest.format)
-    return cls(root, manifest, transform=transform, target_transform=target_transform,
-               decode=decode, access=access, **options)
+__all__ = ["open_dataset", "CachedDataset", "MapDataset", "StreamDataset"]

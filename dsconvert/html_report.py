@@ -433,7 +433,7 @@ def bench_html(report: Dict[str, Any]) -> str:
 
 def write(path: str, page: str) -> str:
     """Write the page atomically; return its path."""
-    from .storage import atomic_write
+    from .io.localfs import atomic_write
 
     with atomic_write(path, "w") as f:
         f.write(page)

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from .errors import DsconvertError, ManifestError
 from .keys import escape_path, unescape_path
-from .remote import Location, is_remote
+from .io.location import Location, is_remote
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "expect",
            "is_int", "is_str_list"]
@@ -236,7 +236,7 @@ def _check_options(options: Dict[str, Any], where: str) -> None:
 
 
 def _shard_entry(s: Any, where: str, at: str) -> ShardEntry:
-    from .storage import check_name
+    from .io.localfs import check_name
 
     expect(isinstance(s, dict), where, at, "an object")
     for name, kind in (("name", str), ("num_samples", int), ("bytes", int), ("sha256", str)):

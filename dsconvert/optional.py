@@ -1,18 +1,20 @@
 """Every optional dependency in one place: whether it loads, and what to install if not.
 
 Nothing here is imported at ``import dsconvert`` time; each probe runs on first use and
-is cached per process (a forked worker re-probes, so C handles never cross a fork).
+is cached per process (:class:`dsconvert.processes.ProcessLocal`: a forked worker re-probes,
+so C handles never cross a fork). Required dependencies (numpy, Pillow, h5py, fsspec) are
+plain imports where they are used.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import os
 from types import ModuleType
 from typing import Any, Optional
 
 from .errors import MissingDependencyError
+from .processes import ProcessLocal
 
 __all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "INSTALL_HINTS"]
 
@@ -21,12 +23,8 @@ INSTALL_HINTS = {
     "torch": "pip install 'dsconvert[torch]'",
     "turbojpeg": "apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'",
     "simplejpeg": "pip install simplejpeg",
-    "litdata": "pip install 'dsconvert[bench]'",
-    "fuse": "apt-get install -y fuse libfuse2 && pip install fusepy",
     "skimage.data": "pip install 'dsconvert[demo]'",
-    "h5py": "pip install h5py",
     "matplotlib": "pip install 'dsconvert[report]'",
-    "fsspec": "pip install 'dsconvert[s3]'",
     "distributed": "pip install 'dsconvert[dask]'",
 }
 
@@ -48,7 +46,7 @@ def require(name: str, purpose: str) -> ModuleType:
     return module
 
 
-_turbo_cache: dict = {}
+_probed = ProcessLocal()
 
 
 def turbojpeg() -> Optional[Any]:
@@ -57,9 +55,7 @@ def turbojpeg() -> Optional[Any]:
     PyTurboJPEG 2.x refuses libjpeg-turbo < 3.0 and 1.x loads it; either way the probe
     must not crash, so every failure means "not available".
     """
-    pid = os.getpid()
-    if pid not in _turbo_cache:
-        _turbo_cache.clear()
+    if "turbojpeg" not in _probed:
         instance = None
         module = optional_import("turbojpeg")
         if module is not None:
@@ -67,8 +63,8 @@ def turbojpeg() -> Optional[Any]:
                 instance = module.TurboJPEG()
             except Exception:
                 instance = None
-        _turbo_cache[pid] = instance
-    return _turbo_cache[pid]
+        _probed["turbojpeg"] = instance
+    return _probed["turbojpeg"]
 
 
 @functools.lru_cache(maxsize=None)

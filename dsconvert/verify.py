@@ -24,25 +24,23 @@ A manifest that cannot be read at all is an error (ManifestError).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
-import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import asdict
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 from .errors import BadInputError, DsconvertError, ManifestError, NotRegularFileError
-from .formats import FORMATS, writer_class
+from .formats import FORMATS, Format, get
+from .formats.base import Problem, ShardRecord, part_problems
+from .io.localfs import SizeBoundedFile, stream_sha256
+from .io.location import Location, is_remote
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest, ShardEntry
-from .pool import process_pool
-from .remote import Location, is_remote
-from .storage import SizeBoundedFile, stream_sha256
-from .shards import ShardRecord
+from .processes import available_cpus, process_pool
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
 
@@ -51,119 +49,10 @@ VERIFY_VERSION = 1
 EXIT_PROBLEMS = 4  # the CLI's exit status when verification found problems
 
 
-@dataclass
-class Problem:
-    kind: str  # missing-file, unsafe-file, size, checksum, record, structure, unsafe-member, decode, extra-file
-    path: str  # the shard (or file) it is about, relative to the output
-    message: str
-    severity: str = "error"  # or "warning"
-
-
-def _part_problems(entry: ShardEntry, name: str, data: bytes) -> List[Problem]:
-    """A shard's file (its index, its samples table) against the manifest's size and sha256."""
-    from .shards import part_of
-
-    want = entry.parts.get(name)
-    if want is None or part_of(data) == {"bytes": want["bytes"], "sha256": want["sha256"]}:
-        return []
-    return [Problem("checksum", name, f"{len(data)} bytes with another sha256 than the manifest's "
-                    f"{want['bytes']} bytes, {want['sha256'][:16]}...")]
-
-
-def _load_record(out: Location, fmt: str, entry: ShardEntry, data: Optional[bytes] = None) -> ShardRecord:
-    name = entry.index or writer_class(fmt).index_name(entry.name)
-    data = out.read_bytes(name) if data is None else data
-    if fmt == "wds":
-        from .formats.wds import load_record
-
-        return load_record(out.url_of(name), data)
-    return ShardRecord.load(out.url_of(name), fmt, data)
-
-
-def _unsafe_name(name: str) -> bool:
-    return name.startswith("/") or name.startswith("\\") or ".." in re.split(r"[/\\]", name)
-
-
-def _check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
-    """The tar's own headers against the index; unsafe members; nothing extracted."""
-    problems: List[Problem] = []
-    expected: Dict[str, Tuple[int, int]] = {}
-    for field, col in record.d["members"].items():
-        for key, offset, size in zip(record.keys, col["offset"], col["size"]):
-            if offset >= 0:
-                expected[f"{key}.{field}"] = (offset, size)
-    seen = set()
-    try:
-        size = out.size(name)
-        # headers only, nothing extracted; no read past the file's end, whatever a header declares
-        bounded = SizeBoundedFile(raw := out.open(name), size)
-        with raw, tarfile.open(fileobj=bounded, mode="r:") as tf:
-            for m in tf:
-                if _unsafe_name(m.name):
-                    problems.append(Problem("unsafe-member", name, f"member {m.name!r} has an unsafe path "
-                                            "(absolute or '..'): tar -x would write outside its folder"))
-                if not m.isreg():
-                    kind = ("symlink" if m.issym() else "hard link" if m.islnk() else "device" if m.isdev()
-                            else "FIFO" if m.isfifo() else "directory" if m.isdir() else f"type {m.type!r}")
-                    problems.append(Problem("unsafe-member", name, f"member {m.name!r} is a {kind}"
-                                            + (f" to {m.linkname!r}" if m.linkname else "")))
-                    continue
-                want = expected.get(m.name)
-                if want is None:
-                    problems.append(Problem("structure", name, f"member {m.name!r} is not in the index"))
-                elif want != (m.offset_data, m.size):
-                    problems.append(Problem("structure", name, f"member {m.name!r} is at {m.offset_data}+{m.size}, "
-                                            f"the index says {want[0]}+{want[1]}"))
-                seen.add(m.name)
-    except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
-        problems.append(Problem("structure", name, f"not a readable tar: {exc}"))
-        return problems
-    if bounded.overrun:
-        problems.append(Problem("structure", name, f"a header declares {bounded.overrun:,} bytes more than the file "
-                                "holds (not read)"))
-    for missing in sorted(set(expected) - seen)[:20]:
-        problems.append(Problem("structure", name, f"indexed member {missing!r} is not in the tar"))
-    return problems
-
-
-def _check_npy(out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
-    import io
-
-    from .formats.npy import NpyWriter, load_rows, pixels_extent, rows_problem
-
-    rows_name = NpyWriter.rows_name(entry.name)
-    try:  # the .npy header (in its first 4 kB) says the pixels' length
-        _, length = pixels_extent(io.BytesIO(out.read_range(entry.name, 0, 4096)), entry.bytes, entry.name)
-        rows_bytes = out.read_bytes(rows_name)
-        rows = load_rows(rows_bytes)
-    except (OSError, ManifestError) as exc:
-        return [Problem("structure", entry.name, f"not loadable as .npy: {exc}")]
-    problems = _part_problems(entry, rows_name, rows_bytes)
-    problem = rows_problem(rows, entry.num_samples, length)
-    if problem:
-        problems.append(Problem("structure", rows_name, problem))
-    want = record.d.get("samples_sha256")
-    if want and hashlib.sha256(rows_bytes).hexdigest() != want:
-        problems.append(Problem("checksum", rows_name, "sha256 differs from the one recorded"))
-    return problems
-
-
-def _check_hdf5(out: Location, entry: ShardEntry) -> List[Problem]:
-    from .formats.hdf5 import HDF5_ERRORS, layout_problems
-    from .optional import require
-
-    h5py = require("h5py", "verifying hdf5 shards")
-    try:
-        with out.open(entry.name) as raw, h5py.File(raw, "r") as f:
-            return [Problem("structure", entry.name, p) for p in layout_problems(f, entry.num_samples)]
-    except HDF5_ERRORS as exc:
-        return [Problem("structure", entry.name, f"not a readable HDF5 file: {exc}")]
-
-
 def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[List[Problem], int,
                                                                            Optional[ShardRecord]]:
     """(problems, bytes hashed, record) for one shard."""
-    fmt = manifest.format
+    fmt = get(manifest.format)
     try:
         size = out.size(entry.name)
     except NotRegularFileError as exc:
@@ -182,11 +71,12 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
     if digest != entry.sha256:
         problems.append(Problem("checksum", entry.name, f"sha256 {digest[:16]}... differs from the manifest's "
                                 f"{entry.sha256[:16]}..."))
-    index_name = entry.index or writer_class(fmt).index_name(entry.name)
+    index_name = fmt.record_name(entry)
     try:
         index_bytes = out.read_bytes(index_name)
-        problems += _part_problems(entry, index_name, index_bytes)
-        record = _load_record(out, fmt, entry, index_bytes)
+        record_problems = part_problems(entry, index_name, index_bytes)
+        problems += record_problems
+        record = fmt.load_record(out.url_of(index_name), index_bytes)
     except FileNotFoundError:
         return problems + [Problem("record", entry.name, "its index (shard record) is missing")], size, None
     except (ManifestError, NotRegularFileError) as exc:
@@ -201,69 +91,57 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
         if bad:
             problems.append(Problem("record", entry.name, f"{len(bad)} label(s) outside the {len(manifest.classes)} "
                                     f"classes (first: {bad[0]})"))
-    if fmt == "wds" and not problems:
-        problems += _check_tar(out, entry.name, record)
-    elif fmt == "npy":
-        problems += _check_npy(out, entry, record)
-    elif fmt == "hdf5":
-        problems += _check_hdf5(out, entry)
+    if size == entry.bytes and not record_problems:
+        # parsed only when the shard is whole and its record the one the manifest lists (a
+        # truncated shard has its size problem; a tampered record says nothing of the shard)
+        problems += fmt.structure_problems(out, entry, record)
     return problems, size, record
 
 
-def _decode_shard(out_url: str, fmt: str, k: int, storage_options: Dict[str, Any],
+def _decode_shard(out_url: str, k: int, storage_options: Dict[str, Any],
                   cache_dir: Optional[str]) -> Tuple[int, List[Tuple[str, str]]]:
-    """(samples read, [(key, reason)]) for shard ``k``: every sample through the format's
-    reader, every image decoded in full. Runs in a worker process."""
+    """(samples read, [(key, reason)]) for shard ``k``: every field of every sample through
+    the format's own shard reader, every image decoded in full (never unpickling anything);
+    pixels read back with their shapes. Runs in a worker process."""
     from PIL import Image
 
-    from .cache import ShardAccess
     from .codecs import check_field, check_image, field_kind
+    from .io.shard_cache import ShardAccess
 
     out = Location(out_url, storage_options)
     manifest = Manifest.load(out)
+    fmt = get(manifest.format)
     entry = manifest.shards[k]
-    record = _load_record(out, fmt, entry)
+    record = fmt.load_record(out.url_of(fmt.record_name(entry)), out.read_bytes(fmt.record_name(entry)))
     failures: List[Tuple[str, str]] = []
     limit = Image.MAX_IMAGE_PIXELS
-
-    def check(key: str, name: str, data: bytes) -> None:
-        try:
-            if field_kind(name) == "image":
-                check_image(data, limit, full=True)
-            else:
-                check_field(name, data, True, limit)
-        except BadInputError as exc:
-            failures.append((key, f"{name}: {exc.reason}"))
-
-    if fmt == "wds":
-        from .formats.wds import _OpenShard
-
-        shard = _OpenShard(ShardAccess(out_url, storage_options), entry, 1 << 31)
-        shard.open(0, entry.num_samples, prefetch=False)
-        try:
-            for i, key in enumerate(record.keys):
-                for name, data in shard.raw_fields(i).items():
-                    check(key, name, data)
-        finally:
-            shard.close()
-        return entry.num_samples, failures
-    from .data import open_dataset
-
-    ds = open_dataset(out_url, decode="numpy" if manifest.stored == "decoded" else "raw",
-                      storage_options=storage_options, cache_dir=cache_dir)
-    start = sum(s.num_samples for s in manifest.shards[:k])
-    image_field = next((f for f, kind in manifest.fields.items() if kind == "image"), "jpg")
-    for j, key in enumerate(record.keys):
-        try:
-            data, _ = ds[start + j]
-        except Exception as exc:  # a reader error is what verify exists to find
-            failures.append((key, f"cannot read: {exc}"))
-            continue
-        if manifest.stored == "decoded":
-            if getattr(data, "ndim", 0) not in (2, 3) or 0 in data.shape:
-                failures.append((key, f"pixels of shape {getattr(data, 'shape', None)}"))
-        else:
-            check(key, image_field, data)
+    pixels = manifest.stored == "decoded"
+    try:
+        shard = fmt.open_shard(ShardAccess(out_url, storage_options, cache_dir), entry, manifest)
+        shard.prepare(0, entry.num_samples, prefetch=False)
+    except Exception as exc:  # a reader that refuses the shard cannot read any of its samples
+        return entry.num_samples, [(key, f"cannot read: {exc}") for key in record.keys]
+    try:
+        for j, key in enumerate(record.keys):
+            try:
+                fields = shard.fields(j)
+            except Exception as exc:  # a reader error is what verify exists to find
+                failures.append((key, f"cannot read: {exc}"))
+                continue
+            for name, data in fields.items():
+                if pixels:
+                    if getattr(data, "ndim", 0) not in (2, 3) or 0 in data.shape:
+                        failures.append((key, f"pixels of shape {getattr(data, 'shape', None)}"))
+                    continue
+                try:
+                    if field_kind(name) == "image":
+                        check_image(bytes(data), limit, full=True)
+                    else:
+                        check_field(name, bytes(data), True, limit)
+                except BadInputError as exc:
+                    failures.append((key, f"{name}: {exc.reason}"))
+    finally:
+        shard.close()
     return entry.num_samples, failures
 
 
@@ -305,7 +183,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
            storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Verify the output at ``out`` (a path or a URL, with ``storage_options``); see the
     module doc. Returns the report (schema ``dsconvert.verify``, version 1)."""
-    from .convert import _shard_files, available_cpus
+    from .convert import _shard_files
 
     say = log or (lambda msg: None)
     location = Location(out, storage_options)
@@ -326,7 +204,8 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
             hashed += nbytes
             records.append(record)
     hash_seconds = time.perf_counter() - started
-    listed = {n for e in manifest.shards for n in writer_class(manifest.format).files_of(e)}
+    fmt: Type[Format] = get(manifest.format)
+    listed = {n for e in manifest.shards for n in fmt.files_of(e)}
     prefix = manifest.options.get("prefix", "shard")
     pattern = re.compile(rf"^{_shard_files(prefix)}$")
     for name in location.listdir():
@@ -345,16 +224,16 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
         failures: List[Tuple[str, str]] = []
         decoded = 0
         t = time.perf_counter()
-        # remote npy caches are memory-mapped from a local copy: a temporary cache for the pass
-        scratch = tempfile.mkdtemp(prefix="dsconvert-verify-") if location.remote and manifest.format == "npy" else None
+        # remote outputs are read through a temporary local cache for the pass (npy caches are
+        # memory-mapped from local disk; the others read each shard whole anyway)
+        scratch = tempfile.mkdtemp(prefix="dsconvert-verify-") if location.remote else None
         n = len(readable)
         try:
             if workers > 1 and n > 1:
                 with process_pool(min(workers, n)) as pool:
-                    results = list(pool.map(_decode_shard, [out] * n, [manifest.format] * n, readable,
-                                            [storage_options] * n, [scratch] * n))
+                    results = list(pool.map(_decode_shard, [out] * n, readable, [storage_options] * n, [scratch] * n))
             else:
-                results = [_decode_shard(out, manifest.format, k, storage_options, scratch) for k in readable]
+                results = [_decode_shard(out, k, storage_options, scratch) for k in readable]
         finally:
             if scratch:
                 shutil.rmtree(scratch, ignore_errors=True)

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from dsconvert import convert, open_dataset  # noqa: E402
 from dsconvert.demo import make_demo_dataset  # noqa: E402
 from dsconvert.source import scan  # noqa: E402
-from dsconvert.storage import evict_page_cache  # noqa: E402
+from dsconvert.io.localfs import evict_page_cache  # noqa: E402
 
 
 def timed(fn: Callable[[], int]) -> Dict[str, float]:

@@ -28,7 +28,7 @@ from dsconvert import open_dataset  # noqa: E402
 from dsconvert.cli import main as dsconvert_main  # noqa: E402
 from dsconvert.demo import make_demo_dataset  # noqa: E402
 from dsconvert.source import scan  # noqa: E402
-from dsconvert.storage import evict_page_cache  # noqa: E402
+from dsconvert.io.localfs import evict_page_cache  # noqa: E402
 
 
 def to_tensor_64(image):

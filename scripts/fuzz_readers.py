@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 with atheris.instrument_imports():
     from dsconvert import Manifest, ManifestError
-    from dsconvert.cache import ShardAccess
-    from dsconvert.formats.wds import _OpenShard, load_record
+    from dsconvert.io.shard_cache import ShardAccess
+    from dsconvert.formats.wds import Wds, WdsShard
 
 
 def _value(fdp: "atheris.FuzzedDataProvider", depth: int = 0):
@@ -102,14 +102,14 @@ def record_harness():
         with open(index, "w") as f:
             json.dump(mutate(fdp, doc), f)
         try:
-            load_record(index)
-            shard = _OpenShard(ShardAccess(out), entry, 1 << 20)
+            Wds.load_record(index)
+            shard = WdsShard(ShardAccess(out), entry, 1 << 20)
         except ManifestError:
             return
-        shard.open(0, len(shard.index.keys), prefetch=fdp.ConsumeBool())
+        shard.prepare(0, len(shard.keys), prefetch=fdp.ConsumeBool())
         try:
             for i in range(len(shard.index.keys)):
-                for data in shard.raw_fields(i).values():
+                for data in shard.fields(i).values():
                     assert len(data) <= shard.size
             for _, data in shard.images(0, len(shard.index.keys)):
                 assert len(data) <= shard.size

@@ -578,8 +578,8 @@ def test_pool_workers_die_with_a_killed_conversion_and_the_rerun_is_not_locked_o
 def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(tmp_path, photos):
     """A rerun after a "changed during the conversion" skip rewrites shards; killed at any
     instant, the output has no manifest or one that matches every shard it names."""
-    from dsconvert.formats.wds import WdsWriter
-    from dsconvert.shards import ShardSpec
+    from dsconvert.formats.wds import Wds
+    from dsconvert.plan import ShardSpec
     from dsconvert.source import scan
 
     src = str(tmp_path / "src")
@@ -601,7 +601,7 @@ def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(t
         victim = source.samples[1].files[0].path
         write(os.path.join(src, victim), encode(photos["rocket"].resize((320 - attempt, 240))))
         spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, out_s, "classification", tuple(source.samples[:4]))
-        result = WdsWriter.write_shard(spec)
+        result = Wds.write_shard(spec)
         assert [x.path for x in result.skipped] == [victim]
         d = json.load(open(out / "dsconvert.json"))
         d["shards"][0] = {"name": result.entry.name, "num_samples": 3, "bytes": result.entry.bytes,
@@ -647,7 +647,7 @@ def test_a_cache_fill_killed_at_any_instant_never_serves_a_short_file(tmp_path, 
 
 
 def test_a_short_copy_in_the_cache_is_found_and_fetched_again(tmp_path, image_folder):
-    from dsconvert.cache import ShardCache
+    from dsconvert.io.shard_cache import ShardCache
 
     out = str(tmp_path / "out")
     convert(image_folder, out, workers=1)

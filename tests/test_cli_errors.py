@@ -434,14 +434,14 @@ def test_dead_worker_is_one_line_and_resumable(tmp_path, small_src, capsys, monk
     from dsconvert.formats import wds
 
     parent = os.getpid()
-    real = wds.WdsWriter.write_shard.__func__
+    real = wds.Wds.write_shard.__func__
 
     def dying(cls, spec):
         if os.getpid() != parent and spec.index == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
         return real(cls, spec)
 
-    monkeypatch.setattr(wds.WdsWriter, "write_shard", classmethod(dying))
+    monkeypatch.setattr(wds.Wds, "write_shard", classmethod(dying))
     argv = ["shard", small_src, "-o", tmp_path / "out", "--samples-per-shard", "2", "--workers", "2", "-q"]
     code, _, err = cli(capsys, *argv)
     assert_error(code, err, "worker process died", "run the same command again")

@@ -145,10 +145,10 @@ def test_second_writer_is_refused(tmp_path, image_folder):
 
 
 def test_one_process_cannot_take_its_own_output_twice(tmp_path, image_folder):
-    from dsconvert.convert import _OutputLock
+    from dsconvert.convert import _output_lock
 
     (tmp_path / "out").mkdir()
-    with _OutputLock(str(tmp_path / "out")):
+    with _output_lock(str(tmp_path / "out")):
         with pytest.raises(OutputLockedError):
             convert(image_folder, str(tmp_path / "out"), workers=1)
 
@@ -159,8 +159,8 @@ def test_output_inside_source_is_refused(image_folder):
 
 
 def test_file_vanishing_before_its_shard_is_skipped_as_unreadable(tmp_path, image_folder):
-    from dsconvert.formats.wds import WdsWriter
-    from dsconvert.shards import ShardSpec
+    from dsconvert.formats.wds import Wds
+    from dsconvert.plan import ShardSpec
     from dsconvert.source import scan
 
     source = scan(image_folder)
@@ -169,7 +169,7 @@ def test_file_vanishing_before_its_shard_is_skipped_as_unreadable(tmp_path, imag
     out.mkdir()
     spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification",
                      tuple(source.samples))
-    result = WdsWriter.write_shard(spec)
+    result = Wds.write_shard(spec)
     assert result.entry.num_samples == 15
     assert [(s.path, s.reason) for s in result.skipped] == [
         (source.samples[2].files[0].path, "unreadable: No such file or directory")]
@@ -190,8 +190,8 @@ def test_strict_with_a_process_pool(tmp_path, image_folder):
 
 
 def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_path, image_folder, photos):
-    from dsconvert.formats.wds import WdsWriter
-    from dsconvert.shards import ShardSpec
+    from dsconvert.formats.wds import Wds
+    from dsconvert.plan import ShardSpec
     from dsconvert.source import scan
 
     source = scan(image_folder)
@@ -201,7 +201,7 @@ def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_pat
     out.mkdir()
     (out / ".dsconvert.lock").touch()  # the folder is a dsconvert output, as a conversion's first step makes it
     spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification", tuple(source.samples))
-    result = WdsWriter.write_shard(spec)
+    result = Wds.write_shard(spec)
     assert result.entry.num_samples == 15
     assert [s.path for s in result.skipped] == [victim]
     assert result.skipped[0].reason.startswith("changed during the conversion")

@@ -126,13 +126,13 @@ def test_shard_limits(tmp_path, photos):
 def test_prefetched_reads_equal_the_file(tmp_path):
     import random
 
-    from dsconvert.formats.wds import _PrefetchedBytes
+    from dsconvert.io.ranges import PrefetchedBytes
 
     data = os.urandom(300_000)
     path = tmp_path / "blob"
     path.write_bytes(data)
     rng = random.Random(0)
-    src = _PrefetchedBytes.local(str(path), end=len(data), window=20_000, threads=3, piece=4096)  # many per window
+    src = PrefetchedBytes.local(str(path), end=len(data), window=20_000, threads=3, piece=4096)  # many per window
     pos = 0
     while pos < len(data):
         size = rng.choice([0, 1, 100, 5000, 19_999, 45_000])  # some larger than the window

@@ -74,7 +74,7 @@ def uneven(tmp_path_factory, photos):
        epoch=st.integers(0, 3))
 def test_real_reader_reads_each_sample_once_across_ranks_and_workers(uneven, monkeypatch, world, workers,
                                                                      shuffle, seed, epoch):
-    import dsconvert.formats.wds as wds
+    import dsconvert.readers.stream as wds
 
     keys = []
     for rank in range(world):
@@ -94,7 +94,7 @@ def test_real_reader_reads_each_sample_once_across_ranks_and_workers(uneven, mon
 
 def _keys(ds):
     for shard, i, _ in ds._raw_samples():
-        yield shard.index.keys[i]
+        yield shard.keys[i]
 
 
 # --- manifests --------------------------------------------------------------------------------
@@ -190,8 +190,8 @@ def test_fuzz_manifest_bytes(blob):
 def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
     """A mutated shard index is refused with ManifestError, or read without any other error:
     every member slice stays inside the shard."""
-    from dsconvert.cache import ShardAccess
-    from dsconvert.formats.wds import _OpenShard, load_record
+    from dsconvert.io.shard_cache import ShardAccess
+    from dsconvert.formats.wds import Wds, WdsShard
 
     manifest = Manifest.load(real_output)
     entry = manifest.shards[0]
@@ -201,14 +201,14 @@ def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
         with open(os.path.join(tmp, entry.index), "w") as f:
             json.dump(mutate(data, doc), f)
         try:
-            load_record(os.path.join(tmp, entry.index))
-            shard = _OpenShard(ShardAccess(tmp), entry, 1 << 20)
+            Wds.load_record(os.path.join(tmp, entry.index))
+            shard = WdsShard(ShardAccess(tmp), entry, 1 << 20)
         except ManifestError:
             return
-        shard.open(0, len(shard.index.keys), prefetch=data.draw(st.booleans()))
+        shard.prepare(0, len(shard.keys), prefetch=data.draw(st.booleans()))
         try:
             for i in range(len(shard.index.keys)):
-                for blob in shard.raw_fields(i).values():
+                for blob in shard.fields(i).values():
                     assert len(blob) <= shard.size
             for _, blob in shard.images(0, len(shard.index.keys)):
                 assert len(blob) <= shard.size
@@ -220,8 +220,8 @@ def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
 
 def test_fuzz_cases_include_valid_documents(real_output):
     """The unmutated documents parse: the fuzz tests above start from real ones."""
-    from dsconvert.formats.wds import load_record
+    from dsconvert.formats.wds import Wds
 
     m = Manifest.load(real_output)
-    assert load_record(os.path.join(real_output, m.shards[0].index)).d["num_samples"] == 5
+    assert Wds.load_record(os.path.join(real_output, m.shards[0].index)).d["num_samples"] == 5
     json.load(io.open(os.path.join(real_output, "dsconvert.json")))

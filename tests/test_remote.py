@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from dsconvert import ManifestError, OptionError, convert, open_dataset
-from dsconvert.cache import ShardCache
+from dsconvert.io.shard_cache import ShardCache
 from dsconvert.cli import main
 from dsconvert.verify import verify
 

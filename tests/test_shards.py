@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from dsconvert.shards import parse_size, plan_shards
+from dsconvert.plan import parse_size, plan_shards
 from dsconvert.source import Sample, SourceFile
 
 

@@ -1,6 +1,6 @@
 import os
 
-from dsconvert.storage import evict_page_cache, is_latency_bound, mount_of
+from dsconvert.io.localfs import evict_page_cache, is_latency_bound, mount_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,11 +14,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..codecs import field_kind, jpeg_decoders, resized_shape
-from ..convert import available_cpus
+from ..processes import available_cpus
 from ..progress import progress_bar
-from ..remote import filesystem, is_remote, protocol_of
-from ..source import CLASSIFICATION_LAYOUTS
-from ..storage import free_bytes, storage_kind
+from ..io.location import filesystem, is_remote, protocol_of
+from ..source.samples import CLASSIFICATION_LAYOUTS
+from ..io.localfs import free_bytes, storage_kind
 from .inventory import Inventory, take_inventory
 from .measure import (LOCAL, Reader, concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
                       memory_bandwidth, read_pass, stall_rates)

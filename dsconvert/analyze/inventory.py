@@ -15,8 +15,8 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..source import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
-from ..storage import is_latency_bound
+from ..source.samples import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
+from ..io.localfs import is_latency_bound
 
 __all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram"]
 

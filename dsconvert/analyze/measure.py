@@ -4,7 +4,7 @@ stall measurement of DS-Analyzer/CoorDL (VLDB '21): prep with no I/O, fetch with
 and both together, so read stall and prep stall come from measurement, not a guess.
 
 Cold reads evict each file's pages with posix_fadvise(DONTNEED) first (see
-dsconvert.storage): the host's own cache may still serve some of them, so cold figures are
+dsconvert.io.localfs): the host's own cache may still serve some of them, so cold figures are
 compared with warm ones from the same run, never with absolute numbers.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from ..codecs import IMAGE_EXTENSIONS, decode_rgb, field_kind, jpeg_decoders
-from ..storage import evict_page_cache
+from ..io.localfs import evict_page_cache
 from .inventory import quantiles
 
 __all__ = ["read_pass", "concurrency_sweep", "fit_fixed_cost", "decode_costs", "stall_rates",

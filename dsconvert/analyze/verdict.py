@@ -18,9 +18,8 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["Measurements", "Verdict", "decide", "BOTTLENECKS"]
+__all__ = ["Measurements", "Verdict", "decide"]
 
-BOTTLENECKS = ("storage-latency", "small-files", "storage-bandwidth", "decode", "none")
 LATENCY_MS = 2.0  # a per-file fixed cost above this is network-like latency, not local overhead
 SMALL_FILE_BYTES = 256_000  # below this, a local read is mostly per-file work (syscalls, metadata,
                             # a seek), whatever the noisy fit of the fixed cost says
@@ -55,7 +54,7 @@ class Measurements:
 
 @dataclass
 class Verdict:
-    bottleneck: str
+    bottleneck: str  # storage-latency, small-files, storage-bandwidth, decode or none
     summary: str
     evidence: List[str]
     commands: List[str]

@@ -85,8 +85,8 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
              log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Sample process ``pid`` (a training job) and its subprocesses; return the report."""
     from ..codecs import jpeg_decoders
-    from ..convert import available_cpus
-    from ..storage import storage_kind
+    from ..processes import available_cpus
+    from ..io.localfs import storage_kind
 
     say = log or (lambda msg: None)
     if duration <= 0 or rate < 1:

@@ -1,36 +1,25 @@
 """The format registry: one id per format, used as CLI value, module name and manifest key.
 
-Entries name an import path, so a format's dependencies (h5py...) load only when used.
+Each id names a module of this package that defines one :class:`~.base.Format` subclass,
+``FORMAT``; it is imported on first use. Adding a format means adding its module and its id
+here; the contract tests (``tests/test_format_contract.py``) then run it through conversion,
+reading, ``verify`` and the attacks every format must withstand.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, Tuple
+from typing import Tuple, Type
 
-__all__ = ["FORMATS", "DECODED_ONLY", "CAN_DECODE", "writer_class", "dataset_class"]
+from .base import Format
 
-# id -> (module, writer class, dataset class)
-FORMATS: Dict[str, Tuple[str, str, str]] = {
-    "wds": ("dsconvert.formats.wds", "WdsWriter", "WdsDataset"),
-    "hdf5": ("dsconvert.formats.hdf5", "HdfWriter", "HdfDataset"),
-    "npy": ("dsconvert.formats.npy", "NpyWriter", "NpyDataset"),
-}
-# formats that hold decoded pixels always, or when asked (--decode)
-DECODED_ONLY = ("npy",)
-CAN_DECODE = ("hdf5", "npy")
+__all__ = ["FORMATS", "get", "Format"]
+
+FORMATS: Tuple[str, ...] = ("wds", "hdf5", "npy")
 
 
-def _load(fmt: str, slot: int) -> Any:
+def get(fmt: str) -> Type[Format]:
+    """The format ``fmt``; a ValueError naming the known ones for anything else."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
-    entry = FORMATS[fmt]
-    return getattr(importlib.import_module(entry[0]), entry[slot])
-
-
-def writer_class(fmt: str) -> Any:
-    return _load(fmt, 1)
-
-
-def dataset_class(fmt: str) -> Any:
-    return _load(fmt, 2)
+    return importlib.import_module(f"{__name__}.{fmt}").FORMAT

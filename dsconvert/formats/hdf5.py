@@ -25,17 +25,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._torch import lazy_module_attr
-from ..errors import BadInputError, ManifestError
-from ..manifest import ShardEntry
-from ..optional import require
-from ..shards import ShardSpec
-from ..source import Sample
-from ._base import BaseWriter, Sink
-from ._map import MapReader
-from .npy import decode_sample_pixels, image_field
+import h5py
+from h5py import h5d
 
-__all__ = ["HdfWriter", "HdfDataset"]  # noqa: F822 (HdfDataset: see __getattr__)
+from ..errors import BadInputError, ManifestError
+from ..io.location import Location
+from ..manifest import Manifest, ShardEntry
+from ..plan import ShardSpec
+from ..source import Sample
+from .base import Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, pixels_for
+
+__all__ = ["Hdf5", "FORMAT", "layout_problems", "HDF5_ERRORS"]
 
 SCHEMA_VERSION = 1
 CHUNK = 64  # samples per chunk of the per-sample datasets
@@ -44,8 +44,6 @@ BATCH = 64  # samples buffered in memory before they are appended
 
 class _HdfSink(Sink):
     def __init__(self, spec: ShardSpec, path: str):
-        h5py = require("h5py", "the hdf5 format")
-        self.h5py = h5py
         self.spec = spec
         self.decoded = bool(spec.options.get("decode"))
         self.size: Optional[Tuple[int, int]] = tuple(spec.options["size"]) if spec.options.get("size") else None
@@ -69,7 +67,7 @@ class _HdfSink(Sink):
     def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
         name = image_field(data)
         if self.decoded:
-            item: Any = decode_sample_pixels(self.spec, data[name])
+            item: Any = pixels_for(self.spec, data[name])
         else:
             item = np.frombuffer(data[name], dtype=np.uint8)
         self.batch.append((item, int(sample.label), sample.key))
@@ -124,9 +122,6 @@ def layout_problems(f: Any, num_samples: int) -> List[str]:
     datasets, soft links. Every one of those, any filter (we write none), any object beyond
     the four datasets, and any dataset of another kind or length is refused, in the reader
     and in ``verify``, before a byte of sample data is read."""
-    h5py = require("h5py", "reading hdf5 shards")
-    from h5py import h5d
-
     problems: List[str] = []
     if f.attrs.get("dsconvert_format") != "hdf5":
         problems.append("no dsconvert_format='hdf5' attribute")
@@ -167,7 +162,6 @@ def layout_problems(f: Any, num_samples: int) -> List[str]:
 
 
 def _expected_kind(name: str, ds: Any, stored: Any) -> bool:
-    h5py = require("h5py", "reading hdf5 shards")
     vlen = h5py.check_vlen_dtype(ds.dtype)
     if name == "images":
         if len(ds.shape) == 1:
@@ -180,56 +174,83 @@ def _expected_kind(name: str, ds: Any, stored: Any) -> bool:
     return h5py.check_string_dtype(ds.dtype) is not None and len(ds.shape) == 1
 
 
-class HdfWriter(BaseWriter):
-    format = "hdf5"
-    suffix = ".h5"
-    overhead = 1 << 16  # superblock, object headers, B-trees: generous
+class Hdf5Shard(ShardReader):
+    """An hdf5 shard, its layout checked before a byte of sample data is read; remote without
+    a cache, h5py reads through fsspec's file object, 1 MB ahead per request."""
 
-    @classmethod
-    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
-        return _HdfSink(spec, path)
-
-
-class _HdfDataset(MapReader):
-    """Map-style dataset over hdf5 shards; each file opened lazily per reading process."""
-
-    def _open(self, entry: ShardEntry) -> Any:
-        h5py = require("h5py", "reading hdf5 shards")
-        local = self.access.local_shard(entry)
-        # remote without a cache: h5py reads through fsspec's file object, 1 MB ahead per request
+    def __init__(self, access: Any, entry: ShardEntry, stored: str):
+        self.name = entry.name
+        self.stored = stored
+        where = access.url_of(entry.name)
+        local = access.local_shard(entry)
         f = None
-        try:  # libhdf5 reports damaged metadata as any of these
-            f = h5py.File(local if local is not None else self.access.location.open(entry.name), "r")
+        try:  # libhdf5 reports damaged metadata as any of HDF5_ERRORS
+            f = h5py.File(local if local is not None else access.location.open(entry.name), "r")
             problems = layout_problems(f, entry.num_samples)
-            if not problems and f.attrs["stored"] != self.stored:
-                problems.append(f"it stores {f.attrs['stored']} images, the manifest says {self.stored}")
+            if not problems and f.attrs["stored"] != stored:
+                problems.append(f"it stores {f.attrs['stored']} images, the manifest says {stored}")
             if problems:
-                raise ManifestError(f"{self.access.url_of(entry.name)}: refused: {problems[0]}")
-            shapes = f["shapes"][()] if "shapes" in f else None
-            return f, f["images"], shapes, f["labels"][()].tolist()
+                raise ManifestError(f"{where}: refused: {problems[0]}")
+            self.shapes = f["shapes"][()] if "shapes" in f else None
+            self.labels = f["labels"][()].tolist()
         except ManifestError:
             f is not None and f.close()
             raise
         except HDF5_ERRORS as exc:
             f is not None and f.close()
-            raise ManifestError(f"{self.access.url_of(entry.name)}: not a readable HDF5 shard ({exc})") from None
+            raise ManifestError(f"{where}: not a readable HDF5 shard ({exc})") from None
+        self.file = f
+        self.data = f["images"]
 
-    def _read(self, handle: Any, j: int) -> Tuple[Any, int]:
-        _, images, shapes, labels = handle
+    def image(self, j: int) -> Any:
         try:
-            item = images[j]
+            item = self.data[j]
         except HDF5_ERRORS as exc:
             raise BadInputError(f"damaged HDF5 data: {exc}") from None
         if self.stored == "encoded":
-            return item.tobytes(), labels[j]
-        if shapes is not None:
-            shape = tuple(int(v) for v in shapes[j])
+            return item.tobytes()
+        if self.shapes is not None:
+            shape = tuple(int(v) for v in self.shapes[j])
             if len(shape) != 3 or min(shape) < 1 or shape[2] not in (1, 3, 4) or \
                     shape[0] * shape[1] * shape[2] != item.size:
                 raise BadInputError(f"shape {shape} does not fit its {item.size} pixel values")
             item = item.reshape(shape)
-        return item, labels[j]
+        return item
+
+    def close(self) -> None:
+        self.file.close()
 
 
-# HdfDataset subclasses torch's Dataset when torch is installed, made on first use
-__getattr__ = lazy_module_attr(globals(), "HdfDataset", _HdfDataset, "map")
+class Hdf5(Format):
+    """HDF5 shards; see the module doc."""
+
+    id = "hdf5"
+    suffix = ".h5"
+    overhead = 1 << 16  # superblock, object headers, B-trees: generous
+    pixels = "optional"
+    write_in_child = True
+
+    @classmethod
+    def writer_options(cls, source: Any) -> Dict[str, Any]:
+        return {"classes": source.classes}  # kept in the file's attributes
+
+    @classmethod
+    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
+        return _HdfSink(spec, path)
+
+    @classmethod
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+        try:
+            with out.open(entry.name) as raw, h5py.File(raw, "r") as f:
+                return [Problem("structure", entry.name, p) for p in layout_problems(f, entry.num_samples)]
+        except HDF5_ERRORS as exc:
+            return [Problem("structure", entry.name, f"not a readable HDF5 file: {exc}")]
+
+    @classmethod
+    def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> Hdf5Shard:
+        shard = Hdf5Shard(access, entry, manifest.stored)
+        shard.image_field = manifest_image_field(manifest)
+        return shard
+
+
+FORMAT = Hdf5

@@ -27,23 +27,20 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import struct
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._torch import lazy_module_attr
-from ..codecs import NPY_HEADER_ERRORS, decode_rgb, load_npy, resize_rgb
+from ..codecs import NPY_HEADER_ERRORS, load_npy
 from ..errors import BadInputError, ManifestError, OptionError
-from ..manifest import ShardEntry
-from ..shards import ShardSpec, part_of
+from ..io.localfs import open_regular
+from ..io.location import Location
+from ..manifest import Manifest, ShardEntry
+from ..plan import ShardSpec
 from ..source import Sample
-from ..remote import Location
-from ..storage import open_regular
-from ._base import BaseWriter, Sink
-from ._map import MapReader
+from .base import Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, part_of, part_problems, pixels_for
 
-__all__ = ["NpyWriter", "NpyDataset", "SAMPLE_DTYPE", "decode_sample_pixels"]  # noqa: F822
+__all__ = ["Npy", "FORMAT", "SAMPLE_DTYPE", "load_rows", "rows_problem", "pixels_extent", "open_pixels"]
 
 HEADER_BYTES = 128
 SAMPLE_DTYPE = np.dtype([("offset", "<i8"), ("height", "<i4"), ("width", "<i4"),
@@ -51,28 +48,15 @@ SAMPLE_DTYPE = np.dtype([("offset", "<i8"), ("height", "<i4"), ("width", "<i4"),
 
 
 def npy_header(length: int) -> bytes:
-    """The .npy (version 1.0) header of a 1-D uint8 array, padded to HEADER_BYTES, so that
-    it can be written first as a placeholder and rewritten in place once the length is known."""
-    text = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }" % length
-    body = text.ljust(HEADER_BYTES - 10 - 1) + "\n"
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
-
-
-def decode_sample_pixels(spec: ShardSpec, data: bytes) -> np.ndarray:
-    """Decode (and resize) one image as the spec says, or raise BadInputError."""
-    opts = spec.options
-    try:
-        pixels = decode_rgb(data, opts.get("decoder", "pil"))
-        size = tuple(opts["size"]) if opts.get("size") else None
-        return np.ascontiguousarray(resize_rgb(pixels, opts.get("resize"), size))
-    except BadInputError:
-        raise
-    except Exception as exc:  # --no-verify let a bad image through: skip it now
-        raise BadInputError(f"cannot decode image: {exc}") from None
-
-
-def image_field(data: Dict[str, bytes]) -> str:
-    return next(name for name in data if name != "cls")
+    """The .npy (version 1.0) header of a 1-D uint8 array, by numpy's own writer, which pads
+    it for the length to grow: written first as a placeholder, rewritten in place once the
+    length is known. Always HEADER_BYTES long, whatever the length."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False, "shape": (length,)})
+    header = buf.getvalue()
+    if len(header) != HEADER_BYTES:  # a numpy that pads otherwise: the in-place rewrite would break
+        raise RuntimeError(f"numpy wrote a {len(header)}-byte .npy header, not {HEADER_BYTES}")
+    return header
 
 
 class _PixelSink(Sink):
@@ -85,7 +69,7 @@ class _PixelSink(Sink):
 
     def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
         name = image_field(data)
-        pixels = decode_sample_pixels(self.spec, data[name])
+        pixels = pixels_for(self.spec, data[name])
         h, w, c = pixels.shape
         self.file.write(pixels.data)
         self.rows.append((self.length, h, w, c, int(sample.label)))
@@ -96,30 +80,12 @@ class _PixelSink(Sink):
         self.file.seek(0)
         self.file.write(npy_header(self.length))
         self.file.seek(0, os.SEEK_END)
-        rows_name = NpyWriter.rows_name(self.spec.name)
+        rows_name = Npy.rows_name(self.spec.name)
         table = io.BytesIO()
         np.save(table, np.array(self.rows, dtype=SAMPLE_DTYPE))
         Location(self.spec.out_dir, self.spec.storage_options).write_bytes(rows_name, table.getvalue())
         return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest(),
                 "parts": {rows_name: part_of(table.getvalue())}}
-
-
-class NpyWriter(BaseWriter):
-    format = "npy"
-    suffix = ".npy"
-    overhead = HEADER_BYTES
-
-    @staticmethod
-    def rows_name(shard_name: str) -> str:
-        return shard_name[: -len(".npy")] + ".samples.npy"
-
-    @classmethod
-    def files_of(cls, entry: ShardEntry) -> List[str]:
-        return super().files_of(entry) + [cls.rows_name(entry.name)]
-
-    @classmethod
-    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
-        return _PixelSink(spec, file)
 
 
 def load_rows(data: bytes) -> np.ndarray:
@@ -182,33 +148,79 @@ def open_pixels(path: str) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(length,)).view(np.ndarray)
 
 
-class _NpyDataset(MapReader):
-    """Map-style dataset over npy caches: ``decode="numpy"`` returns zero-copy, read-only
-    views of the memory map; ``"pil"`` PIL images. See :func:`dsconvert.open_dataset`."""
+class NpyShard(ShardReader):
+    """Pixels memory-mapped, the samples table checked against them: ``image(j)`` is a
+    zero-copy, read-only view of the map."""
 
-    def _open(self, entry: ShardEntry) -> Any:
-        local = self.access.local_shard(entry)
+    def __init__(self, access: Any, entry: ShardEntry):
+        self.name = entry.name
+        local = access.local_shard(entry)
         if local is None:
-            raise OptionError(f"{self.access.url_of(entry.name)}: npy caches are memory-mapped from local disk; "
+            raise OptionError(f"{access.url_of(entry.name)}: npy caches are memory-mapped from local disk; "
                               "open it with cache_dir=... (a local SSD folder) to read it from there")
-        pixels = open_pixels(local)
-        rows_name = NpyWriter.rows_name(entry.name)
+        self.pixels = open_pixels(local)
+        rows_name = Npy.rows_name(entry.name)
         try:
-            rows = load_rows(self.access.file_bytes(rows_name, entry.parts.get(rows_name)))
+            rows = load_rows(access.file_bytes(rows_name, entry.parts.get(rows_name)))
         except ManifestError as exc:
-            raise ManifestError(f"{self.access.url_of(rows_name)}: {exc}") from None
-        problem = rows_problem(rows, entry.num_samples, len(pixels))
+            raise ManifestError(f"{access.url_of(rows_name)}: {exc}") from None
+        problem = rows_problem(rows, entry.num_samples, len(self.pixels))
         if problem:
-            raise ManifestError(f"{self.access.url_of(rows_name)}: {problem}")
-        spans = [(int(o), (int(h), int(w), int(c)), int(h) * int(w) * int(c))
-                 for o, h, w, c in zip(rows["offset"], rows["height"], rows["width"], rows["channels"])]
-        return pixels, spans, rows["label"].tolist()
+            raise ManifestError(f"{access.url_of(rows_name)}: {problem}")
+        self.spans = [(int(o), (int(h), int(w), int(c)), int(h) * int(w) * int(c))
+                      for o, h, w, c in zip(rows["offset"], rows["height"], rows["width"], rows["channels"])]
+        self.labels = rows["label"].tolist()
 
-    def _read(self, handle: Any, j: int) -> Tuple[Any, int]:
-        pixels, spans, labels = handle
-        o, shape, n = spans[j]
-        return pixels[o: o + n].reshape(shape), labels[j]
+    def image(self, j: int) -> np.ndarray:
+        o, shape, n = self.spans[j]
+        return self.pixels[o: o + n].reshape(shape)
 
 
-# NpyDataset subclasses torch's Dataset when torch is installed, made on first use
-__getattr__ = lazy_module_attr(globals(), "NpyDataset", _NpyDataset, "map")
+class Npy(Format):
+    """Decoded .npy caches; see the module doc."""
+
+    id = "npy"
+    suffix = ".npy"
+    overhead = HEADER_BYTES
+    pixels = "always"
+
+    @staticmethod
+    def rows_name(shard_name: str) -> str:
+        return shard_name[: -len(".npy")] + ".samples.npy"
+
+    @classmethod
+    def files_of(cls, entry: ShardEntry) -> List[str]:
+        return super().files_of(entry) + [cls.rows_name(entry.name)]
+
+    @classmethod
+    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
+        return _PixelSink(spec, file)
+
+    @classmethod
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+        """The samples table fits the pixel array (whose .npy header, in its first 4 kB, says
+        its length) and is the one the record and the manifest describe."""
+        rows_name = cls.rows_name(entry.name)
+        try:
+            _, length = pixels_extent(io.BytesIO(out.read_range(entry.name, 0, 4096)), entry.bytes, entry.name)
+            rows_bytes = out.read_bytes(rows_name)
+            rows = load_rows(rows_bytes)
+        except (OSError, ManifestError) as exc:
+            return [Problem("structure", entry.name, f"not loadable as .npy: {exc}")]
+        problems = part_problems(entry, rows_name, rows_bytes)
+        problem = rows_problem(rows, entry.num_samples, length)
+        if problem:
+            problems.append(Problem("structure", rows_name, problem))
+        want = record.d.get("samples_sha256")
+        if want and hashlib.sha256(rows_bytes).hexdigest() != want:
+            problems.append(Problem("checksum", rows_name, "sha256 differs from the one recorded"))
+        return problems
+
+    @classmethod
+    def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> NpyShard:
+        shard = NpyShard(access, entry)
+        shard.image_field = manifest_image_field(manifest)
+        return shard
+
+
+FORMAT = Npy

@@ -22,39 +22,35 @@ wraps) rather than through webdataset itself, whose import pulls in torch: that 
 and ~300 MB per conversion worker for nothing. The webdataset reader is the test oracle.
 
 Reading does not stream the tar through Python's tarfile: the index gives each member's
-offset, so a shard is memory-mapped and samples are sliced out of it. That makes splitting a
-shard between ranks at any sample boundary free, and raw reads cost a slice, not a parse.
+offset, so a shard is memory-mapped (or read ahead by ranges, :mod:`dsconvert.io.ranges`) and
+samples are sliced out of it. That makes splitting a shard between ranks at any sample
+boundary free, and raw reads cost a slice, not a parse. The Dataset that streams shards is
+:class:`dsconvert.readers.stream.StreamDataset`; ``verify`` checks the tar's own headers
+against the index (:meth:`Wds.structure_problems`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import mmap
 import operator
-import os
-import random
+import re
 import tarfile
-from bisect import bisect_right
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._torch import lazy_module_attr
-from ..codecs import (DECODE_MODES, ENCODED_MODES, decode_errors_naming, decode_field, decode_image,
-                      encode_class)
-from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
+from ..codecs import encode_class
 from ..errors import ManifestError
-from ..cache import ShardAccess
+from ..io.localfs import SizeBoundedFile, regular_size
+from ..io.location import Location
+from ..io.ranges import MappedBytes, PrefetchedBytes
 from ..manifest import Manifest, ShardEntry, expect, is_int
-from ..remote import Location
-from ..shards import ShardRecord, ShardSpec
+from ..plan import ShardSpec
 from ..source import Sample
-from ..storage import is_latency_bound
-from ._base import BaseWriter, Sink
+from .base import Format, Problem, ShardReader, ShardRecord, Sink
 
-__all__ = ["WdsWriter", "WdsDataset", "load_record"]  # noqa: F822 (WdsDataset: see __getattr__)
+__all__ = ["Wds", "FORMAT", "sample_tar_bytes"]
 
 TAR_MTIME = 0
 
@@ -92,14 +88,19 @@ def _add_member(tf: tarfile.TarFile, name: str, data: bytes) -> Tuple[int, int]:
 
 
 TAR_TRAILER = 1024 + 10240  # end-of-archive blocks plus padding to a full record, at most
+_PLAIN_HEADER = 512
 
 
 def _tar_member_bytes(name: str, size: int) -> int:
-    """An upper bound on a member's bytes: header(s) plus data padded to 512-byte blocks."""
-    raw = name.encode("utf-8")
-    header = 512
-    if len(raw) > 100 or not name.isascii():  # tarfile then writes a PAX header record first
-        header += 512 + -(-(len(raw) + 32) // 512) * 512
+    """A member's bytes in our tars: its header(s), as ``tarfile`` writes them, plus the
+    data padded to 512-byte blocks. A short ASCII name has one 512-byte header; anything
+    else (long or non-ASCII names, PAX records) is measured by ``TarInfo.tobuf`` itself."""
+    if len(name) > 100 or not name.isascii() or size >= 8 ** 11:
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mtime, ti.mode = size, TAR_MTIME, 0o444
+        header = len(ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+    else:
+        header = _PLAIN_HEADER
     return header + -(-size // 512) * 512
 
 
@@ -139,216 +140,134 @@ class _TarSink(Sink):
         return {"members": dict(sorted(columns.items()))}
 
 
-class WdsWriter(BaseWriter):
-    """Writes one tar shard per spec; stateless, so it runs on any executor's worker."""
-
-    format = "wds"
-    suffix = ".tar"
-    overhead = TAR_TRAILER
-
-    @staticmethod
-    def sample_bytes(sample: Sample, classification: bool) -> int:
-        return sample_tar_bytes(sample, classification)
-
-    @classmethod
-    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
-        return _TarSink(spec, file)
+def _unsafe_name(name: str) -> bool:
+    return name.startswith("/") or name.startswith("\\") or ".." in re.split(r"[/\\]", name)
 
 
-def load_record(path: str, data: Optional[bytes] = None) -> ShardRecord:
-    """A wds shard record (from ``path``, or ``data`` read from it), checked to have, per
-    field, integer offset and size columns as long as the keys (-1: a field a sample lacks)."""
-    record = ShardRecord.load(path, "wds", data)
-    members = record.d.get("members")
-    n = len(record.keys)
-    expect(isinstance(members, dict) and all(isinstance(k, str) for k in members), path, "members",
-           "an object of per-field columns")
-    for name, col in members.items():
-        for part in ("offset", "size"):
-            values = col.get(part) if isinstance(col, dict) else None
-            expect(isinstance(values, list) and len(values) == n and all(is_int(v) and v >= -1 for v in values),
-                   path, f"members.{name}.{part}", f"a list of {n} integers >= -1")
-    return record
+def check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
+    """The tar's own headers against the index, and members that ``tar -x`` or another reader
+    would meet: unsafe paths, links, devices. Headers only, nothing extracted, no read past
+    the file's end whatever a header declares."""
+    problems: List[Problem] = []
+    expected: Dict[str, Tuple[int, int]] = {}
+    for field, col in record.d["members"].items():
+        for key, offset, size in zip(record.keys, col["offset"], col["size"]):
+            if offset >= 0:
+                expected[f"{key}.{field}"] = (offset, size)
+    seen = set()
+    try:
+        size = out.size(name)
+        bounded = SizeBoundedFile(raw := out.open(name), size)
+        with raw, tarfile.open(fileobj=bounded, mode="r:") as tf:
+            for m in tf:
+                if _unsafe_name(m.name):
+                    problems.append(Problem("unsafe-member", name, f"member {m.name!r} has an unsafe path "
+                                            "(absolute or '..'): tar -x would write outside its folder"))
+                if not m.isreg():
+                    kind = ("symlink" if m.issym() else "hard link" if m.islnk() else "device" if m.isdev()
+                            else "FIFO" if m.isfifo() else "directory" if m.isdir() else f"type {m.type!r}")
+                    problems.append(Problem("unsafe-member", name, f"member {m.name!r} is a {kind}"
+                                            + (f" to {m.linkname!r}" if m.linkname else "")))
+                    continue
+                want = expected.get(m.name)
+                if want is None:
+                    problems.append(Problem("structure", name, f"member {m.name!r} is not in the index"))
+                elif want != (m.offset_data, m.size):
+                    problems.append(Problem("structure", name, f"member {m.name!r} is at {m.offset_data}+{m.size}, "
+                                            f"the index says {want[0]}+{want[1]}"))
+                seen.add(m.name)
+    except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
+        problems.append(Problem("structure", name, f"not a readable tar: {exc}"))
+        return problems
+    if bounded.overrun:
+        problems.append(Problem("structure", name, f"a header declares {bounded.overrun:,} bytes more than the file "
+                                "holds (not read)"))
+    for missing in sorted(set(expected) - seen)[:20]:
+        problems.append(Problem("structure", name, f"indexed member {missing!r} is not in the tar"))
+    return problems
 
 
-class _MappedBytes:
-    """Local files: slices of a memory map (the page cache serves them without a syscall)."""
+class WdsShard(ShardReader):
+    """A tar shard and its index, as columns of Python ints, read through one byte source
+    (a memory map, or ranged reads ahead: :mod:`dsconvert.io.ranges`)."""
 
-    def __init__(self, path: str, size: int):
-        with open(path, "rb") as f:
-            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-
-    def get(self, offset: int, size: int) -> bytes:
-        return self.mm[offset: offset + size] if self.mm is not None else b""
-
-    def close(self) -> None:
-        if self.mm is not None:
-            try:
-                self.mm.close()
-            except BufferError:
-                pass  # decode="buffer" views still use it; it closes when they are gone
-
-
-_pools: Dict[int, ThreadPoolExecutor] = {}
-
-
-def _io_pool(threads: int) -> ThreadPoolExecutor:
-    pid = os.getpid()  # a forked DataLoader worker makes its own threads
-    if pid not in _pools:
-        _pools.clear()
-        _pools[pid] = ThreadPoolExecutor(threads, thread_name_prefix="dsconvert-read")
-    return _pools[pid]
-
-
-class _PrefetchedBytes:
-    """Latency-bound storage (NFS, CephFS, FUSE, object stores): a forward window over the
-    bytes this worker needs, filled by concurrent ranged reads, with the next window fetched in
-    the background.
-
-    Page faults or one large read() would pay the storage's round trip once per 128 kB
-    request, one request at a time; 8 concurrent 1 MB requests hide most of it. ``fill(view,
-    offset)`` reads into ``view`` from ``offset`` and returns the bytes read: ``os.preadv`` on
-    a local descriptor, or a ranged GET of the object.
-    """
-
-    def __init__(self, fill: Callable[[memoryview, int], int], end: int, close: Callable[[], None] = lambda: None,
-                 window: int = 16 << 20, threads: int = 8, piece: int = 1 << 20):
-        self.fill = fill
-        self._close = close
-        self.piece = piece  # bytes per request
-        self.end = end
-        self.window = window
-        self.pool = _io_pool(threads)
-        self.base = 0
-        self.buf = bytearray()
-        self.ahead: Optional[Tuple[int, bytearray, List[Future]]] = None
-
-    def _start(self, offset: int, length: int) -> Tuple[int, bytearray, List[Future]]:
-        buf = bytearray(length)
-        view = memoryview(buf)
-        futures = [self.pool.submit(self.fill, view[a: a + self.piece], offset + a)
-                   for a in range(0, length, self.piece)]
-        return offset, buf, futures
-
-    @staticmethod
-    def _finish(job: Tuple[int, bytearray, List[Future]]) -> Tuple[int, bytearray]:
-        offset, buf, futures = job
-        got = sum(f.result() for f in futures)
-        return offset, buf[:got] if got < len(buf) else buf
-
-    def get(self, offset: int, size: int) -> bytes:
-        lo = offset - self.base
-        if 0 <= lo and offset + size <= self.base + len(self.buf):
-            return bytes(self.buf[lo: lo + size])
-        if size > self.window:
-            _, buf = self._finish(self._start(offset, size))
-            return bytes(buf)
-        job = self.ahead
-        self.ahead = None
-        if job is None or not (job[0] <= offset and offset + size <= job[0] + len(job[1])):
-            if job is not None:
-                self._finish(job)
-            job = self._start(offset, max(size, min(self.window, self.end - offset)))
-        self.base, self.buf = self._finish(job)
-        nxt = self.base + len(self.buf)
-        if nxt < self.end:
-            self.ahead = self._start(nxt, min(self.window, self.end - nxt))
-        lo = offset - self.base
-        return bytes(self.buf[lo: lo + size])
-
-    def close(self) -> None:
-        if self.ahead is not None:
-            self._finish(self.ahead)
-            self.ahead = None
-        self._close()
-
-    @classmethod
-    def local(cls, path: str, end: int, **kw: Any) -> "_PrefetchedBytes":
-        fd = os.open(path, os.O_RDONLY)
-        return cls(lambda view, offset: os.preadv(fd, [view], offset), end, lambda: os.close(fd), **kw)
-
-    @classmethod
-    def remote(cls, location: Location, name: str, end: int, **kw: Any) -> "_PrefetchedBytes":
-        """Object stores: 4 MB ranged GETs, 8 at a time (a request costs a round trip and
-        some server work whatever its size; stores advise parts of several MB)."""
-        kw.setdefault("piece", 4 << 20)
-        kw.setdefault("window", 32 << 20)
-
-        def fill(view: memoryview, offset: int) -> int:
-            data = location.read_range(name, offset, offset + len(view))
-            view[: len(data)] = data
-            return len(data)
-
-        return cls(fill, end, **kw)
-
-
-class _OpenShard:
-    """A shard and its index, as columns of Python ints, read through one byte source."""
-
-    def __init__(self, access: ShardAccess, entry: ShardEntry, bytes_limit: int):
-        index_name = entry.index or WdsWriter.index_name(entry.name)
+    def __init__(self, access: Any, entry: ShardEntry, max_member_bytes: int = 1 << 31):
+        index_name = Wds.record_name(entry)
         part = entry.parts.get(index_name)  # older manifests carry no digest of the index
-        index = load_record(access.url_of(index_name), access.file_bytes(index_name, part))
+        index = Wds.load_record(access.url_of(index_name), access.file_bytes(index_name, part))
         if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes) and access.cache is not None and not part:
-            index = load_record(access.url_of(index_name), access.file_bytes(index_name, refresh=True))  # stale copy
+            index = Wds.load_record(access.url_of(index_name), access.file_bytes(index_name, refresh=True))  # stale
         if (index.d["sha256"], index.bytes, index.d["num_samples"]) != (entry.sha256, entry.bytes, entry.num_samples):
             raise ManifestError(f"{access.url_of(index_name)} describes another version of {entry.name} than the "
                                 "manifest (was the output rewritten while being read?)", access.url_of(index_name))
         self.access = access
-        self.name = entry.name
+        self.name = index.name
+        self.entry = entry
         self.path = access.local_shard(entry)  # None: read ranges of the remote object
-        self.size = os.path.getsize(self.path) if self.path is not None else entry.bytes
+        self.size = regular_size(self.path) if self.path is not None else entry.bytes
         if self.size != index.bytes:
             raise ManifestError(f"{self.path}: {self.size} bytes, but its index says {index.bytes}", self.path)
         self.index = index
+        self.keys = index.keys
+        self.labels = index.labels or []
         self._image: Optional[List[Tuple[int, int]]] = None
-        self.fields = [(name, col["offset"], col["size"]) for name, col in index.d["members"].items()]
-        for _, offsets, sizes in self.fields:  # absent members are (-1, -1)
-            if offsets and (max(map(operator.add, offsets, sizes)) > self.size or max(sizes) > bytes_limit
+        self.columns = [(name, col["offset"], col["size"]) for name, col in index.d["members"].items()]
+        for _, offsets, sizes in self.columns:  # absent members are (-1, -1)
+            if offsets and (max(map(operator.add, offsets, sizes)) > self.size or max(sizes) > max_member_bytes
                             or min(offsets) < -1 or min(sizes) < -1):
                 raise ManifestError(f"{access.url_of(entry.name)}: index points outside the shard", self.path)
         self.source: Any = None
 
-    def open(self, first: int, stop: int, prefetch: bool) -> None:
-        """Prepare to read samples [first, stop) of this shard, in order: a memory map of the
-        local file, or concurrent ranged reads ahead (latency-bound mounts, remote objects)."""
+    def prepare(self, first: int, stop: int, prefetch: bool) -> None:
+        """A memory map of the local file, or concurrent ranged reads ahead of samples
+        [first, stop) (latency-bound mounts, remote objects)."""
+        self.close()
         if prefetch or self.path is None:
-            end = max((o[i] + sz[i] for _, o, sz in self.fields for i in range(first, stop) if o[i] >= 0),
+            end = max((o[i] + sz[i] for _, o, sz in self.columns for i in range(first, stop) if o[i] >= 0),
                       default=0)
-            self.source = (_PrefetchedBytes.local(self.path, end) if self.path is not None
-                           else _PrefetchedBytes.remote(self.access.location, self.name, end))
+            self.source = (PrefetchedBytes.local(self.path, end) if self.path is not None
+                           else PrefetchedBytes.remote(self.access.location, self.entry.name, end))
         else:
-            self.source = _MappedBytes(self.path, self.size)
+            self.source = MappedBytes(self.path, self.size)
 
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
             self.source = None
 
-    def raw_fields(self, i: int) -> Dict[str, bytes]:
+    def fields(self, j: int) -> Dict[str, bytes]:
+        if self.source is None:
+            self.prepare(0, len(self.keys), False)
         get = self.source.get
-        return {name: get(o[i], s[i]) for name, o, s in self.fields if o[i] >= 0}
+        return {name: get(o[j], s[j]) for name, o, s in self.columns if o[j] >= 0}
 
     def _image_spans(self) -> List[Tuple[int, int]]:
         """Per sample, (offset, size) of the one member that is not the label."""
         if self._image is None:
-            cols = [(o, sz) for name, o, sz in self.fields if name != "cls"]
+            cols = [(o, sz) for name, o, sz in self.columns if name != "cls"]
             if len(cols) == 1 and (not cols[0][0] or min(cols[0][0]) >= 0):  # one image field
                 self._image = list(zip(*cols[0]))
                 return self._image
             spans = []
-            for j in range(len(self.index.keys)):
+            for j in range(len(self.keys)):
                 span = next(((o[j], sz[j]) for o, sz in cols if o[j] >= 0), None)
                 if span is None:
-                    raise ManifestError(f"{self.index.name}: sample {self.index.keys[j]} has no image member")
+                    raise ManifestError(f"{self.index.name}: sample {self.keys[j]} has no image member")
                 spans.append(span)
             self._image = spans
         return self._image
 
+    def image(self, j: int) -> bytes:
+        if self.source is None:
+            self.prepare(0, len(self.keys), False)
+        o, sz = self._image_spans()[j]
+        return self.source.get(o, sz)
+
     def images(self, first: int, stop: int, views: bool = False) -> Iterator[Tuple[int, Any]]:
-        """(position, image bytes) of samples [first, stop): the hot loop of raw reading,
-        so it slices the memory map directly when there is one. With ``views``, zero-copy
-        uint8 array views of the map instead of bytes, where the shard is mapped."""
+        """The hot loop of raw reading: slices of the memory map directly when there is one.
+        With ``views``, zero-copy uint8 array views of the map instead of bytes."""
+        if self.source is None:
+            self.prepare(first, stop, False)
         spans = self._image_spans()
         mm = getattr(self.source, "mm", None)
         if mm is not None and views:
@@ -368,164 +287,46 @@ class _OpenShard:
                 yield i, np.frombuffer(data, dtype=np.uint8) if views else data
 
 
-class _WdsDataset:
-    """Iterable dataset over dsconvert wds shards; a drop-in for ImageFolder in a DataLoader.
+class Wds(Format):
+    """WebDataset tar shards; see the module doc."""
 
-    Samples are ``(image, label)`` for ImageFolder and list sources, dicts of decoded fields
-    otherwise. ``len()`` is exact for this rank. See :func:`dsconvert.open_dataset`.
-    """
+    id = "wds"
+    suffix = ".tar"
+    overhead = TAR_TRAILER
+    any_samples = True
+    iterable = True
 
-    def __init__(
-        self,
-        root: str,
-        manifest: Manifest,
-        transform: Optional[Callable] = None,
-        target_transform: Optional[Callable] = None,
-        decode: str = "pil",
-        shuffle: bool = False,
-        seed: int = 0,
-        buffer_size: int = 1000,
-        rank: Optional[int] = None,
-        world_size: Optional[int] = None,
-        even: Optional[str] = None,
-        max_member_bytes: int = 1 << 31,
-        prefetch: Optional[bool] = None,
-        allow_pickle: bool = False,
-        access: Optional[ShardAccess] = None,
-    ):
-        if decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
-        if buffer_size < 1:
-            raise ValueError("buffer_size must be >= 1")
-        rank_span(0, 0, 1, even)  # validates ``even``
-        self.root = root
-        self.access = access or ShardAccess(root)
-        self.manifest = manifest
-        self.transform = transform
-        self.target_transform = target_transform
-        self.decode = decode
-        self.shuffle = shuffle
-        self.seed = seed
-        self.buffer_size = buffer_size
-        self.rank = rank
-        self.world_size = world_size
-        if (rank is None or world_size is None) and distributed_initialized():
-            # fixed now, in the trainer's process: spawned DataLoader workers have no group
-            self.rank, self.world_size = world_info(rank, world_size)
-        self.even = even
-        self.max_member_bytes = max_member_bytes
-        self.prefetch = prefetch  # None: decided by the storage (latency-bound or not)
-        self.allow_pickle = allow_pickle  # pickled fields run code when loaded: only for trusted data
-        self.epoch = 0
-        self.classes = manifest.classes
-        self.class_to_idx = {c: i for i, c in enumerate(manifest.classes or [])}
+    @classmethod
+    def sample_bytes(cls, sample: Sample, classification: bool) -> int:
+        return sample_tar_bytes(sample, classification)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for this epoch (call before iterating, on every rank)."""
-        self.epoch = int(epoch)
+    @classmethod
+    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
+        return _TarSink(spec, file)
 
-    def _span(self) -> Tuple[int, int]:
-        rank, world = world_info(self.rank, self.world_size)
-        return rank_span(self.manifest.num_samples, rank, world, self.even)
+    @classmethod
+    def load_record(cls, path: str, data: Optional[bytes] = None) -> ShardRecord:
+        """The record, checked to have, per field, integer offset and size columns as long as
+        the keys (-1: a field a sample lacks)."""
+        record = ShardRecord.load(path, cls.id, data)
+        members = record.d.get("members")
+        n = len(record.keys)
+        expect(isinstance(members, dict) and all(isinstance(k, str) for k in members), path, "members",
+               "an object of per-field columns")
+        for name, col in members.items():
+            for part in ("offset", "size"):
+                values = col.get(part) if isinstance(col, dict) else None
+                expect(isinstance(values, list) and len(values) == n and all(is_int(v) and v >= -1 for v in values),
+                       path, f"members.{name}.{part}", f"a list of {n} integers >= -1")
+        return record
 
-    def __len__(self) -> int:
-        start, stop = self._span()
-        return stop - start
+    @classmethod
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+        return check_tar(out, entry.name, record)
 
-    def _shard_order(self) -> List[ShardEntry]:
-        shards = list(self.manifest.shards)
-        if self.shuffle:
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(shards)
-        return shards
-
-    def _positions(self) -> Tuple[List[ShardEntry], int, int]:
-        """Shard order and this worker's [start, stop) in the global sequence."""
-        start, stop = self._span()
-        wid, nworkers = worker_info()
-        lo, hi = split_range(stop - start, nworkers, wid)
-        return self._shard_order(), start + lo, start + hi
-
-    def _raw_samples(self) -> Iterator[Tuple[_OpenShard, int, Any]]:
-        """(shard, position, raw bytes) for this worker's samples, read in file order."""
-        shards, start, stop = self._positions()
-        n = self.manifest.num_samples
-        if n == 0 or start >= stop:
-            return
-        if self.prefetch is None:  # remote objects are always read ahead, by ranges or into the cache
-            self.prefetch = not self.access.remote and is_latency_bound(self.access.cache_dir_or_root())
-        classification = self.manifest.sample_type == "classification"
-        ends = []
-        total = 0
-        for s in shards:
-            total += s.num_samples
-            ends.append(total)
-        pos = start
-        while pos < stop:
-            p = pos % n  # positions past n wrap around (even="pad")
-            k = bisect_right(ends, p)
-            first = p - (ends[k] - shards[k].num_samples)
-            run = min(ends[k] - p, stop - pos)
-            shard = _OpenShard(self.access, shards[k], self.max_member_bytes)
-            shard.open(first, first + run, self.prefetch)
-            try:
-                if classification:
-                    for i, raw in shard.images(first, first + run, views=self.decode == "buffer"):
-                        yield shard, i, raw
-                else:
-                    for i in range(first, first + run):
-                        yield shard, i, shard.raw_fields(i)
-            finally:
-                shard.close()
-            pos += run
-
-    def _decode(self, shard: _OpenShard, i: int, raw: Any) -> Any:
-        if self.manifest.sample_type == "classification":
-            with decode_errors_naming(f"{shard.index.name}: {shard.index.keys[i]}"):
-                image = decode_image(raw, self.decode)
-            label = shard.index.labels[i]
-            if self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                label = self.target_transform(label)
-            return image, label
-        sample: Dict[str, Any] = {"__key__": shard.index.keys[i]}
-        with decode_errors_naming(f"{shard.index.name}: {shard.index.keys[i]}"):
-            for name, data in raw.items():
-                sample[name] = decode_field(name, data, self.decode, self.allow_pickle)
-        if self.transform is not None:
-            sample = self.transform(sample)
-        return sample
-
-    def __iter__(self) -> Iterator[Any]:
-        items: Iterator[Tuple[_OpenShard, int, Any]] = self._raw_samples()
-        if self.shuffle and self.buffer_size > 1:
-            rank, _ = world_info(self.rank, self.world_size)
-            wid, _ = worker_info()
-            rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
-            items = _shuffled(items, self.buffer_size, rng)
-        plain = (self.manifest.sample_type == "classification" and self.decode in ENCODED_MODES
-                 and self.transform is None and self.target_transform is None)
-        if plain:  # the raw fast path: nothing to decode or transform
-            for shard, i, raw in items:
-                yield raw, shard.index.labels[i]
-            return
-        for shard, i, raw in items:
-            yield self._decode(shard, i, raw)
+    @classmethod
+    def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> WdsShard:
+        return WdsShard(access, entry, options.get("max_member_bytes", 1 << 31))
 
 
-def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    """Bounded-buffer shuffle; holds encoded bytes, never decoded samples."""
-    buffer: List[Any] = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        j = rng.randrange(size)
-        buffer[j], item = item, buffer[j]
-        yield item
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-# WdsDataset subclasses torch's Dataset when torch is installed, made on first use
-__getattr__ = lazy_module_attr(globals(), "WdsDataset", _WdsDataset, "iterable")
+FORMAT = Wds

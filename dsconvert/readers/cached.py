@@ -23,7 +23,6 @@ Cache folder layout, lock-free for any number of DataLoader workers writing at o
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import json
 import os
@@ -37,11 +36,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from ._torch import lazy_module_attr
-from .errors import ManifestError
-from .storage import atomic_write
+from ..errors import ManifestError
+from ..io.localfs import atomic_write
+from ..io.locks import file_lock
+from ..processes import ProcessLocal
+from .base import TorchDataset, Transforms
 
-__all__ = ["CachedDataset"]  # noqa: F822 (made on first use: see __getattr__)
+__all__ = ["CachedDataset"]
 
 RECORD = struct.Struct("<qqiiiqII")
 MAGIC = 0xD5C0C4E1
@@ -69,7 +70,6 @@ class _State:
 
     def __init__(self, folder: str):
         self.folder = folder
-        self.pid = os.getpid()
         self.entries: Dict[int, Entry] = {}
         self.spares: Dict[int, List[Entry]] = {}  # other records of the same sample
         self.log_pos: Dict[str, int] = {}
@@ -82,18 +82,15 @@ class _State:
         self.broken = False  # writing failed once (disk full...): serve without caching
 
 
-class _CachedDataset:
+class CachedDataset(Transforms, TorchDataset):
     """Map-style dataset caching a wrapped map-style dataset's decoded ``(image, label)``."""
 
     def __init__(self, dataset: Any, cache_dir: str, transform: Optional[Callable] = None,
                  target_transform: Optional[Callable] = None, decode: str = "pil"):
-        if decode not in ("pil", "numpy"):
-            raise ValueError(f"decode must be 'pil' or 'numpy', not {decode!r}")
+        super().__init__(transform, target_transform, decode, getattr(dataset, "classes", None),
+                         modes=("pil", "numpy"))
         self.dataset = dataset
         self.cache_dir = os.path.abspath(cache_dir)
-        self.transform = transform
-        self.target_transform = target_transform
-        self.decode = decode
         self.n = len(dataset)
         os.makedirs(self.cache_dir, exist_ok=True)
         meta_path = os.path.join(self.cache_dir, "cache.json")
@@ -110,22 +107,17 @@ class _CachedDataset:
             raise ManifestError(
                 f"{self.cache_dir} caches a dataset of {meta.get('num_samples')} samples, not {self.n}; "
                 "use another cache_dir or remove this one", self.cache_dir)
-        self._state: Optional[_State] = None
+        self._local: Dict[str, _State] = ProcessLocal()  # file descriptors and maps belong to one process
 
     def __len__(self) -> int:
         return self.n
 
-    def __getstate__(self) -> Dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_state"] = None  # file descriptors and maps belong to one process
-        return state
-
     # --- state --------------------------------------------------------------------------
 
     def _st(self) -> _State:
-        st = self._state
-        if st is None or st.pid != os.getpid():
-            st = self._state = _State(self.cache_dir)
+        st = self._local.get("state")
+        if st is None:
+            st = self._local["state"] = _State(self.cache_dir)
             self._load_index(st)
             self._refresh(st)
             if len(st.entries) == self.n:
@@ -230,11 +222,8 @@ class _CachedDataset:
         doing it (then the CRCs are checked sample by sample as they are read)."""
         if os.path.exists(os.path.join(self.cache_dir, "index.npy")):
             return
-        lock_fd = os.open(os.path.join(self.cache_dir, ".consolidate.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+        with file_lock(os.path.join(self.cache_dir, ".consolidate.lock"), wait=False) as got:
+            if not got:
                 return
             for i in range(self.n):
                 if self._pixels(st, i) is None:
@@ -247,8 +236,6 @@ class _CachedDataset:
                 json.dump(files, f)
             with atomic_write(os.path.join(self.cache_dir, "index.npy")) as f:
                 np.save(f, rows)
-        finally:
-            os.close(lock_fd)
 
     # --- the dataset --------------------------------------------------------------------
 
@@ -281,19 +268,10 @@ class _CachedDataset:
             self._append(st, i, pixels, label)
         else:
             label = st.entries[i][5]
-        image = pixels if self.decode == "numpy" else Image.fromarray(pixels)
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return image, label
+        return self._finish(pixels if self.decode == "numpy" else Image.fromarray(pixels), label)
 
 
 def _write_all(fd: int, data: Any) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-# CachedDataset subclasses torch's Dataset when torch is installed, made on first use
-__getattr__ = lazy_module_attr(globals(), "CachedDataset", _CachedDataset, "map")

@@ -1,4 +1,5 @@
-"""Worker processes that die with the process that started them.
+"""Processes: how many CPUs this one may use, worker pools that die with it, and state
+that belongs to one process and is dropped in a forked child.
 
 A ``ProcessPoolExecutor``'s workers outlive a SIGKILLed parent: they sit on their call
 queue, holding whatever they inherited (an output's lock, say), so every resume is refused
@@ -6,6 +7,11 @@ until someone finds and kills them by hand. Each worker here asks the kernel to 
 when its parent dies (``prctl(PR_SET_PDEATHSIG)``, Linux), and checks that the parent is
 still the one that started it (the parent may already have died before the request).
 Elsewhere a daemon thread polls the parent instead.
+
+File handles, memory maps, thread pools and fsspec clients must not be shared with a forked
+child (a DataLoader worker): :class:`ProcessLocal` is a dict that a fork empties in the
+child, through one ``os.register_at_fork`` hook, and that pickles (into spawned workers)
+empty.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import os
 import signal
 import threading
 import time
+import weakref
+from typing import Any, Tuple
 
-__all__ = ["process_pool", "die_with_parent"]
+__all__ = ["available_cpus", "process_pool", "die_with_parent", "ProcessLocal"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -46,3 +54,35 @@ def die_with_parent(parent: int) -> None:
 def process_pool(max_workers: int) -> cf.ProcessPoolExecutor:
     """A process pool whose workers die with this process (see the module doc)."""
     return cf.ProcessPoolExecutor(max_workers=max_workers, initializer=die_with_parent, initargs=(os.getpid(),))
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (a container's limit, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class ProcessLocal(dict):
+    """A dict of per-process state: empty again in a forked child, and pickled empty."""
+
+    __hash__ = object.__hash__  # identity: for the registry below
+
+    def __init__(self) -> None:
+        super().__init__()
+        _process_locals.add(self)
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (ProcessLocal, ())
+
+
+_process_locals: "weakref.WeakSet[ProcessLocal]" = weakref.WeakSet()
+
+
+def _forked_child() -> None:
+    for local in list(_process_locals):
+        dict.clear(local)
+
+
+os.register_at_fork(after_in_child=_forked_child)

@@ -11,29 +11,23 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ._torch import lazy_module_attr
-from .codecs import DECODE_MODES, decode_field, decode_image
-from .remote import Location
-from .source import Source, scan
+from ..codecs import decode_field, decode_image
+from ..io.location import Location
+from ..readers.base import TorchDataset, Transforms
+from .samples import Source, scan
 
-__all__ = ["SourceDataset", "open_source"]  # noqa: F822 (SourceDataset: see __getattr__)
+__all__ = ["SourceDataset", "open_source"]
 
 
-class _SourceDataset:
+class SourceDataset(Transforms, TorchDataset):
     """Map-style dataset over a scanned source; see the module doc."""
 
     def __init__(self, source: Source, transform: Optional[Callable] = None,
                  target_transform: Optional[Callable] = None, decode: str = "pil",
                  storage_options: Optional[Dict[str, Any]] = None):
-        if decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
+        super().__init__(transform, target_transform, decode, source.classes)
         self.source = source
         self.location = Location(source.root, storage_options, flat=False)  # remote sources: one GET per file
-        self.transform = transform
-        self.target_transform = target_transform
-        self.decode = decode
-        self.classes = source.classes
-        self.class_to_idx = {c: i for i, c in enumerate(source.classes or [])}
         self.classification = source.sample_type == "classification"
 
     def __len__(self) -> int:
@@ -53,28 +47,16 @@ class _SourceDataset:
     def __getitem__(self, index: int) -> Any:
         sample = self.source.samples[index]
         if self.classification:
-            image = decode_image(self._read(sample.files[0].path), self.decode)
-            label = sample.label
-            if self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                label = self.target_transform(label)
-            return image, label
+            return self._finish(decode_image(self._read(sample.files[0].path), self.decode), sample.label)
         out: Dict[str, Any] = {"__key__": sample.key}
         for file in sample.files:
             out[file.field] = decode_field(file.field, self._read(file.path), self.decode)
-        return self.transform(out) if self.transform is not None else out
+        return self._finish_dict(out)
 
 
 def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
                 decode: str = "pil", layout: str = "auto", storage_options: Optional[Dict[str, Any]] = None) -> Any:
     """Scan ``src`` (a path or URL) and return it as a :class:`SourceDataset` (no conversion)."""
-    from . import source_dataset
-
-    return source_dataset.SourceDataset(scan(src, layout, storage_options=storage_options), transform=transform,
+    return SourceDataset(scan(src, layout, storage_options=storage_options), transform=transform,
                                         target_transform=target_transform, decode=decode,
                                         storage_options=storage_options)
-
-
-# SourceDataset subclasses torch's Dataset when torch is installed, made on first use
-__getattr__ = lazy_module_attr(globals(), "SourceDataset", _SourceDataset, "map")

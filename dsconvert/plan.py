@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .codecs import check_field
-from .errors import BadInputError, ManifestError, OptionError
+from .errors import BadInputError, OptionError
 from .keys import escape_path
-from .manifest import ShardEntry, expect, is_int, is_str_list
-from .remote import Location, filesystem, is_remote, json_bytes
+from .manifest import ShardEntry
+from .io.location import filesystem, is_remote
 from .source import Sample, Skipped
 
-__all__ = ["part_of", "ShardSpec", "ShardResult", "ShardRecord", "plan_shards", "parse_size", "read_samples", "CHANGED_DURING"]
+__all__ = ["ShardSpec", "ShardResult", "plan_shards", "parse_size", "read_samples", "CHANGED_DURING"]
 
 
 @dataclass(frozen=True)
@@ -173,112 +173,3 @@ def read_samples(spec: ShardSpec) -> Iterator[Tuple[Sample, Fetched]]:
                     break
                 contents[f.path] = (data, True)
             yield sample, failed or _checked(spec, sample, contents)
-
-
-RECORD_SCHEMA = 1
-
-
-def part_of(data: bytes) -> Dict[str, Any]:
-    """A file's entry in a manifest's ``parts``: what a copy of it must be."""
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-class ShardRecord:
-    """A finished shard's record, ``NAME.index.json``, written after the shard itself.
-
-    Common to every format: the spec digest (for resume), size and sha256, and per sample the
-    key, label and source paths (columns), plus what the shard skipped. A format adds its own
-    columns in ``extra`` (wds: each member's data offset and size).
-    """
-
-    COMMON = ("schema_version", "format", "shard", "spec_sha256", "bytes", "sha256", "num_samples",
-              "fields", "keys", "labels", "sources", "skipped")
-    # optional: "stats", per sample [[size, mtime_ns] per source file] (for `verify --source`)
-
-    def __init__(self, d: Dict[str, Any]):
-        self.d = d
-        self.name: str = d["shard"]
-        self.spec_sha256: str = d["spec_sha256"]
-        self.bytes: int = d["bytes"]
-        self.keys: List[str] = d["keys"]
-        self.labels: Optional[List[int]] = d["labels"]
-
-    @classmethod
-    def build(cls, fmt: str, spec: ShardSpec, keys: List[str], labels: Optional[List[int]],
-              sources: List[List[str]], stats: List[List[List[int]]], nbytes: int, sha256: str,
-              skipped: List[Skipped], fields: Dict[str, str], extra: Dict[str, Any]) -> "ShardRecord":
-        d: Dict[str, Any] = {
-            "schema_version": RECORD_SCHEMA, "format": fmt, "shard": spec.name,
-            "spec_sha256": spec.digest(), "bytes": nbytes, "sha256": sha256,
-            "num_samples": len(keys), "fields": dict(sorted(fields.items())), "keys": keys,
-            "labels": labels, "sources": sources, "stats": stats,
-            "skipped": [{"path": s.path, "reason": s.reason} for s in skipped],
-        }
-        d.update(extra)
-        return cls(d)
-
-    def save(self, out: Location, name: str) -> Dict[str, Any]:
-        """Write the record as ``name``; return its {bytes, sha256} for the manifest."""
-        data = json_bytes(self.d)
-        out.write_bytes(name, data)
-        return part_of(data)
-
-    @classmethod
-    def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> "ShardRecord":
-        """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere)."""
-        try:
-            if data is None:
-                with open(path, "rb") as f:
-                    data = f.read()
-            d = json.loads(data)
-        except ValueError as exc:  # UnicodeDecodeError included
-            raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
-        except RecursionError:  # "[[[[..." deeper than the interpreter's stack
-            raise ManifestError(f"{path}: not a shard record (JSON nested too deeply)", path) from None
-        if not isinstance(d, dict) or d.get("format") != fmt or not is_int(d.get("schema_version")):
-            raise ManifestError(f"{path}: not a dsconvert {fmt} shard record", path)
-        if d["schema_version"] > RECORD_SCHEMA:
-            raise ManifestError(f"{path}: record schema {d['schema_version']} is newer than supported", path)
-        cls.check(d, path)
-        return cls(d)
-
-    @staticmethod
-    def check(d: Dict[str, Any], path: str) -> None:
-        """Every column of a record that a reader uses, of the right kind and length, or a
-        ManifestError naming the field: a record is data from disk, and may be hostile."""
-        n = d.get("num_samples")
-        expect(is_int(n) and n >= 0, path, "num_samples", "an integer >= 0")
-        for name, ok, what in (
-            ("shard", isinstance(d.get("shard"), str), "a string"),
-            ("spec_sha256", isinstance(d.get("spec_sha256"), str), "a string"),
-            ("sha256", isinstance(d.get("sha256"), str), "a string"),
-            ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
-            ("fields", isinstance(d.get("fields"), dict), "an object"),
-            ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
-            ("labels", d.get("labels", 0) is None or (isinstance(d.get("labels"), list) and len(d["labels"]) == n
-                                                        and all(is_int(v) for v in d["labels"])),
-             f"null or a list of {n} integers"),
-            ("sources", isinstance(d.get("sources"), list) and len(d["sources"]) == n
-             and all(is_str_list(s) for s in d["sources"]), f"a list of {n} lists of paths"),
-            ("stats", "stats" not in d or (isinstance(d["stats"], list) and len(d["stats"]) == n and all(
-                isinstance(s, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(v) for v in p)
-                                            for p in s) for s in d["stats"])),
-             f"a list of {n} lists of [size, mtime_ns]"),
-            ("parts", "parts" not in d or (isinstance(d["parts"], dict) and all(
-                isinstance(p, dict) and is_int(p.get("bytes")) and isinstance(p.get("sha256"), str)
-                for p in d["parts"].values())), "an object of file name -> {bytes, sha256}"),
-            ("skipped", isinstance(d.get("skipped"), list) and all(
-                isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
-                for x in d["skipped"]), "a list of {path, reason} objects"),
-        ):
-            expect(ok, path, name, what)
-
-    def result(self, index_name: str, index_part: Dict[str, Any]) -> ShardResult:
-        """What the manifest lists for this shard; ``index_part``: the record file's own
-        {bytes, sha256}, with the other files' the record lists in ``parts``."""
-        d = self.d
-        parts = {index_name: index_part, **d.get("parts", {})}
-        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name, dict(sorted(parts.items())))
-        skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
-        files = sum(len(s) for s in d["sources"])
-        return ShardResult(entry, skipped, dict(d["fields"]), files)

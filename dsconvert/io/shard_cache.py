@@ -11,7 +11,7 @@ as if whole); a cache shared by training processes needs:
 
 * downloads to a temp name, checked against the manifest's size and sha256 (shards, and
   their index and samples table where the manifest lists them in ``parts``), then renamed;
-* a lock per file (``fcntl.flock``), so that concurrent DataLoader workers and ranks never
+* a lock per file (``flock``, :mod:`dsconvert.io.locks`), so that concurrent DataLoader workers and ranks never
   read a half-downloaded shard and download each shard once (``simplecache`` writes the
   download under its final name);
 * verification: a shard's copy is hashed once against the manifest's sha256 and size, and a
@@ -26,33 +26,23 @@ as if whole); a cache shared by training processes needs:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import os
 import shutil
 import threading
 import time
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
-from .errors import ManifestError, OptionError
-from .manifest import ShardEntry
-from .remote import Location, filesystem, is_remote
-from .storage import check_name, file_sha256, open_regular, regular_size
+from ..errors import ManifestError, OptionError
+from ..manifest import ShardEntry
+from .location import Location, filesystem, is_remote
+from .localfs import check_name, file_sha256, open_regular, regular_size
+from .locks import file_lock
 
 __all__ = ["ShardCache", "ShardAccess", "prefetch"]
 
 MARKER = ".sha256"
-
-
-@contextlib.contextmanager
-def _flock(path: str, exclusive: bool = True) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _write_marker(local: str, sha256: str) -> None:
@@ -76,7 +66,7 @@ class ShardCache:
 
     def __init__(self, cache_dir: str, max_bytes: Union[int, str, None] = None,
                  storage_options: Optional[Dict[str, Any]] = None):
-        from .shards import parse_size
+        from ..plan import parse_size
 
         self.dir = os.path.abspath(cache_dir)
         self.files = os.path.join(self.dir, "files")
@@ -144,7 +134,7 @@ class ShardCache:
         ``counted``: whether a fetch counts in ``downloads`` (shards do; their small files not)."""
         fetched = False
         local = self._local_path(url)
-        with _flock(os.path.join(self.dir, "evict.lock"), exclusive=False), _flock(self._lock_path(url)):
+        with file_lock(os.path.join(self.dir, "evict.lock"), shared=True), file_lock(self._lock_path(url)):
             present = os.path.exists(local) and not refresh
             if present and sha256 is not None and _read_text(local + MARKER) != sha256:
                 # a copy checked against another digest (the output was rewritten), or never checked
@@ -184,7 +174,7 @@ class ShardCache:
         Waits until no process is fetching or verifying (they hold the lock shared)."""
         if self.max_bytes is None:
             return 0
-        with _flock(os.path.join(self.dir, "evict.lock"), exclusive=True):
+        with file_lock(os.path.join(self.dir, "evict.lock")):
             entries = []
             for entry in os.scandir(self.files):
                 if entry.is_file() and not entry.name.endswith((MARKER, ".tmp")):
@@ -255,8 +245,8 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
     them; ``open_dataset(url, cache_dir=...)`` then reads only local copies."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .formats import writer_class
-    from .manifest import Manifest
+    from ..formats import get
+    from ..manifest import Manifest
 
     access = ShardAccess(url, storage_options, cache_dir, max_bytes)
     cache = access.cache
@@ -267,12 +257,12 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
         raise OptionError(f"{url} holds {total:,} bytes of shards, more than the cache's cap of "
                           f"{cache.max_bytes:,}: fetching them all would evict earlier ones; raise the cap, or "
                           "let open_dataset(..., cache_dir=...) fetch shards as training reads them")
-    writer = writer_class(manifest.format)
+    fmt = get(manifest.format)
     started = time.perf_counter()
 
     def fetch(entry: ShardEntry) -> None:
         access.local_shard(entry)
-        for name in writer.files_of(entry)[1:]:
+        for name in fmt.files_of(entry)[1:]:
             access.file_bytes(name, entry.parts.get(name))
         if log is not None:
             log(f"cached {entry.name}")

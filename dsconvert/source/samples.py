@@ -37,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .codecs import IMAGE_EXTENSIONS, is_image_field
-from .errors import SourceError
-from .keys import disambiguate, encode_key, escape_path, is_utf8
-from .remote import filesystem, is_remote, mtime_ns_of
+from ..codecs import IMAGE_EXTENSIONS, is_image_field
+from ..errors import SourceError
+from ..keys import disambiguate, encode_key, escape_path, is_utf8
+from ..io.location import filesystem, is_remote, mtime_ns_of
 
 __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
            "looks_like_image_folder", "is_ignored"]

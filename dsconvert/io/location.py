@@ -1,18 +1,22 @@
-"""Local disks and everything fsspec reaches (S3, GCS, HTTP, ...), behind one small interface.
+"""Every folder dsconvert reads or writes, local or remote, through fsspec.
 
 A *location* is a folder given as a local path or a URL (``s3://bucket/train-wds``). What
 conversion and reading need of it is small: read a file, its size, list names, remove one,
-and write one **atomically**: on a local disk through a hidden temp file renamed into place;
-on an object store by staging the file on local disk and uploading it with one PUT, so the
-object appears whole or not at all. Manifests are written last either way, so a finished
-output is one whose manifest exists.
+and write one **atomically**: the file is written under a temporary name on local disk and
+then moved into place, by a rename beside the target on a local disk, by one upload (PUT
+or multipart) on an object store, so it appears whole or not at all. Manifests are written
+last either way, so a finished output is one whose manifest exists.
+
+Local paths use fsspec's ``LocalFileSystem``; only opening a local file for reading goes
+through :func:`dsconvert.io.localfs.open_regular`, which refuses anything but a regular file
+on the open descriptor (a FIFO or ``/dev/zero`` behind a shard name would block or never
+end). File systems come from fsspec's own instance cache, which resets in a forked child.
 
 Credentials and endpoints come from fsspec's own configuration (``~/.config/fsspec``, the
 ``FSSPEC_<PROTOCOL>_<KEY>`` and ``FSSPEC_<PROTOCOL>`` environment variables) and the
 protocol's usual ones (``AWS_*`` for S3), overridden by explicit ``storage_options``
 (``--storage-option key=value`` on the command line). Options apply to remote protocols
-only; local paths never need them. File systems are made once per process (fsspec's async
-clients do not survive a fork, so a forked worker makes its own).
+only; local paths never need them.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .errors import OptionError
-from .optional import require
-from .storage import atomic_write, check_name, open_regular, regular_size
+import fsspec
+
+from ..errors import MissingDependencyError, NotRegularFileError, OptionError
+from .localfs import atomic_write, check_name, open_regular
 
 __all__ = ["json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location", "protocol_of",
            "mtime_ns_of"]
@@ -76,29 +82,18 @@ def parse_storage_options(items: Optional[Sequence[str]]) -> Dict[str, Any]:
     return out
 
 
-_filesystems: Dict[Tuple[int, str, str], Any] = {}
-
-
 def filesystem(url: str, storage_options: Optional[Dict[str, Any]] = None) -> Tuple[Any, str]:
-    """(fsspec file system, path within it) for a remote URL; one per process and options."""
-    fsspec = require("fsspec", f"reading {protocol_of(url)}:// URLs")
-    options = storage_options or {}
-    key = (os.getpid(), protocol_of(url), json.dumps(options, sort_keys=True, default=str))
-    if key not in _filesystems:
-        if key[0] not in {k[0] for k in _filesystems}:
-            _filesystems.clear()  # made before a fork: never reuse in the child
-        try:
-            fs, _ = fsspec.core.url_to_fs(url, **options)
-        except ImportError as exc:
-            hint = {"s3": "pip install 'dsconvert[s3]'", "gs": "pip install gcsfs", "gcs": "pip install gcsfs",
-                    "az": "pip install adlfs", "abfs": "pip install adlfs"}.get(protocol_of(url), str(exc))
-            from .errors import MissingDependencyError
-
-            raise MissingDependencyError(f"{protocol_of(url)}:// needs its fsspec implementation: run `{hint}`") \
-                from None
-        _filesystems[key] = fs
-    fs = _filesystems[key]
-    return fs, fs._strip_protocol(url)
+    """(fsspec file system, path within it) for a local path or a URL. A local path is taken
+    as it is (fsspec's URL parsing would split a folder named ``a::b``)."""
+    if not is_remote(url):
+        return fsspec.filesystem("file"), os.path.abspath(url)
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as exc:
+        hint = {"s3": "pip install 'dsconvert[s3]'", "gs": "pip install gcsfs", "gcs": "pip install gcsfs",
+                "az": "pip install adlfs", "abfs": "pip install adlfs"}.get(protocol_of(url), str(exc))
+        raise MissingDependencyError(f"{protocol_of(url)}:// needs its fsspec implementation: run `{hint}`") \
+            from None
 
 
 def mtime_ns_of(info: Dict[str, Any]) -> int:
@@ -139,14 +134,13 @@ class Location:
         return filesystem(self.url, self.storage_options)[0]
 
     def path(self, name: str = "") -> str:
-        """The local path or the file system's path (bucket/key) of ``name``, a plain file name
-        (checked: names come from manifests, and a URL's protocol may decode ``%2f``)."""
+        """The file system's path of ``name`` (a local path, or bucket/key), ``name`` checked
+        to be a plain file name (names come from manifests, and a URL's protocol may decode
+        ``%2f``)."""
         if name and self.flat:
             check_name(name, self.url)
-        if not self.remote:
-            return os.path.join(self.url, name) if name else self.url
-        base = filesystem(self.url, self.storage_options)[1]
-        return f"{base}/{name}" if name else base
+        base = filesystem(self.url, self.storage_options)[1].rstrip("/") or "/"
+        return posixpath.join(base, name) if name else base
 
     def url_of(self, name: str) -> str:
         return join_url(self.url, check_name(name, self.url) if self.flat else name)
@@ -154,68 +148,62 @@ class Location:
     def local_path(self, name: str) -> Optional[str]:
         return None if self.remote else self.path(name)
 
-    def read_bytes(self, name: str) -> bytes:
-        """The whole of ``name``: a local regular file (never a device or FIFO), or the object."""
+    def open(self, name: str, block_size: int = 1 << 20) -> IO[bytes]:
+        """A readable file object: a local regular file only, or fsspec's, reading ahead
+        ``block_size`` bytes per request."""
         if not self.remote:
-            with open_regular(self.path(name)) as f:
+            return open_regular(self.path(name))
+        return self.fs.open(self.path(name), "rb", block_size=block_size)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole of ``name``."""
+        if not self.remote:
+            with self.open(name) as f:
                 return f.read()
         return self.fs.cat_file(self.path(name))
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         if not self.remote:
-            with open_regular(self.path(name)) as f:
+            with self.open(name) as f:
                 f.seek(start)
                 return f.read(max(0, end - start))
         return self.fs.cat_file(self.path(name), start=start, end=end)
 
     def size(self, name: str) -> int:
-        """Bytes of ``name``; FileNotFoundError when it is not there, NotRegularFileError when
-        it is not a regular file."""
-        if not self.remote:
-            return regular_size(self.path(name))
-        return int(self.fs.info(self.path(name))["size"])
+        """Bytes of ``name`` (symlinks followed); FileNotFoundError when it is not there,
+        NotRegularFileError when it is not a regular file (a device, FIFO, folder)."""
+        info = self.fs.info(self.path(name))
+        if info["type"] != "file":
+            raise NotRegularFileError(f"{self.url_of(name)} is not a regular file (a device, FIFO, socket or "
+                                      "folder): not read", self.url_of(name))
+        return int(info["size"])
 
     def exists(self, name: str) -> bool:
-        if not self.remote:
-            return os.path.lexists(self.path(name))
-        return bool(self.fs.exists(self.path(name)))
+        return bool(self.fs.lexists(self.path(name)))  # a dangling link is there, for a local folder
 
     def listdir(self) -> List[str]:
-        if not self.remote:
-            return os.listdir(self.url) if os.path.isdir(self.url) else []
         fs = self.fs
         try:
             fs.invalidate_cache(self.path())
             return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(self.path(), detail=False))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
 
     def remove(self, name: str) -> None:
         """Remove ``name``; nothing happens when it is not there."""
         try:
-            if not self.remote:
-                os.unlink(self.path(name))
-            else:
-                self.fs.rm_file(self.path(name))
+            self.fs.rm_file(self.path(name))
         except FileNotFoundError:
             pass
 
     def makedirs(self) -> None:
-        if not self.remote:
-            os.makedirs(self.url, exist_ok=True)
-        else:
-            self.fs.makedirs(self.path(), exist_ok=True)
-
-    def open(self, name: str, block_size: int = 1 << 20) -> IO[bytes]:
-        """A readable file object (remote: fsspec's, reading ahead ``block_size`` bytes)."""
-        if not self.remote:
-            return open_regular(self.path(name))
-        return self.fs.open(self.path(name), "rb", block_size=block_size)
+        self.fs.makedirs(self.path(), exist_ok=True)
 
     @contextlib.contextmanager
     def write(self, name: str, mode: str = "wb") -> Iterator[IO]:
-        """Write ``name`` whole or not at all. The file object has a local ``.name`` (h5py
-        writes through the path)."""
+        """Write ``name`` whole or not at all: through a local temporary file (its ``.name`` is
+        a path: h5py writes through it) that is moved into place only when the block succeeds.
+        Locally the temporary file is ``.NAME.PID.tmp`` beside the target, renamed over it."""
         if not self.remote:
             with atomic_write(self.path(name), mode) as f:
                 yield f

@@ -1,0 +1,369 @@
+"""The format interface: everything a format knows about itself, and what formats share.
+
+A format is one subclass of :class:`Format` in one module of this package, registered by id
+in ``formats/__init__.py``. It knows
+
+* how its shards are named and which files each shard has (``files_of``);
+* how to write a shard (``open_sink``: a :class:`Sink` that takes samples one by one; the
+  loop around it, resume and the shard record are here, once);
+* how many bytes a sample takes in it (``sample_bytes``, for planning and the space check);
+* how to load and check its shard record (``load_record``) and the shard's own structure
+  (``structure_problems``, for ``verify``);
+* how to read a shard (``open_shard``: a :class:`ShardReader` giving each sample's stored
+  image or fields; the Datasets in :mod:`dsconvert.readers` do the rest).
+
+Code outside this package asks the registry (:func:`dsconvert.formats.get`) and never
+compares format ids. Nothing here imports torch: conversion never pays for it.
+
+Every shard has a record, ``NAME.index.json``, written after the shard: its presence marks
+the shard done, and its spec digest lets a resumed run reuse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ..codecs import decode_rgb, field_kind, pixel_limit, resize_rgb
+from ..errors import BadInputError, ManifestError
+from ..io.localfs import file_sha256
+from ..io.location import Location, json_bytes
+from ..keys import escape_path
+from ..manifest import Manifest, ShardEntry, expect, is_int, is_str_list
+from ..plan import ShardResult, ShardSpec, read_samples
+from ..source import Sample, Skipped
+
+__all__ = ["Format", "Sink", "ShardReader", "ShardRecord", "Problem", "part_of", "part_problems",
+           "pixels_for", "image_field", "manifest_image_field"]
+
+
+@dataclass
+class Problem:
+    """One thing ``verify`` found wrong with an output."""
+
+    kind: str  # missing-file, unsafe-file, size, checksum, record, structure, unsafe-member, decode, extra-file
+    path: str  # the shard (or file) it is about, relative to the output
+    message: str
+    severity: str = "error"  # or "warning"
+
+
+RECORD_SCHEMA = 1
+
+
+def part_of(data: bytes) -> Dict[str, Any]:
+    """A file's entry in a manifest's ``parts``: what a copy of it must be."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+class ShardRecord:
+    """A finished shard's record, ``NAME.index.json``, written after the shard itself.
+
+    Common to every format: the spec digest (for resume), size and sha256, and per sample the
+    key, label and source paths (columns), plus what the shard skipped. A format adds its own
+    columns in ``extra`` (wds: each member's data offset and size).
+    """
+
+    # optional: "stats", per sample [[size, mtime_ns] per source file] (for `verify --source`)
+
+    def __init__(self, d: Dict[str, Any]):
+        self.d = d
+        self.name: str = d["shard"]
+        self.spec_sha256: str = d["spec_sha256"]
+        self.bytes: int = d["bytes"]
+        self.keys: List[str] = d["keys"]
+        self.labels: Optional[List[int]] = d["labels"]
+
+    @classmethod
+    def build(cls, fmt: str, spec: ShardSpec, keys: List[str], labels: Optional[List[int]],
+              sources: List[List[str]], stats: List[List[List[int]]], nbytes: int, sha256: str,
+              skipped: List[Skipped], fields: Dict[str, str], extra: Dict[str, Any]) -> "ShardRecord":
+        d: Dict[str, Any] = {
+            "schema_version": RECORD_SCHEMA, "format": fmt, "shard": spec.name,
+            "spec_sha256": spec.digest(), "bytes": nbytes, "sha256": sha256,
+            "num_samples": len(keys), "fields": dict(sorted(fields.items())), "keys": keys,
+            "labels": labels, "sources": sources, "stats": stats,
+            "skipped": [{"path": s.path, "reason": s.reason} for s in skipped],
+        }
+        d.update(extra)
+        return cls(d)
+
+    def save(self, out: Location, name: str) -> Dict[str, Any]:
+        """Write the record as ``name``; return its {bytes, sha256} for the manifest."""
+        data = json_bytes(self.d)
+        out.write_bytes(name, data)
+        return part_of(data)
+
+    @classmethod
+    def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> "ShardRecord":
+        """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere)."""
+        try:
+            if data is None:
+                with open(path, "rb") as f:
+                    data = f.read()
+            d = json.loads(data)
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
+        except RecursionError:  # "[[[[..." deeper than the interpreter's stack
+            raise ManifestError(f"{path}: not a shard record (JSON nested too deeply)", path) from None
+        if not isinstance(d, dict) or d.get("format") != fmt or not is_int(d.get("schema_version")):
+            raise ManifestError(f"{path}: not a dsconvert {fmt} shard record", path)
+        if d["schema_version"] > RECORD_SCHEMA:
+            raise ManifestError(f"{path}: record schema {d['schema_version']} is newer than supported", path)
+        cls.check(d, path)
+        return cls(d)
+
+    @staticmethod
+    def check(d: Dict[str, Any], path: str) -> None:
+        """Every column of a record that a reader uses, of the right kind and length, or a
+        ManifestError naming the field: a record is data from disk, and may be hostile."""
+        n = d.get("num_samples")
+        expect(is_int(n) and n >= 0, path, "num_samples", "an integer >= 0")
+        for name, ok, what in (
+            ("shard", isinstance(d.get("shard"), str), "a string"),
+            ("spec_sha256", isinstance(d.get("spec_sha256"), str), "a string"),
+            ("sha256", isinstance(d.get("sha256"), str), "a string"),
+            ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
+            ("fields", isinstance(d.get("fields"), dict), "an object"),
+            ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
+            ("labels", d.get("labels", 0) is None or (isinstance(d.get("labels"), list) and len(d["labels"]) == n
+                                                        and all(is_int(v) for v in d["labels"])),
+             f"null or a list of {n} integers"),
+            ("sources", isinstance(d.get("sources"), list) and len(d["sources"]) == n
+             and all(is_str_list(s) for s in d["sources"]), f"a list of {n} lists of paths"),
+            ("stats", "stats" not in d or (isinstance(d["stats"], list) and len(d["stats"]) == n and all(
+                isinstance(s, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(v) for v in p)
+                                            for p in s) for s in d["stats"])),
+             f"a list of {n} lists of [size, mtime_ns]"),
+            ("parts", "parts" not in d or (isinstance(d["parts"], dict) and all(
+                isinstance(p, dict) and is_int(p.get("bytes")) and isinstance(p.get("sha256"), str)
+                for p in d["parts"].values())), "an object of file name -> {bytes, sha256}"),
+            ("skipped", isinstance(d.get("skipped"), list) and all(
+                isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
+                for x in d["skipped"]), "a list of {path, reason} objects"),
+        ):
+            expect(ok, path, name, what)
+
+    def result(self, index_name: str, index_part: Dict[str, Any]) -> ShardResult:
+        """What the manifest lists for this shard; ``index_part``: the record file's own
+        {bytes, sha256}, with the other files' the record lists in ``parts``."""
+        d = self.d
+        parts = {index_name: index_part, **d.get("parts", {})}
+        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name, dict(sorted(parts.items())))
+        skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
+        files = sum(len(s) for s in d["sources"])
+        return ShardResult(entry, skipped, dict(d["fields"]), files)
+
+
+def part_problems(entry: ShardEntry, name: str, data: bytes) -> List[Problem]:
+    """A shard's file (its index, its samples table) against the manifest's size and sha256."""
+    want = entry.parts.get(name)
+    if want is None or part_of(data) == {"bytes": want["bytes"], "sha256": want["sha256"]}:
+        return []
+    return [Problem("checksum", name, f"{len(data)} bytes with another sha256 than the manifest's "
+                    f"{want['bytes']} bytes, {want['sha256'][:16]}...")]
+
+
+def image_field(data: Dict[str, Any]) -> str:
+    """The name of a classification sample's image field (the one that is not the label)."""
+    return next(name for name in data if name != "cls")
+
+
+def manifest_image_field(manifest: Manifest) -> str:
+    """The image field an output's samples came with (``jpg`` for outputs that list none)."""
+    return next((f for f, kind in manifest.fields.items() if kind == "image"), "jpg")
+
+
+def pixels_for(spec: ShardSpec, data: bytes) -> np.ndarray:
+    """An image decoded (and resized) as the spec says, for formats that store pixels; a
+    BadInputError when it does not decode."""
+    opts = spec.options
+    try:
+        pixels = decode_rgb(data, opts.get("decoder", "pil"))
+        size = tuple(opts["size"]) if opts.get("size") else None
+        return np.ascontiguousarray(resize_rgb(pixels, opts.get("resize"), size))
+    except BadInputError:
+        raise
+    except Exception as exc:  # --no-verify let a bad image through: skip it now
+        raise BadInputError(f"cannot decode image: {exc}") from None
+
+
+class Sink:
+    """Receives a shard's samples in order. ``add`` may raise BadInputError (the sample is
+    then skipped, and must leave no trace); ``close`` returns format-specific record data."""
+
+    sha256: Optional[str] = None  # set by sinks that hash while they write
+
+    def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
+        """Write one sample; return the fields as stored (name -> bytes, for the record)."""
+        raise NotImplementedError
+
+    def close(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+
+class ShardReader:
+    """One shard opened for reading, in the process that reads it.
+
+    ``image(j)`` is sample j's stored image: encoded bytes, or a pixel array for formats
+    that store pixels. ``fields(j)`` is every field of sample j (dict samples). ``images``
+    walks a run of samples in file order, the hot loop of sequential reading; ``prepare``
+    says which run will be read next, so a format can map or fetch ahead."""
+
+    name: str = ""
+    keys: List[str]
+    labels: List[int]
+    image_field = "jpg"  # the image's field name, for formats that keep only the image
+
+    def prepare(self, first: int, stop: int, prefetch: bool) -> None:
+        """Samples [first, stop) are read next, in order (``prefetch``: read ahead concurrently)."""
+
+    def image(self, j: int) -> Any:
+        raise NotImplementedError
+
+    def images(self, first: int, stop: int, views: bool = False) -> Iterator[Tuple[int, Any]]:
+        """(j, image) for samples [first, stop); ``views``: zero-copy uint8 arrays where possible."""
+        for j in range(first, stop):
+            yield j, self.image(j)
+
+    def fields(self, j: int) -> Dict[str, Any]:
+        """Every stored field of sample j by name (formats that keep only the image: it alone)."""
+        return {self.image_field: self.image(j)}
+
+    def close(self) -> None:
+        """Release file handles and maps (open views stay valid where the format allows)."""
+
+
+class Format:
+    """Everything about one format; see the module doc. Subclasses set the class attributes
+    and implement ``open_sink`` and ``open_shard``."""
+
+    id: ClassVar[str] = ""
+    suffix: ClassVar[str] = ""  # of the shard file
+    overhead: ClassVar[int] = 0  # bytes a shard has beyond its samples, for planning by size
+    pixels: ClassVar[str] = "never"  # decoded pixels: "never", "optional" (--decode) or "always"
+    any_samples: ClassVar[bool] = False  # holds dict samples too (not only (image, label))
+    iterable: ClassVar[bool] = False  # read as a stream of shards (True) or by index
+    # libhdf5 (2.0) segfaults when it frees a file whose write failed (a full disk): such
+    # formats are written in a child process even for one worker
+    write_in_child: ClassVar[bool] = False
+
+    # --- names --------------------------------------------------------------------------
+
+    @classmethod
+    def shard_name(cls, prefix: str, index: int) -> str:
+        return f"{prefix}-{index:06d}{cls.suffix}"
+
+    @classmethod
+    def index_name(cls, shard_name: str) -> str:
+        return shard_name[: -len(cls.suffix)] + ".index.json"
+
+    @classmethod
+    def record_name(cls, entry: ShardEntry) -> str:
+        return entry.index or cls.index_name(entry.name)
+
+    @classmethod
+    def files_of(cls, entry: ShardEntry) -> List[str]:
+        """Every file of a shard: the shard first, then its record and any others."""
+        return [entry.name] + ([entry.index] if entry.index else [])
+
+    # --- writing ------------------------------------------------------------------------
+
+    @classmethod
+    def sample_bytes(cls, sample: Sample, classification: bool) -> int:
+        """Bytes ``sample`` takes in a shard (an upper bound), encoded."""
+        return sample.nbytes
+
+    @classmethod
+    def writer_options(cls, source: Any) -> Dict[str, Any]:
+        """Format-specific options a shard spec carries (from the scanned source)."""
+        return {}
+
+    @classmethod
+    def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
+        raise NotImplementedError
+
+    @classmethod
+    def write_shard(cls, spec: ShardSpec) -> ShardResult:
+        """Write one shard; the pure function the executor maps. Read and check each sample's
+        inputs, skip the bad ones with their reason, write the shard atomically, then its record."""
+        classification = spec.sample_type == "classification"
+        skipped: List[Skipped] = []
+        keys: List[str] = []
+        labels: List[int] = []
+        sources: List[List[str]] = []
+        stats: List[List[List[int]]] = []
+        fields: Dict[str, str] = {}
+        out = Location(spec.out_dir, spec.storage_options)
+        with pixel_limit(spec.max_image_pixels), out.write(spec.name) as f:
+            sink = cls.open_sink(spec, f, f.name)
+            for sample, fetched in read_samples(spec):
+                try:
+                    if isinstance(fetched, BadInputError):
+                        raise fetched
+                    stored = sink.add(sample, fetched)
+                except BadInputError as exc:
+                    if spec.strict:
+                        raise BadInputError(exc.reason, exc.path or escape_path(sample.files[0].path)) from None
+                    for file in sample.files:
+                        skipped.append(Skipped(escape_path(file.path), exc.reason))
+                    continue
+                keys.append(sample.key)
+                if classification:
+                    labels.append(int(sample.label))
+                sources.append([escape_path(file.path) for file in sample.files])
+                stats.append([[file.size, file.mtime_ns] for file in sample.files])
+                for name in stored:
+                    fields[name] = field_kind(name)
+            extra = sink.close()
+            f.flush()
+            nbytes = os.fstat(f.fileno()).st_size  # a sink may write through the path (h5py)
+            digest = sink.sha256 or file_sha256(f.name)
+        record = ShardRecord.build(cls.id, spec, keys, labels if classification else None, sources, stats,
+                                   nbytes, digest, skipped, fields, extra)
+        index_part = record.save(out, cls.index_name(spec.name))
+        return record.result(cls.index_name(spec.name), index_part)
+
+    @classmethod
+    def completed(cls, spec: ShardSpec) -> Optional[ShardResult]:
+        """The result of an earlier run of exactly this spec, if its shard is intact."""
+        index = cls.index_name(spec.name)
+        out = Location(spec.out_dir, spec.storage_options)
+        try:
+            data = out.read_bytes(index)
+            record = ShardRecord.load(out.url_of(index), cls.id, data)
+            size = out.size(spec.name)
+            parts_present = all(out.size(name) == part["bytes"] for name, part in record.d.get("parts", {}).items())
+        except (OSError, ManifestError):
+            return None
+        if record.spec_sha256 != spec.digest() or size != record.bytes or not parts_present:
+            return None
+        result = record.result(index, part_of(data))
+        result.resumed = True
+        return result
+
+    # --- records and checks -------------------------------------------------------------
+
+    @classmethod
+    def load_record(cls, path: str, data: Optional[bytes] = None) -> "ShardRecord":
+        """A shard record of this format from ``path`` (or ``data``, its bytes), every column
+        a reader uses checked."""
+        return ShardRecord.load(path, cls.id, data)
+
+    @classmethod
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: "ShardRecord") -> List[Problem]:
+        """What ``verify`` finds wrong in the shard's own structure, beyond its checksum."""
+        return []
+
+    # --- reading ------------------------------------------------------------------------
+
+    @classmethod
+    def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> ShardReader:
+        """The shard ready to read (``access``: a :class:`dsconvert.io.shard_cache.ShardAccess`)."""
+        raise NotImplementedError
+
+

@@ -1,0 +1,91 @@
+"""What every Dataset of dsconvert shares, written once: torch's Dataset bases, decode modes
+and transforms, and locating a sample in a run of shards.
+
+Dataset modules import torch at their top (through this one) and are imported only when a
+Dataset is made (``open_dataset``, ``open_source``, ``dsconvert.data``), so ``import
+dsconvert`` and conversion never pay torch's import. Without torch they are plain classes
+with the same interface.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..codecs import DECODE_MODES
+from ..formats import Format, get
+from ..io.shard_cache import ShardAccess
+from ..manifest import Manifest
+from ..optional import optional_import
+
+__all__ = ["TorchDataset", "TorchIterableDataset", "Transforms", "ShardDataset", "locate"]
+
+_torch_data = optional_import("torch.utils.data")
+if _torch_data is not None:
+    TorchDataset = _torch_data.Dataset
+    TorchIterableDataset = _torch_data.IterableDataset
+else:  # torch is optional: the same classes, without DataLoader's base
+    class TorchDataset:  # type: ignore[no-redef]
+        pass
+
+    class TorchIterableDataset:  # type: ignore[no-redef]
+        pass
+
+
+class Transforms:
+    """The ImageFolder-shaped part of a Dataset: ``decode`` mode, ``transform`` on the image
+    (or on a dict sample), ``target_transform`` on the label, ``classes``/``class_to_idx``."""
+
+    def __init__(self, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
+                 decode: str = "pil", classes: Optional[List[str]] = None,
+                 modes: Sequence[str] = DECODE_MODES):
+        if decode not in modes:
+            raise ValueError(f"decode must be one of {tuple(modes)}, not {decode!r}")
+        self.transform = transform
+        self.target_transform = target_transform
+        self.decode = decode
+        self.classes = classes
+        self.class_to_idx = {c: i for i, c in enumerate(classes or [])}
+
+    def _finish(self, image: Any, label: Any) -> Tuple[Any, Any]:
+        """``(image, label)`` with the user's transforms applied."""
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label
+
+    def _finish_dict(self, sample: Dict[str, Any]) -> Any:
+        return self.transform(sample) if self.transform is not None else sample
+
+
+def locate(ends: List[int], position: int, sizes: Sequence[int]) -> Tuple[int, int]:
+    """(shard k, sample j within it) of ``position`` in a run of shards whose cumulative
+    sample counts are ``ends`` and counts ``sizes``."""
+    k = bisect_right(ends, position)
+    return k, position - (ends[k] - sizes[k])
+
+
+def cumulative(sizes: Sequence[int]) -> List[int]:
+    ends: List[int] = []
+    total = 0
+    for n in sizes:
+        total += n
+        ends.append(total)
+    return ends
+
+
+class ShardDataset(Transforms):
+    """Base of the Datasets over a dsconvert output: the manifest, its format (which opens
+    shards, :class:`dsconvert.formats.base.ShardReader`), where shards are reached
+    (``access``)."""
+
+    def __init__(self, root: str, manifest: Manifest, transform: Optional[Callable] = None,
+                 target_transform: Optional[Callable] = None, decode: str = "pil",
+                 access: Optional[ShardAccess] = None):
+        super().__init__(transform, target_transform, decode, manifest.classes)
+        self.root = root
+        self.access = access or ShardAccess(root)
+        self.manifest = manifest
+        self.format: type[Format] = get(manifest.format)
+        self.classification = manifest.sample_type == "classification"

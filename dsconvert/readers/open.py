@@ -1,0 +1,59 @@
+"""``open_dataset``: read a manifest and return the Dataset its format is read with."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Union
+
+from ..formats import FORMATS, get
+from ..io.shard_cache import ShardAccess
+from ..manifest import Manifest
+
+__all__ = ["open_dataset"]
+
+
+def open_dataset(
+    path: str,
+    transform: Optional[Callable] = None,
+    target_transform: Optional[Callable] = None,
+    decode: str = "pil",
+    *,
+    storage_options: Optional[Dict[str, Any]] = None,
+    cache_dir: Optional[str] = None,
+    cache_size: Union[int, str, None] = None,
+    **options: Any,
+) -> Any:
+    """Open a dsconvert output as a Dataset, a drop-in for ``ImageFolder(root, transform)``.
+
+    ``decode``: ``"pil"`` (RGB PIL images, exactly as ImageFolder loads them), ``"numpy"``
+    (HWC uint8 arrays through the fastest JPEG decoder that loads) or ``"raw"`` (the encoded
+    bytes). For ImageFolder and list sources a sample is ``(image, label)``; for other
+    sources a dict of decoded fields with ``__key__``.
+
+    Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
+    ``even`` (None | "pad" | "drop"), ``prefetch``, ``allow_pickle`` (default False: pickled
+    fields stay bytes, since loading them runs code from the data); see
+    :class:`dsconvert.readers.stream.StreamDataset`. Images larger than
+    ``PIL.Image.MAX_IMAGE_PIXELS`` raise BadInputError (decompression bombs), on every decode path.
+    hdf5 and npy outputs are map-style (``len``, indexing; shuffle and DDP through the
+    DataLoader's sampler, e.g. ``DistributedSampler``); decoded ones have no ``"raw"`` mode,
+    and npy's ``"numpy"`` mode returns zero-copy, read-only views of the memory map.
+
+    ``path`` may be a URL fsspec reaches (``s3://bucket/train-wds``), with ``storage_options``.
+    Without ``cache_dir`` remote wds shards are read by concurrent ranged requests ahead of
+    use and hdf5 through fsspec's file objects; npy needs ``cache_dir``. With ``cache_dir`` (a
+    local SSD folder) every shard is fetched whole on first use, verified against the
+    manifest's sha256, and read from there after; ``cache_size`` caps it ("500GB"), evicting
+    the least recently used shards. Safe for any number of workers and ranks at once. A local
+    output on a network file system can be cached the same way.
+    """
+    access = ShardAccess(path, storage_options, cache_dir, cache_size)
+    manifest = Manifest.load(access.location)
+    root = access.location.url
+    if manifest.format not in FORMATS:
+        raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")
+    if get(manifest.format).iterable:  # here, not at the top: the Dataset modules import torch
+        from .stream import StreamDataset as dataset
+    else:
+        from .map import MapDataset as dataset  # type: ignore[assignment]
+    return dataset(root, manifest, transform=transform, target_transform=target_transform,
+                   decode=decode, access=access, **options)
