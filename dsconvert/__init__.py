@@ -10,7 +10,13 @@ Public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("dsconvert")  # pyproject.toml's, as installed: the one place it is written
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+del PackageNotFoundError, version
 
 from .convert import ConvertResult, convert  # noqa: E402
 from .readers.open import open_dataset  # noqa: E402

@@ -101,8 +101,26 @@ def _int_list(minimum: int):
     return parse
 
 
-def _add_storage_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+def _option(*names: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A parent parser holding one argument, for ``add_parser(..., parents=[...])``: an argument
+    that several subcommands share is defined once."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(*names, **kwargs)
+    return parent
+
+
+def _quiet(help: str = "no progress") -> argparse.ArgumentParser:
+    return _option("-q", "--quiet", action="store_true", help=help)
+
+
+def _json(what: str, schema: Optional[str] = None) -> argparse.ArgumentParser:
+    """--json, whose help says what it prints and in which schema."""
+    return _option("--json", action="store_true",
+                   help=f"print {what} as JSON" + (f" (schema {schema})" if schema else ""))
+
+
+def _storage_options() -> argparse.ArgumentParser:
+    return _option("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an fsspec option for URLs (s3://, gs://, ...), repeatable: values are JSON when they "
                    "parse, dotted keys nest, e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000 or anon=true; "
                    "fsspec's config and FSSPEC_<PROTOCOL>_* variables apply first")
@@ -127,12 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    # arguments that several subcommands share, each defined once (their options list first in --help)
+    quiet = _quiet()
+    storage = _storage_options()
+    report = _option("--report", type=_path, metavar="FILE.html",
+                     help="also write a self-contained HTML report with plots (pip install 'dsconvert[report]')")
+    output = _option("path", type=_path, metavar="OUT", help="a dsconvert output folder")
+
     p = sub.add_parser(
         "shard",
         help="convert a dataset of many small files into shards",
         description="Convert SRC (a folder, or a CSV/JSONL list of path,label) into shards in "
         "OUT. Every input file ends up in a shard or in the manifest's skipped list with its "
         "reason. Killed runs resume when the same command is run again.",
+        parents=[_quiet("no progress bars or summary"), storage],
     )
     p.add_argument("src", type=_path, metavar="SRC", help="source folder (ImageFolder or flat) or list file")
     p.add_argument("-o", "--output", required=True, type=_path, metavar="OUT", help="output folder")
@@ -179,8 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "level of Pillow on average), pil = Pillow's exact pixels (default: %(default)s)")
     d.add_argument("--force", action="store_true",
                    help="write even when the estimated output is larger than the free space")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
-    _add_storage_options(p)
     p.set_defaults(func=_cmd_shard)
 
     p = sub.add_parser(
@@ -188,11 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure SRC at rest: inventory, read latency and throughput (cold, with the page "
         "cache evicted, and warm; sequential and random; 1..N concurrent readers), decode cost per "
         "codec and library, and the read/prep stall of one DataLoader worker; then name the "
-        "bottleneck and the dsconvert command that removes it, with the predicted speedup.")
+        "bottleneck and the dsconvert command that removes it, with the predicted speedup.",
+        parents=[_json("the report", "dsconvert.analyze/1"), report, quiet, storage])
     p.add_argument("src", type=_path, metavar="SRC", help="source folder or list file")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.analyze/1)")
-    p.add_argument("--report", type=_path, metavar="FILE.html",
-                   help="also write a self-contained HTML report with plots (pip install 'dsconvert[report]')")
     p.add_argument("--target", type=_positive_float, metavar="N",
                    help="samples/s the GPUs consume: say whether the loader keeps up")
     p.add_argument("--sample", type=_positive_int, default=200, metavar="N",
@@ -203,8 +225,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", type=_path, metavar="DIR",
                    help="where a conversion would go: its free space decides which formats fit "
                    "(default: the current folder)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
-    _add_storage_options(p)
     p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser(
@@ -213,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
         "dsconvert output) through a real torch DataLoader for every worker count and batch size, "
         "cold (page cache evicted) and warm, and print samples/s, MB/s, the wait for each batch and "
         "the workers' CPU use. Several PATHs are compared config by config: before and after "
-        "conversion in one command.")
+        "conversion in one command.",
+        parents=[_json("the report", "dsconvert.bench/1"), report, quiet, storage])
     p.add_argument("paths", nargs="+", type=_path, metavar="PATH", help="source folders, list files or dsconvert outputs")
     p.add_argument("--workers", type=_int_list(0), metavar="N,N,...",
                    help="DataLoader worker counts to sweep (default: 0,1,2,4,... up to the CPUs)")
@@ -231,11 +252,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", choices=("both", "cold", "warm"), default="both",
                    help="page cache state of the passes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="subset seed (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.bench/1)")
-    p.add_argument("--report", type=_path, metavar="FILE.html",
-                   help="also write a self-contained HTML report with plots (pip install 'dsconvert[report]')")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
-    _add_storage_options(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
@@ -245,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU time), classify where the time goes (waiting for batches, JPEG/PNG decode, file reads, "
         "np.load, remote storage, unpickling, augmentation, IPC, model compute), say whether the job "
         "is input-bound and which dsconvert command fixes it. With -- COMMAND, run the command, "
-        "sample it after --wait seconds, then stop it (unless --keep-running).")
+        "sample it after --wait seconds, then stop it (unless --keep-running).",
+        parents=[_json("the report", "dsconvert.diagnose/1"), quiet])
     p.add_argument("--pid", type=_positive_int, help="the training process (the one running the loop)")
     p.add_argument("--duration", type=float, default=10.0, metavar="S",
                    help="seconds to sample (default: %(default)s)")
@@ -258,8 +275,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with COMMAND: seconds to let it reach its training loop first (default: %(default)s)")
     p.add_argument("--keep-running", action="store_true",
                    help="with COMMAND: let it run to its end after the diagnosis instead of stopping it")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.diagnose/1)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="after --: the training command to launch and diagnose")
     p.set_defaults(func=_cmd_diagnose)
@@ -269,23 +284,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check every shard of OUT against the manifest (size, sha256, shard record, the "
         "format's structure; for wds the tar's own headers: unsafe or unindexed members), decode every "
         "sample with --decode, and compare with the source with --source: files missing, extra or "
-        "changed since the conversion. Exit status 0 when all is well, 4 when problems were found.")
-    p.add_argument("path", type=_path, metavar="OUT", help="a dsconvert output folder")
+        "changed since the conversion. Exit status 0 when all is well, 4 when problems were found.",
+        parents=[output, _json("the report", "dsconvert.verify/1"), quiet, storage])
     p.add_argument("--decode", action="store_true",
                    help="also read every sample through the reader and decode every image in full")
     p.add_argument("--source", type=_path, metavar="SRC", help="also compare with the source: missing, extra, changed files")
     p.add_argument("--workers", type=_positive_int, metavar="N",
                    help="parallel hashing threads and decoding processes (default: the number of CPUs)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema dsconvert.verify/1)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
-    _add_storage_options(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser(
         "cache", help="copy a remote output's shards to local SSD, verified",
         description="Fetch every shard (and index) of the dsconvert output at URL into CACHE_DIR and verify "
         "each against the manifest's sha256, in parallel. open_dataset(URL, cache_dir=CACHE_DIR) then reads "
-        "only the local copies; shards already cached and verified are not fetched again.")
+        "only the local copies; shards already cached and verified are not fetched again.",
+        parents=[_json("the summary"), quiet, storage])
     p.add_argument("url", type=_path, metavar="URL", help="a dsconvert output: s3://bucket/train-wds, gs://..., or a "
                    "path on a network file system")
     p.add_argument("cache_dir", type=_path, metavar="CACHE_DIR", help="a folder on local SSD")
@@ -293,17 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "least recently used shards beyond it (default: no cap)")
     p.add_argument("--workers", type=_positive_int, default=8, metavar="N",
                    help="shards fetched at once (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
-    _add_storage_options(p)
     p.set_defaults(func=_cmd_cache)
 
     p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
                        description="Print what OUT/dsconvert.json records: format, samples, "
-                       "shards, classes and every skipped input with its reason.")
-    p.add_argument("path", type=_path, metavar="OUT", help="a dsconvert output folder")
+                       "shards, classes and every skipped input with its reason.",
+                       parents=[output, storage])
     p.add_argument("--skipped", action="store_true", help="list every skipped input")
-    _add_storage_options(p)
     p.set_defaults(func=_cmd_info)
     return parser
 

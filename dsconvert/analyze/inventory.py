@@ -15,8 +15,10 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..source.samples import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
+import numpy as np
+
 from ..io.localfs import is_latency_bound
+from ..source.samples import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
 
 __all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram"]
 
@@ -27,14 +29,8 @@ def quantiles(values: List[float], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Dict[s
     """Linearly interpolated quantiles (numpy's default method), keyed p0, p10, ... p100."""
     if not values:
         return {}
-    ordered = sorted(values)
-    out = {}
-    for q in qs:
-        pos = q * (len(ordered) - 1)
-        lo = int(pos)
-        hi = min(lo + 1, len(ordered) - 1)
-        out[f"p{q * 100:g}"] = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-    return out
+    found = np.quantile(np.asarray(values, dtype=np.float64), qs, method="linear")
+    return {f"p{q * 100:g}": float(v) for q, v in zip(qs, found)}
 
 
 def size_histogram(sizes: List[int]) -> List[Dict[str, int]]:
