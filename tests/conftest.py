@@ -19,6 +19,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="session")
+def torch():
+    """torch, for the tests that use it (take ``torch`` as an argument, or
+    ``@pytest.mark.usefixtures("torch")`` when only a subprocess imports it): only those tests
+    are skipped where torch is not installed, never the torch-free ones beside them."""
+    return pytest.importorskip("torch", reason="torch is not installed (pip install 'dsconvert[torch]')")
+
+
+@pytest.fixture(scope="session")
 def photos() -> Dict[str, Image.Image]:
     from dsconvert.demo import load_photos
 

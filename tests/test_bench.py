@@ -12,8 +12,6 @@ from dsconvert.errors import OptionError
 
 from conftest import write
 
-torch = pytest.importorskip("torch")
-
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory, photos):
@@ -28,7 +26,7 @@ def outputs(tmp_path_factory, photos):
     return src, wds, npy
 
 
-def test_before_and_after_in_one_run(outputs):
+def test_before_and_after_in_one_run(outputs, torch):
     src, wds, npy = outputs
     report = bench([src, wds, npy], workers=[0, 2], batch_sizes=[8], size=32, max_samples=24)
     assert report["schema"] == "dsconvert.bench" and report["schema_version"] == 1
@@ -49,7 +47,7 @@ def test_before_and_after_in_one_run(outputs):
     assert "src (source)" in text and "npy (npy)" in text and "fastest:" in text
 
 
-def test_cli_json_and_raw_mode(outputs, capsys):
+def test_cli_json_and_raw_mode(outputs, capsys, torch):
     src, wds, _ = outputs
     assert main(["bench", src, wds, "--workers", "1", "--batch-size", "5,10", "--decode", "raw", "--size", "0",
                  "--max-samples", "20", "--cache", "warm", "--json"]) == 0
@@ -58,7 +56,7 @@ def test_cli_json_and_raw_mode(outputs, capsys):
     assert {(r["batch_size"], r["samples"]) for r in report["runs"]} == {(5, 20), (10, 20)}
 
 
-def test_crop_transform_gives_uint8_chw(photos):
+def test_crop_transform_gives_uint8_chw(photos, torch):
     import numpy as np
 
     t = CropToTensor(48)
@@ -68,7 +66,7 @@ def test_crop_transform_gives_uint8_chw(photos):
         assert out.dtype == torch.uint8 and out.shape[1:] == (48, 48)
 
 
-def test_bad_options(outputs, tmp_path):
+def test_bad_options(outputs, tmp_path, torch):  # bench() needs torch before it checks options
     src, _, _ = outputs
     with pytest.raises(OptionError):
         bench([src], workers=[-1])
@@ -79,4 +77,7 @@ def test_bad_options(outputs, tmp_path):
     write(os.path.join(flat, "a.json"), b"{}")
     with pytest.raises(OptionError, match="--size 0"):
         bench([flat], workers=[0], max_samples=1)
+
+
+def test_default_worker_counts():
     assert default_worker_counts(2) == [0, 1, 2] and default_worker_counts(6) == [0, 1, 2, 4, 6]

@@ -12,10 +12,7 @@ import pytest
 
 from conftest import make_image_folder, pil_loader, reference_image_folder
 
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader  # noqa: E402
-
-from dsconvert.data import CachedDataset  # noqa: E402
+from dsconvert.data import CachedDataset
 
 
 class Folder:
@@ -52,7 +49,9 @@ def as_array(image):
     return np.asarray(image).copy()
 
 
-def test_first_epoch_fills_later_epochs_read_the_cache(tmp_path, folder):
+def test_first_epoch_fills_later_epochs_read_the_cache(tmp_path, folder, torch):
+    from torch.utils.data import DataLoader
+
     cache = str(tmp_path / "cache")
     ds = CachedDataset(Folder(folder), cache)
     assert isinstance(ds, torch.utils.data.Dataset)
@@ -86,7 +85,9 @@ for _ in DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda x: x):
 """
 
 
-def test_killed_mid_epoch_then_completed_never_corrupt(tmp_path, folder):
+def test_killed_mid_epoch_then_completed_never_corrupt(tmp_path, folder, torch):
+    from torch.utils.data import DataLoader
+
     cache = str(tmp_path / "cache")
     script = tmp_path / "fill.py"
     script.write_text(FILL_SCRIPT)

@@ -12,10 +12,6 @@ from dsconvert import convert, open_dataset
 
 from conftest import encode, make_image_folder, pil_loader, reference_image_folder, same_pixels, write
 
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader  # noqa: E402
-
-
 @pytest.fixture
 def converted_mixed(tmp_path, mixed_folder):
     out = str(tmp_path / "out")
@@ -69,6 +65,8 @@ def big_out(tmp_path_factory, photos):
 
 
 def _read_all(out, world, workers, **kw):
+    from torch.utils.data import DataLoader
+
     per_rank = []
     for rank in range(world):
         ds = open_dataset(out, decode="raw", rank=rank, world_size=world, **kw)
@@ -79,7 +77,7 @@ def _read_all(out, world, workers, **kw):
     return per_rank
 
 
-def test_two_ranks_with_workers_read_each_sample_exactly_once(big_out):
+def test_two_ranks_with_workers_read_each_sample_exactly_once(big_out, torch):
     everything = Counter(_digest(s) for s in open_dataset(big_out, decode="raw"))
     assert sum(everything.values()) == 53
     per_rank = _read_all(big_out, world=2, workers=2)
@@ -93,7 +91,7 @@ def test_balanced_for_awkward_world_sizes(big_out):
         assert sum(lengths) == 53 and max(lengths) - min(lengths) <= 1
 
 
-def test_even_pad_and_drop(big_out):
+def test_even_pad_and_drop(big_out, torch):
     everything = Counter(_digest(s) for s in open_dataset(big_out, decode="raw"))
     padded = _read_all(big_out, world=4, workers=2, even="pad")
     assert [len(r) for r in padded] == [14, 14, 14, 14]
@@ -106,7 +104,9 @@ def test_even_pad_and_drop(big_out):
     assert max(seen.values()) == 1 and len(seen) == 52
 
 
-def test_more_ranks_than_samples_does_not_hang(big_out):
+def test_more_ranks_than_samples_does_not_hang(big_out, torch):
+    from torch.utils.data import DataLoader
+
     lengths = []
     for rank in range(60):
         ds = open_dataset(big_out, decode="raw", rank=rank, world_size=60)
@@ -124,7 +124,9 @@ def test_rank_from_environment(big_out, monkeypatch):
     assert len(open_dataset(big_out, rank=0, world_size=1)) == 53  # arguments win
 
 
-def test_shuffle_is_seeded_per_epoch_and_still_exactly_once(big_out):
+def test_shuffle_is_seeded_per_epoch_and_still_exactly_once(big_out, torch):
+    from torch.utils.data import DataLoader
+
     def epoch(e, seed=0):
         ds = open_dataset(big_out, decode="raw", shuffle=True, seed=seed, buffer_size=10)
         ds.set_epoch(e)
@@ -136,7 +138,9 @@ def test_shuffle_is_seeded_per_epoch_and_still_exactly_once(big_out):
     assert epoch(0, seed=1) != e0
 
 
-def test_batched_loader_collates_tensors(big_out):
+def test_batched_loader_collates_tensors(big_out, torch):
+    from torch.utils.data import DataLoader
+
     ds = open_dataset(big_out, transform=lambda im: torch.from_numpy(np.asarray(im.resize((16, 16)))))
     batches = list(DataLoader(ds, batch_size=8, num_workers=2))
     assert sum(len(b[1]) for b in batches) == 53
@@ -166,16 +170,19 @@ def test_dict_samples_for_flat_sources(tmp_path, photos):
     assert keyed == ["a%2Ev1", "b"]
 
 
-def test_works_without_torch_semantics(big_out):
+def test_is_a_torch_iterable_dataset(big_out, torch):
     ds = open_dataset(big_out, decode="raw")
     assert isinstance(ds, torch.utils.data.IterableDataset)
+
+
+def test_works_without_torch_semantics(big_out):
     with pytest.raises(ValueError, match="decode must be one of"):
         open_dataset(big_out, decode="tensor")
     with pytest.raises(ValueError, match="even must be one of"):
         open_dataset(big_out, even="yes")
 
 
-def test_buffer_mode_is_zero_copy_and_crosses_workers(converted_mixed):
+def test_buffer_mode_is_zero_copy(converted_mixed):
     import mmap
 
     src, out = converted_mixed
@@ -189,5 +196,12 @@ def test_buffer_mode_is_zero_copy_and_crosses_workers(converted_mixed):
     while isinstance(first, np.ndarray):
         first = first.base
     assert isinstance(first, memoryview) and isinstance(first.obj, mmap.mmap)  # a view of the map
+
+
+def test_buffer_mode_crosses_workers(converted_mixed, torch):
+    from torch.utils.data import DataLoader
+
+    src, out = converted_mixed
+    reference = reference_image_folder(src)
     got = list(DataLoader(open_dataset(out, decode="buffer"), batch_size=None, num_workers=2))
     assert sorted(np.asarray(b).tobytes() for b, _ in got) == sorted(open(p, "rb").read() for p, _ in reference)

@@ -232,7 +232,7 @@ def test_cli_errors(capsys):
 needs_pyspy = pytest.mark.skipif(
     not (os.access(os.path.join(os.path.dirname(sys.executable), "py-spy"), os.X_OK)),
     reason="py-spy is not installed (pip install 'dsconvert[diagnose]')")
-torch = pytest.importorskip("torch")
+needs_torch = pytest.mark.usefixtures("torch")  # the job, scripts/train_job.py, trains with a DataLoader
 
 
 class Job:
@@ -283,6 +283,7 @@ def big_jpegs(tmp_path_factory, photos):
 
 
 @needs_pyspy
+@needs_torch
 def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
     report = run_diagnose("--wait", "8", "--duration", "3", "--", sys.executable, JOB, "--data", big_jpegs,
                           "--workers", "1", "--batch", "4", "--compute-ms", "5")
@@ -298,6 +299,7 @@ def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
 
 
 @needs_pyspy
+@needs_torch
 def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path):
     out = str(tmp_path / "npy")
     convert(big_jpegs, out, "npy", size=(64, 64), workers=1)
@@ -313,6 +315,7 @@ def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path)
 
 
 @needs_pyspy
+@needs_torch
 @pytest.mark.parametrize("slow_mount", [15], indirect=True)
 def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, photos):
     if not os.path.exists("/usr/bin/strace") and not any(

@@ -231,17 +231,15 @@ def test_sources_vanishing_and_changing_mid_run(tmp_path, photos):
 
 # --- readers and writers side by side --------------------------------------------------------
 
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader  # noqa: E402
-
-
 class Slowly:
     def __call__(self, data):
         time.sleep(0.02)
         return hashlib.sha1(data).hexdigest()
 
 
-def test_dataloader_worker_killed_mid_epoch(tmp_path, photos):
+def test_dataloader_worker_killed_mid_epoch(tmp_path, photos, torch):
+    from torch.utils.data import DataLoader
+
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"a": 30, "b": 30}, size=(32, 24))
     out = str(tmp_path / "out")
@@ -287,6 +285,7 @@ _check_all(ds, sys.argv[1])
 """
 
 
+@pytest.mark.usefixtures("torch")  # the trainers are subprocesses with DataLoader workers
 def test_two_trainers_filling_one_cache(tmp_path, photos):
     from dsconvert.data import CachedDataset
     from test_cached import Folder, _check_all

@@ -109,9 +109,17 @@ def test_hdf5_readable_with_h5py_alone(tmp_path, image_folder, decode):
                 assert np.array_equal(image, np.asarray(pil_loader(path)))
             else:
                 assert f["images"][i].tobytes() == open(path, "rb").read()
-    if shutil.which("h5ls"):  # Debian's HDF5 1.10 tools read the default file format
-        listing = subprocess.run(["h5ls", str(out / "shard-000000.h5")], capture_output=True, text=True, check=True).stdout
-        assert "images" in listing and "labels" in listing
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_hdf5_readable_with_the_hdf5_tools(tmp_path, image_folder, decode):
+    if not shutil.which("h5ls"):
+        pytest.skip("h5ls (hdf5-tools) is not installed (apt-get install -y hdf5-tools)")
+    out = tmp_path / "h5"
+    convert(image_folder, str(out), format="hdf5", decode=decode, decoder="pil", workers=1)
+    # Debian's HDF5 1.10 tools read the default file format
+    listing = subprocess.run(["h5ls", str(out / "shard-000000.h5")], capture_output=True, text=True, check=True).stdout
+    assert "images" in listing and "labels" in listing
 
 
 def test_fixed_size_and_resize(tmp_path, photos):

@@ -1,4 +1,5 @@
-"""DataLoadingMonitor: statistics against numpy, the sustained alert, real sleeps, a real DataLoader."""
+"""DataLoadingMonitor: statistics against numpy, the sustained alert, a real DataLoader; every
+duration on a fake clock, so a loaded machine cannot change what is measured."""
 
 import logging
 import math
@@ -152,43 +153,71 @@ def test_invalid_settings():
             DataLoadingMonitor(**kw)
 
 
-def test_real_sleeps():
+def test_sleeps_timed_on_the_fake_clock():
+    """What real sleeps showed, with sleeps the clock plays: a loaded CI machine can neither
+    stretch nor shrink them."""
+    assert DataLoadingMonitor().clock is time.perf_counter  # wall time unless told otherwise
+    clock = FakeClock()
+
     def slow(n, seconds):
         for i in range(n):
-            time.sleep(seconds)
+            clock.advance(seconds)  # a sleep of exactly ``seconds``
             yield i
 
-    m = DataLoadingMonitor(warmup=0)
+    m = DataLoadingMonitor(warmup=0, clock=clock)
     for _ in m.wrap(slow(12, 0.02)):
-        time.sleep(0.005)
+        clock.advance(0.005)
     s = m.summary()
-    # sleeps last at least what was asked; a loaded machine can only add
-    assert 20.0 <= s["load_ms"]["p50"] < 60.0
-    assert 5.0 <= s["compute_ms"]["p50"] < 45.0
+    assert s["steps"] == 12 and s["window"] == 12
+    # exact on this clock, so inside the bounds real sleeps were allowed (20-60 ms, 5-45 ms)
+    assert s["load_ms"]["p50"] == pytest.approx(20.0) and s["compute_ms"]["p50"] == pytest.approx(5.0)
     assert s["load_ms"]["p50"] > s["compute_ms"]["p50"] and s["verdict"] == "input-bound"
 
 
-torch = pytest.importorskip("torch")
+class Numbers:
+    """A map-style dataset of 0..23 that says which DataLoader worker read each sample."""
 
-
-class SlowDataset(torch.utils.data.Dataset):
     def __len__(self):
         return 24
 
     def __getitem__(self, i):
-        time.sleep(0.02)
-        return torch.tensor(i)
+        import torch
+
+        return i, torch.utils.data.get_worker_info().id
 
 
-def test_dataloader_with_workers():
-    loader = torch.utils.data.DataLoader(SlowDataset(), batch_size=4, num_workers=2)
-    m = DataLoadingMonitor(warmup=1)
-    seen = []
-    for batch in m.wrap(loader):
+class TimedLoader:
+    """A real DataLoader whose waits the fake clock plays: ``iter()`` starts the workers
+    (``start_s``), each sample takes ``sample_s`` to read, the first batch from one worker,
+    later ones from all of them in parallel."""
+
+    def __init__(self, loader, clock, start_s, sample_s):
+        self.loader, self.clock, self.start_s, self.sample_s = loader, clock, start_s, sample_s
+
+    def __iter__(self):
+        self.clock.advance(self.start_s)
+        return self._batches(iter(self.loader))
+
+    def _batches(self, it):
+        for k, batch in enumerate(it):
+            parallel = 1 if k == 0 else self.loader.num_workers
+            self.clock.advance(len(batch[0]) * self.sample_s / parallel)
+            yield batch
+
+
+def test_dataloader_with_workers(torch):
+    clock = FakeClock()
+    loader = torch.utils.data.DataLoader(Numbers(), batch_size=4, num_workers=2)
+    m = DataLoadingMonitor(warmup=1, clock=clock)
+    seen, workers = [], set()
+    for batch, wids in m.wrap(TimedLoader(loader, clock, start_s=0.05, sample_s=0.02)):
         seen.extend(batch.tolist())
-        time.sleep(0.002)
+        workers.update(wids.tolist())
+        clock.advance(0.002)
     s = m.summary()
-    assert sorted(seen) == list(range(24))
+    assert sorted(seen) == list(range(24)) and workers == {0, 1}  # both workers really read
     assert s["steps"] == 6 and s["window"] == 5
     assert s["startup_s"] is not None and s["startup_s"] >= 0.08  # the first batch: 4 samples x 20 ms
+    assert s["startup_s"] == pytest.approx(0.05 + 0.08)  # and starting the workers, inside the first wait
+    assert s["load_ms"]["p50"] == pytest.approx(40.0) and s["compute_ms"]["p50"] == pytest.approx(2.0)
     assert s["verdict"] == "input-bound" and not math.isnan(s["load_ms"]["p99"])

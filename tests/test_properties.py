@@ -1,7 +1,7 @@
 """Properties, and fuzzing of what is read from disk.
 
 * every sample exactly once across ranks and DataLoader workers, balanced, through the real
-  reader (and the pad/drop contracts);
+  reader and a real DataLoader's worker processes (and the pad/drop contracts);
 * manifests round-trip through save and load;
 * fuzz: the manifest parser, the shard-record parser and the tar index reader, given mutated
   documents, either accept them or raise ManifestError, never anything else, and an accepted
@@ -12,6 +12,7 @@ test_shards.py). Fuzz runs are derandomized, so CI sees the same cases every tim
 """
 
 import copy
+import hashlib
 import io
 import json
 import os
@@ -68,33 +69,58 @@ def uneven(tmp_path_factory, photos):
     return out
 
 
-@settings(deadline=None, max_examples=60, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=st.integers(1, 7), workers=st.integers(1, 4), shuffle=st.booleans(), seed=st.integers(0, 3),
-       epoch=st.integers(0, 3))
-def test_real_reader_reads_each_sample_once_across_ranks_and_workers(uneven, monkeypatch, world, workers,
-                                                                     shuffle, seed, epoch):
-    import dsconvert.readers.stream as wds
+class Sha1:
+    """The transform that names a sample by its bytes (picklable for DataLoader workers)."""
 
-    keys = []
+    def __call__(self, raw):
+        return hashlib.sha1(raw).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uneven_samples(uneven):
+    """(sha1 of the image, label) of each of the 23 samples, all distinct: a sample read twice
+    or never shows in a multiset of them."""
+    samples = sorted(open_dataset(uneven, decode="raw", transform=Sha1()))
+    assert len(samples) == 23 and len(set(samples)) == 23
+    return samples
+
+
+@settings(deadline=None, max_examples=60, derandomize=True, database=None)
+@given(world=st.integers(1, 7), shuffle=st.booleans(), seed=st.integers(0, 3), epoch=st.integers(0, 3))
+def test_real_reader_reads_each_sample_once_across_ranks(uneven, uneven_samples, world, shuffle, seed, epoch):
+    """Ranks, shuffles and epochs over the real reader, in this process (one worker); the
+    split among workers is the DataLoader test's below, and split_range's property above."""
+    got = []
     for rank in range(world):
         ds = open_dataset(uneven, decode="raw", rank=rank, world_size=world, shuffle=shuffle, seed=seed,
-                          buffer_size=5, transform=lambda raw: raw)
+                          buffer_size=5, transform=Sha1())
         ds.set_epoch(epoch)
-        got = 0
-        for w in range(workers):
-            monkeypatch.setattr(wds, "worker_info", lambda w=w: (w, workers))
-            ds.decode = "raw"
-            items = list(_keys(ds))
-            got += len(items)
-            keys += items
-        assert got == len(ds)  # len() is exact for the rank
-    assert sorted(keys) == sorted(set(keys)) and len(keys) == 23
+        items = list(ds)
+        assert len(items) == len(ds)  # len() is exact for the rank
+        got += items
+    assert sorted(got) == uneven_samples
 
 
-def _keys(ds):
-    for shard, i, _ in ds._raw_samples():
-        yield shard.keys[i]
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # more workers than cores, on purpose
+@pytest.mark.parametrize("world, workers, shuffle, seed, epoch", [
+    (1, 3, False, 0, 0),
+    (2, 2, True, 1, 2),
+    (3, 4, True, 3, 1),  # 7 or 8 samples a rank, in 6 uneven shards
+    (7, 4, False, 2, 0),  # 3 or 4 samples a rank: some workers get none
+])
+def test_real_dataloader_reads_each_sample_once_across_ranks_and_workers(uneven, uneven_samples, torch, world,
+                                                                         workers, shuffle, seed, epoch):
+    """A real DataLoader's worker processes split each rank's samples among themselves."""
+    got = []
+    for rank in range(world):
+        ds = open_dataset(uneven, decode="raw", rank=rank, world_size=world, shuffle=shuffle, seed=seed,
+                          buffer_size=5, transform=Sha1())
+        ds.set_epoch(epoch)
+        items = [(digest, int(label)) for digest, label in
+                 torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)]
+        assert len(items) == len(ds)  # len() is exact for the rank
+        got += items
+    assert sorted(got) == uneven_samples
 
 
 # --- manifests --------------------------------------------------------------------------------

@@ -22,14 +22,16 @@ from dsconvert.verify import verify
 
 from conftest import ROOT, make_image_folder
 
-pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'dsconvert[s3]')")
-pytest.importorskip("moto.server", reason="moto[server] is not installed")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import s3server  # noqa: E402
+import s3server  # noqa: E402  (the standard library only: moto runs in its own process)
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
+    """moto's S3 server: the tests that use it (through ``s3``) are skipped without s3fs or
+    moto[server], not the others in this file."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'dsconvert[s3]')")
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
     saved = {k: os.environ.get(k) for k in s3server.CREDENTIALS}
     os.environ.update(s3server.CREDENTIALS)
     proc, endpoint = s3server.start()
@@ -161,15 +163,12 @@ def digests(ds):
     return sorted(hashlib.sha1(bytes(x) if not hasattr(x, "tobytes") else x.tobytes()).hexdigest() for x, _ in ds)
 
 
-torch = pytest.importorskip("torch")
-
-
 class Sha1:
     def __call__(self, data):
         return hashlib.sha1(bytes(data)).hexdigest()
 
 
-def test_open_dataset_from_s3_without_a_cache(s3, s3_outputs):
+def test_open_dataset_from_s3_without_a_cache(s3, s3_outputs, torch):
     url, local = s3_outputs["wds"]
     want = digests(open_dataset(local, decode="raw"))
     assert digests(open_dataset(url, decode="raw", storage_options=s3.options)) == want
@@ -184,7 +183,7 @@ def test_open_dataset_from_s3_without_a_cache(s3, s3_outputs):
         open_dataset(url, decode="numpy", storage_options=s3.options)[0]
 
 
-def test_cache_serves_later_epochs_without_the_store(s3, s3_outputs, tmp_path):
+def test_cache_serves_later_epochs_without_the_store(s3, s3_outputs, tmp_path, torch):
     cache = str(tmp_path / "cache")
     for fmt, decode in (("wds", "raw"), ("npy", "numpy")):
         url, local = s3_outputs[fmt]
@@ -243,6 +242,7 @@ print(" ".join(sorted(h for h, _ in torch.utils.data.DataLoader(ds, batch_size=N
 """
 
 
+@pytest.mark.usefixtures("torch")  # the readers are subprocesses with DataLoader workers
 def test_one_cache_shared_by_processes_and_the_cache_command(s3, s3_outputs, tmp_path, capsys):
     url, local = s3_outputs["wds"]
     cache = str(tmp_path / "cache")
@@ -288,6 +288,7 @@ def test_storage_options_from_fsspec_environment_and_clear_errors(s3, s3_outputs
     assert run.returncode == 1 and len(err) == 1 and err[0].startswith("dsconvert: error: storage:"), run.stderr
 
 
+@pytest.mark.usefixtures("torch")  # bench reads through a DataLoader
 def test_bench_reads_s3_before_and_after(s3, local_src, s3_outputs):
     from dsconvert.bench import bench
 
