@@ -145,7 +145,8 @@ def _latency_figure(report: Dict[str, Any]) -> str:
         ax.set_xlabel("per-file open + read latency (ms, log scale)")
         ax.set_ylabel("fraction of files")
         ax.set_ylim(0, 1.02)
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+        if ax.get_legend_handles_labels()[0]:  # no file had a latency: no curve to name
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
 
     return _figure(draw)
 
@@ -166,7 +167,8 @@ def _sweep_figure(report: Dict[str, Any]) -> Tuple[str, str]:
         ax.set_xticks(readers, [str(r) for r in readers])
         ax.set_xlabel("concurrent readers (cold)")
         ax.set_ylabel("files/s")
-        ax.set_ylim(0, max(rates or [1]) * 1.2)
+        top = max(rates, default=0.0)
+        ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)  # all zero: a flat line needs a height
 
     if not sweep:
         return "", "no concurrency sweep was measured"

@@ -155,3 +155,20 @@ def test_prefetch_and_mmap_paths_agree(tmp_path, photos):
     fetched = list(open_dataset(out, decode="raw", prefetch=True))
     halves = [list(open_dataset(out, decode="raw", prefetch=True, rank=r, world_size=2)) for r in (0, 1)]
     assert mapped == fetched == halves[0] + halves[1] and len(mapped) == 17
+
+
+@pytest.mark.parametrize("name", ["a.jpg", "x" * 96 + ".jpg", "x" * 97 + ".jpg", "é" * 40 + ".jpg", "d/" * 150 + "k.png"])
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 100_000])
+def test_planned_member_bytes_are_what_tarfile_writes(name, size):
+    import io
+    import tarfile
+
+    from dsconvert.formats.wds import TAR_MTIME, _tar_member_bytes
+
+    buf = io.BytesIO()
+    with tarfile.TarFile(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mtime, ti.mode = size, TAR_MTIME, 0o444
+        tf.addfile(ti, io.BytesIO(b"\0" * size))
+        written = tf.offset
+    assert _tar_member_bytes(name, size) == written

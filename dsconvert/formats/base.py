@@ -31,7 +31,7 @@ import numpy as np
 
 from ..codecs import decode_rgb, field_kind, pixel_limit, resize_rgb
 from ..errors import BadInputError, ManifestError
-from ..io.localfs import file_sha256
+from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
 from ..keys import escape_path
 from ..manifest import Manifest, ShardEntry, expect, is_int, is_str_list
@@ -64,11 +64,10 @@ class ShardRecord:
     """A finished shard's record, ``NAME.index.json``, written after the shard itself.
 
     Common to every format: the spec digest (for resume), size and sha256, and per sample the
-    key, label and source paths (columns), plus what the shard skipped. A format adds its own
-    columns in ``extra`` (wds: each member's data offset and size).
+    key, label, source paths and their [size, mtime_ns] (``stats``, for ``verify --source``;
+    absent in older records), plus what the shard skipped. A format adds its own columns in
+    ``extra`` (wds: each member's data offset and size).
     """
-
-    # optional: "stats", per sample [[size, mtime_ns] per source file] (for `verify --source`)
 
     def __init__(self, d: Dict[str, Any]):
         self.d = d
@@ -103,7 +102,7 @@ class ShardRecord:
         """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere)."""
         try:
             if data is None:
-                with open(path, "rb") as f:
+                with open_regular(path) as f:
                     data = f.read()
             d = json.loads(data)
         except ValueError as exc:  # UnicodeDecodeError included

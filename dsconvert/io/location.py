@@ -173,7 +173,7 @@ class Location:
         """Bytes of ``name`` (symlinks followed); FileNotFoundError when it is not there,
         NotRegularFileError when it is not a regular file (a device, FIFO, folder)."""
         info = self.fs.info(self.path(name))
-        if info["type"] != "file":
+        if info.get("type", "file") != "file":
             raise NotRegularFileError(f"{self.url_of(name)} is not a regular file (a device, FIFO, socket or "
                                       "folder): not read", self.url_of(name))
         return int(info["size"])
@@ -182,12 +182,13 @@ class Location:
         return bool(self.fs.lexists(self.path(name)))  # a dangling link is there, for a local folder
 
     def listdir(self) -> List[str]:
-        fs = self.fs
+        fs, base = self.fs, self.path()
         try:
-            fs.invalidate_cache(self.path())
-            return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(self.path(), detail=False))
+            fs.invalidate_cache(base)
+            listed = fs.ls(base, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in listed if p.rstrip("/") != base)  # a file lists itself
 
     def remove(self, name: str) -> None:
         """Remove ``name``; nothing happens when it is not there."""
