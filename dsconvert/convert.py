@@ -335,7 +335,9 @@ def convert(
         can = ", ".join(f for f in FORMATS if get(f).pixels != "never")
         raise OptionError(f"decode=True needs a format that stores pixels ({can})")
     if (resize is not None or size is not None) and not decode:
-        raise OptionError("resize/size apply to decoded outputs: --format npy, or hdf5 with --decode")
+        ways = [f"--format {f}" + (" with --decode" if get(f).pixels == "optional" else "")
+                for f in FORMATS if get(f).pixels != "never"]
+        raise OptionError(f"resize/size apply to decoded outputs: {' or '.join(ways)}")
     if resize is not None and size is not None:
         raise OptionError("give resize (shorter side) or size (HxW), not both")
     if resize is not None and int(resize) < 1:

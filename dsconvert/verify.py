@@ -84,16 +84,24 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
     for field, mine, theirs in (("num_samples", record.d["num_samples"], entry.num_samples),
                                 ("bytes", record.bytes, entry.bytes), ("sha256", record.d["sha256"], entry.sha256)):
         if mine != theirs:
-            problems.append(Problem("record", entry.name, f"the record's {field} {mine!r} differs from the "
-                                    f"manifest's {theirs!r}"))
+            record_problems.append(Problem("record", entry.name, f"the record's {field} {mine!r} differs from "
+                                           f"the manifest's {theirs!r}"))
+            problems.append(record_problems[-1])
+    for name in sorted(set(entry.parts) - {index_name}):  # the shard's other files (npy's samples table)
+        try:
+            problems += part_problems(entry, name, out.read_bytes(name))
+        except FileNotFoundError:
+            problems.append(Problem("missing-file", name, "a file of the shard is missing"))
+        except NotRegularFileError as exc:
+            problems.append(Problem("unsafe-file", name, str(exc)))
     if record.labels is not None and manifest.classes is not None:
         bad = [v for v in record.labels if not 0 <= v < len(manifest.classes)]
         if bad:
             problems.append(Problem("record", entry.name, f"{len(bad)} label(s) outside the {len(manifest.classes)} "
                                     f"classes (first: {bad[0]})"))
     if size == entry.bytes and not record_problems:
-        # parsed only when the shard is whole and its record the one the manifest lists (a
-        # truncated shard has its size problem; a tampered record says nothing of the shard)
+        # parsed only when the shard is whole and its record describes it (a truncated shard
+        # has its size problem; a record that is not the manifest's says nothing of the shard)
         problems += fmt.structure_problems(out, entry, record)
     return problems, size, record
 
@@ -224,9 +232,9 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
         failures: List[Tuple[str, str]] = []
         decoded = 0
         t = time.perf_counter()
-        # remote outputs are read through a temporary local cache for the pass (npy caches are
-        # memory-mapped from local disk; the others read each shard whole anyway)
-        scratch = tempfile.mkdtemp(prefix="dsconvert-verify-") if location.remote else None
+        # formats read from local files only (memory-mapped) read remote outputs through a
+        # temporary cache for the pass; the others read ranges of the remote shards
+        scratch = tempfile.mkdtemp(prefix="dsconvert-verify-") if location.remote and fmt.local_only else None
         n = len(readable)
         try:
             if workers > 1 and n > 1:

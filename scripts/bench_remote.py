@@ -27,7 +27,7 @@ import s3server  # noqa: E402
 
 from dsconvert import convert, open_dataset  # noqa: E402
 from dsconvert.demo import make_demo_dataset  # noqa: E402
-from dsconvert.source.dataset import open_source  # noqa: E402
+from dsconvert.source import open_source  # noqa: E402
 
 
 def rate(fn, n_expected=None):

@@ -1,4 +1,6 @@
 import subprocess
+
+import pytest
 import sys
 
 from dsconvert.cli import build_parser, main
@@ -42,3 +44,16 @@ def test_conversion_never_imports_torch(tmp_path, image_folder):
     code = ("import sys, dsconvert; dsconvert.convert(sys.argv[1], sys.argv[2], workers=2); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code, image_folder, str(tmp_path / "out")], check=True)
+
+
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "npy"])
+def test_reading_local_shards_never_imports_fsspec(tmp_path, image_folder, fmt):
+    """fsspec's ~13,000 objects in a training process slow every DataLoader worker's start
+    (the forked child's garbage collector copies their pages): local reads must not load it."""
+    out = str(tmp_path / "out")
+    subprocess.run([sys.executable, "-m", "dsconvert", "shard", image_folder, "-o", out, "--format", fmt, "-q"],
+                   check=True)
+    code = ("import sys, dsconvert; ds = dsconvert.open_dataset(sys.argv[1]); "
+            "next(iter(ds)) if sys.argv[2] == 'wds' else ds[0]; "
+            "assert 'fsspec' not in sys.modules, 'fsspec imported'")
+    subprocess.run([sys.executable, "-c", code, out, fmt], check=True)

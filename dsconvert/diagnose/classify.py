@@ -70,7 +70,7 @@ _RULES: List[Tuple[str, str, "re.Pattern[str]", Optional["re.Pattern[str]"]]] = 
         ("read", "h5py", r"h5py/", None),
         ("read", "tarfile", r"(^|/)tarfile\.py$", None),
         ("read", "webdataset", r"webdataset/", None),
-        ("read", "dsconvert shards", r"dsconvert/formats/", None),
+        ("read", "dsconvert shards", r"dsconvert/(formats|readers|io)/", None),
         ("decode", "dsconvert (Pillow/turbojpeg chain)", r"dsconvert/codecs\.py$", r"decode|_pil"),
         ("remote", "S3 (s3fs/botocore)", r"(s3fs|botocore|boto3|aiobotocore)/", None),
         ("remote", "HTTP", r"(urllib3|requests|aiohttp|httpx)/|http/client\.py$|fsspec/implementations/http", None),

@@ -247,6 +247,7 @@ class Format:
     pixels: ClassVar[str] = "never"  # decoded pixels: "never", "optional" (--decode) or "always"
     any_samples: ClassVar[bool] = False  # holds dict samples too (not only (image, label))
     iterable: ClassVar[bool] = False  # read as a stream of shards (True) or by index
+    local_only: ClassVar[bool] = False  # read from local files only (memory-mapped): remote needs a cache
     # libhdf5 (2.0) segfaults when it frees a file whose write failed (a full disk): such
     # formats are written in a child process even for one worker
     write_in_child: ClassVar[bool] = False
@@ -364,5 +365,3 @@ class Format:
     def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> ShardReader:
         """The shard ready to read (``access``: a :class:`dsconvert.io.shard_cache.ShardAccess`)."""
         raise NotImplementedError
-
-

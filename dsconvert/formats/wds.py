@@ -31,6 +31,7 @@ against the index (:meth:`Wds.structure_problems`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import operator
@@ -91,14 +92,24 @@ TAR_TRAILER = 1024 + 10240  # end-of-archive blocks plus padding to a full recor
 _PLAIN_HEADER = 512
 
 
+@functools.lru_cache(maxsize=4096)
+def _header_bytes(name_bytes: int, ascii: bool, big_size: int) -> int:
+    """Header bytes ``TarInfo.tobuf`` writes for a member whose name has ``name_bytes`` UTF-8
+    bytes (ASCII or not) and whose size is ``big_size`` when it needs a PAX record (else 0):
+    they depend on nothing else, so one measurement serves every name of that length."""
+    name = "a" * name_bytes if ascii else "\u00e9" + "a" * (name_bytes - 2)
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode = big_size, TAR_MTIME, 0o444
+    return len(ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+
+
 def _tar_member_bytes(name: str, size: int) -> int:
     """A member's bytes in our tars: its header(s), as ``tarfile`` writes them, plus the
     data padded to 512-byte blocks. A short ASCII name has one 512-byte header; anything
     else (long or non-ASCII names, PAX records) is measured by ``TarInfo.tobuf`` itself."""
-    if len(name) > 100 or not name.isascii() or size >= 8 ** 11:
-        ti = tarfile.TarInfo(name)
-        ti.size, ti.mtime, ti.mode = size, TAR_MTIME, 0o444
-        header = len(ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+    big = size >= 8 ** 11  # past the ustar size field: a PAX size record
+    if len(name) > 100 or not name.isascii() or big:
+        header = _header_bytes(len(name.encode("utf-8", "surrogateescape")), name.isascii(), size if big else 0)
     else:
         header = _PLAIN_HEADER
     return header + -(-size // 512) * 512
@@ -201,7 +212,7 @@ class WdsShard(ShardReader):
             raise ManifestError(f"{access.url_of(index_name)} describes another version of {entry.name} than the "
                                 "manifest (was the output rewritten while being read?)", access.url_of(index_name))
         self.access = access
-        self.name = index.name
+        self.name = entry.name
         self.entry = entry
         self.path = access.local_shard(entry)  # None: read ranges of the remote object
         self.size = regular_size(self.path) if self.path is not None else entry.bytes

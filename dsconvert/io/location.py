@@ -29,8 +29,6 @@ import shutil
 import tempfile
 from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import fsspec
-
 from ..errors import MissingDependencyError, NotRegularFileError, OptionError
 from .localfs import atomic_write, check_name, open_regular
 
@@ -84,7 +82,13 @@ def parse_storage_options(items: Optional[Sequence[str]]) -> Dict[str, Any]:
 
 def filesystem(url: str, storage_options: Optional[Dict[str, Any]] = None) -> Tuple[Any, str]:
     """(fsspec file system, path within it) for a local path or a URL. A local path is taken
-    as it is (fsspec's URL parsing would split a folder named ``a::b``)."""
+    as it is (fsspec's URL parsing would split a folder named ``a::b``).
+
+    fsspec is imported here, on first use, not with dsconvert: its ~13,000 objects in a
+    training process made every DataLoader worker's start 0.2 s slower (the child's garbage
+    collector touches them all, copying their pages), and reading local shards never needs it."""
+    import fsspec
+
     if not is_remote(url):
         return fsspec.filesystem("file"), os.path.abspath(url)
     try:
@@ -139,6 +143,8 @@ class Location:
         ``%2f``)."""
         if name and self.flat:
             check_name(name, self.url)
+        if not self.remote:  # local paths need no fsspec (see filesystem())
+            return os.path.join(self.url, name) if name else self.url
         base = filesystem(self.url, self.storage_options)[1].rstrip("/") or "/"
         return posixpath.join(base, name) if name else base
 

@@ -1,7 +1,7 @@
 """What the user already has: a folder or URL scanned into an ordered list of samples
 (:mod:`.samples`), and the same source read as a Dataset without conversion (:mod:`.dataset`)."""
 
-from typing import Any
+from typing import Any, Callable, Dict, Optional
 
 from .samples import (LAYOUTS, FolderListing, Sample, Skipped, Source, SourceFile, is_ignored,
                       looks_like_image_folder, scan)
@@ -10,9 +10,11 @@ __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "Fold
            "looks_like_image_folder", "is_ignored", "open_source"]
 
 
-def open_source(*args: Any, **kwargs: Any) -> Any:
-    """Scan a source and return it as a Dataset: :func:`dsconvert.source.dataset.open_source`
-    (imported on use, since Dataset modules import torch)."""
-    from .dataset import open_source as _open_source
+def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
+                decode: str = "pil", layout: str = "auto", storage_options: Optional[Dict[str, Any]] = None) -> Any:
+    """Scan ``src`` (a path or URL) and return it as a map-style Dataset, without conversion:
+    :class:`dsconvert.source.dataset.SourceDataset` (imported here: Dataset modules import torch)."""
+    from .dataset import SourceDataset
 
-    return _open_source(*args, **kwargs)
+    return SourceDataset(scan(src, layout, storage_options=storage_options), transform=transform,
+                         target_transform=target_transform, decode=decode, storage_options=storage_options)

@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, List, Optional
 from ..codecs import decode_field, decode_image
 from ..io.location import Location
 from ..readers.base import TorchDataset, Transforms
-from .samples import Source, scan
+from .samples import Source
 
-__all__ = ["SourceDataset", "open_source"]
+__all__ = ["SourceDataset"]
 
 
 class SourceDataset(Transforms, TorchDataset):
@@ -52,11 +52,3 @@ class SourceDataset(Transforms, TorchDataset):
         for file in sample.files:
             out[file.field] = decode_field(file.field, self._read(file.path), self.decode)
         return self._finish_dict(out)
-
-
-def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
-                decode: str = "pil", layout: str = "auto", storage_options: Optional[Dict[str, Any]] = None) -> Any:
-    """Scan ``src`` (a path or URL) and return it as a :class:`SourceDataset` (no conversion)."""
-    return SourceDataset(scan(src, layout, storage_options=storage_options), transform=transform,
-                                        target_transform=target_transform, decode=decode,
-                                        storage_options=storage_options)

@@ -1,0 +1,102 @@
+"""Per-process state and file locks: what a fork, a pickle and a second taker see."""
+
+import multiprocessing as mp
+import os
+import pickle
+
+import pytest
+
+from dsconvert.io.locks import file_lock
+from dsconvert.processes import ProcessLocal, available_cpus
+
+
+def test_process_local_is_empty_in_a_forked_child_and_kept_in_the_parent():
+    state = ProcessLocal()
+    state["handle"] = object()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what a forked DataLoader worker sees
+        os.write(write, b"%d" % len(state))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"0"
+    assert "handle" in state
+
+
+def test_process_local_pickles_empty_and_still_resets_at_fork():
+    state = ProcessLocal()
+    state["k"] = 1
+    copy = pickle.loads(pickle.dumps({"state": state}))["state"]
+    assert isinstance(copy, ProcessLocal) and len(copy) == 0
+    copy["k"] = 2
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"%d" % len(copy))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"0"
+
+
+def test_available_cpus_is_this_process_affinity():
+    assert available_cpus() == len(os.sched_getaffinity(0))
+
+
+def _try_lock(path, process, shared, queue):
+    with file_lock(path, shared=shared, wait=False, process=process) as got:
+        queue.put(got)
+
+
+def _other_process(path, process=False, shared=False):
+    queue = mp.get_context("fork").Queue()
+    proc = mp.get_context("fork").Process(target=_try_lock, args=(path, process, shared, queue))
+    proc.start()
+    proc.join(30)
+    return queue.get(timeout=5)
+
+
+@pytest.mark.parametrize("process", [False, True])
+def test_an_exclusive_lock_excludes_another_process_until_released(tmp_path, process):
+    path = str(tmp_path / "lock")
+    with file_lock(path, process=process) as got:
+        assert got
+        assert _other_process(path, process) is False
+    assert _other_process(path, process) is True
+
+
+def test_shared_locks_share_and_exclude_an_exclusive_one(tmp_path):
+    path = str(tmp_path / "lock")
+    with file_lock(path, shared=True):
+        assert _other_process(path, shared=True) is True
+        assert _other_process(path, shared=False) is False
+
+
+def test_a_refused_second_process_lock_in_one_process_keeps_the_first(tmp_path):
+    """POSIX drops every record lock of a process when it closes any descriptor of the file:
+    a second attempt from the same process must not open one."""
+    path = str(tmp_path / "lock")
+    with file_lock(path, process=True):
+        with file_lock(path, wait=False, process=True) as again:
+            assert again is False
+        assert _other_process(path, process=True) is False  # still ours
+    assert _other_process(path, process=True) is True
+
+
+def test_flock_between_threads_of_one_process(tmp_path):
+    """flock is held by the open file: two threads of one process exclude each other (the
+    shard cache relies on it); a process lock would not."""
+    import threading
+
+    path = str(tmp_path / "lock")
+    seen = []
+
+    def probe():
+        with file_lock(path, wait=False) as got:
+            seen.append(got)
+
+    with file_lock(path):
+        t = threading.Thread(target=probe)
+        t.start()
+        t.join()
+    probe()
+    assert seen == [False, True]
