@@ -11,9 +11,9 @@ as if whole); a cache shared by training processes needs:
 
 * downloads to a temp name, checked against the manifest's size and sha256 (shards, and
   their index and samples table where the manifest lists them in ``parts``), then renamed;
-* a lock per file (``flock``, :mod:`dsconvert.io.locks`), so that concurrent DataLoader workers and ranks never
-  read a half-downloaded shard and download each shard once (``simplecache`` writes the
-  download under its final name);
+* a lock per file (``flock``, :mod:`dsconvert.io.locks`), so that concurrent DataLoader
+  workers and ranks never read a half-downloaded shard and download each shard once
+  (``simplecache`` writes the download under its final name);
 * verification: a shard's copy is hashed once against the manifest's sha256 and size, and a
   ``.sha256`` marker records the result; a mismatch (a re-converted output, a bad transfer)
   downloads it again, and a second mismatch is a ManifestError;
