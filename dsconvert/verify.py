@@ -81,15 +81,18 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
         return problems + [Problem("record", entry.name, "its index (shard record) is missing")], size, None
     except (ManifestError, NotRegularFileError) as exc:
         return problems + [Problem("record", entry.name, str(exc))], size, None
-    for field, mine, theirs in (("num_samples", record.d["num_samples"], entry.num_samples),
-                                ("bytes", record.bytes, entry.bytes), ("sha256", record.d["sha256"], entry.sha256)):
-        if mine != theirs:
-            record_problems.append(Problem("record", entry.name, f"the record's {field} {mine!r} differs from "
-                                           f"the manifest's {theirs!r}"))
-            problems.append(record_problems[-1])
-    for name in sorted(set(entry.parts) - {index_name}):  # the shard's other files (npy's samples table)
+    mismatched = [Problem("record", entry.name, f"the record's {field} {mine!r} differs from the manifest's "
+                          f"{theirs!r}")
+                  for field, mine, theirs in (("num_samples", record.d["num_samples"], entry.num_samples),
+                                              ("bytes", record.bytes, entry.bytes),
+                                              ("sha256", record.d["sha256"], entry.sha256)) if mine != theirs]
+    problems += mismatched
+    record_problems += mismatched
+    parts: Dict[str, bytes] = {}  # the shard's other files (npy's samples table), read once
+    for name in sorted(set(entry.parts) - {index_name}):
         try:
-            problems += part_problems(entry, name, out.read_bytes(name))
+            parts[name] = out.read_bytes(name)
+            problems += part_problems(entry, name, parts[name])
         except FileNotFoundError:
             problems.append(Problem("missing-file", name, "a file of the shard is missing"))
         except NotRegularFileError as exc:
@@ -102,7 +105,7 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
     if size == entry.bytes and not record_problems:
         # parsed only when the shard is whole and its record describes it (a truncated shard
         # has its size problem; a record that is not the manifest's says nothing of the shard)
-        problems += fmt.structure_problems(out, entry, record)
+        problems += fmt.structure_problems(out, entry, record, parts)
     return problems, size, record
 
 
@@ -120,7 +123,8 @@ def _decode_shard(out_url: str, k: int, storage_options: Dict[str, Any],
     manifest = Manifest.load(out)
     fmt = get(manifest.format)
     entry = manifest.shards[k]
-    record = fmt.load_record(out.url_of(fmt.record_name(entry)), out.read_bytes(fmt.record_name(entry)))
+    record_name = fmt.record_name(entry)
+    record = fmt.load_record(out.url_of(record_name), out.read_bytes(record_name))
     failures: List[Tuple[str, str]] = []
     limit = Image.MAX_IMAGE_PIXELS
     pixels = manifest.stored == "decoded"

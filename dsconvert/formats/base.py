@@ -355,8 +355,10 @@ class Format:
         return ShardRecord.load(path, cls.id, data)
 
     @classmethod
-    def structure_problems(cls, out: Location, entry: ShardEntry, record: "ShardRecord") -> List[Problem]:
-        """What ``verify`` finds wrong in the shard's own structure, beyond its checksum."""
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: "ShardRecord",
+                           parts: Dict[str, bytes]) -> List[Problem]:
+        """What ``verify`` finds wrong in the shard's own structure, beyond its checksum.
+        ``parts``: the shard's other files that verify already read (name -> bytes)."""
         return []
 
     # --- reading ------------------------------------------------------------------------

@@ -239,7 +239,8 @@ class Hdf5(Format):
         return _HdfSink(spec, path)
 
     @classmethod
-    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord,
+                           parts: Dict[str, bytes]) -> List[Problem]:
         try:
             with out.open(entry.name) as raw, h5py.File(raw, "r") as f:
                 return [Problem("structure", entry.name, p) for p in layout_problems(f, entry.num_samples)]

@@ -198,13 +198,14 @@ class Npy(Format):
         return _PixelSink(spec, file)
 
     @classmethod
-    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord,
+                           parts: Dict[str, bytes]) -> List[Problem]:
         """The samples table fits the pixel array (whose .npy header, in its first 4 kB, says
         its length) and is the one the record describes."""
         rows_name = cls.rows_name(entry.name)
         try:
             _, length = pixels_extent(io.BytesIO(out.read_range(entry.name, 0, 4096)), entry.bytes, entry.name)
-            rows_bytes = out.read_bytes(rows_name)
+            rows_bytes = parts[rows_name] if rows_name in parts else out.read_bytes(rows_name)
             rows = load_rows(rows_bytes)
         except (OSError, ManifestError) as exc:
             return [Problem("structure", entry.name, f"not loadable as .npy: {exc}")]

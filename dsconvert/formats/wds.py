@@ -332,7 +332,8 @@ class Wds(Format):
         return record
 
     @classmethod
-    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord) -> List[Problem]:
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord,
+                           parts: Dict[str, bytes]) -> List[Problem]:
         return check_tar(out, entry.name, record)
 
     @classmethod
