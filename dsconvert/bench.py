@@ -8,13 +8,16 @@ compared config by config, so "before and after conversion" is one command::
 
     dsconvert bench /data/train /ssd/train-wds /ssd/train-npy --workers 0,2,4
 
-Per pass: samples/s and MB/s in the steady state (from the first batch to the last; the
-first batch's wait, which includes starting the workers, is ``startup_s``), the wait for each
+Per pass: samples/s and MB/s in the steady state (from the batch by which every worker has
+delivered its first, to the last; the wait until then, which includes starting the workers, is
+``startup_s``), the wait for each
 batch (p50/p99, from :class:`dsconvert.monitor.DataLoadingMonitor`), and the CPU the workers
 used (their user + system time, collected when they exit, over the time from the start of
-the pass until they were reaped, per worker) and the main process used. The transform is what a training job does before the GPU:
-resize the shorter side to ``size``, centre-crop it, and return a uint8 CHW tensor
-(``size=0``: no transform, the decoded samples as they come, in a list).
+the pass until they were reaped, per worker) and the main process used. The transform is what
+a training job does before the GPU (:mod:`dsconvert.transforms`): ``eval`` (the default:
+shorter side to 256, centre crop 224, uint8 CHW tensor), ``train`` (random resized crop 224 and
+flip), ``module:callable`` (the user's own), or none (``size=0`` or ``transform="none"``: the
+decoded samples as they come, in a list).
 
 Every pass reads the same samples: a seeded random subset of ``max_samples`` for map-style
 datasets (sources, hdf5, npy, in that random order, as training reads them), the first
@@ -39,6 +42,7 @@ from .monitor import DataLoadingMonitor
 from .optional import require
 from .io.location import Location
 from .io.localfs import evict_page_cache
+from .transforms import CropToTensor, load_transform
 
 __all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA", "BENCH_VERSION",
            "default_worker_counts"]
@@ -46,31 +50,6 @@ __all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA"
 BENCH_SCHEMA = "dsconvert.bench"
 BENCH_VERSION = 1
 CACHES = ("cold", "warm")
-
-
-class CropToTensor:
-    """Shorter side to ``size`` (Pillow bilinear), centre crop ``size`` x ``size``, uint8 CHW
-    tensor: the usual evaluation transform, without the float conversion (4x less IPC)."""
-
-    def __init__(self, size: int):
-        self.size = int(size)
-
-    def __call__(self, image: Any) -> Any:
-        import torch
-        from PIL import Image
-
-        if isinstance(image, np.ndarray):
-            image = Image.fromarray(image)
-        s = self.size
-        w, h = image.size
-        scale = s / min(w, h)
-        image = image.resize((max(s, round(w * scale)), max(s, round(h * scale))), Image.Resampling.BILINEAR)
-        w, h = image.size
-        left, top = (w - s) // 2, (h - s) // 2
-        pixels = np.asarray(image.crop((left, top, left + s, top + s)))
-        if pixels.ndim == 2:
-            pixels = pixels[:, :, None]
-        return torch.from_numpy(pixels.transpose(2, 0, 1).copy())  # CHW, contiguous, writable
 
 
 def _as_list(batch: List[Any]) -> List[Any]:
@@ -140,8 +119,8 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
 
 def _check_transform(path: str, sample_type: str, transform: Optional[Callable]) -> None:
     if transform is not None and sample_type != "classification":
-        raise OptionError(f"{path} holds dict samples, which the crop transform does not take; "
-                          "bench it with --size 0")
+        raise OptionError(f"{path} holds dict samples, which the image transform does not take; "
+                          "bench it with --transform none")
 
 
 def _cpu() -> Tuple[float, float]:
@@ -159,7 +138,9 @@ def _batch_len(batch: Any) -> int:
 
 
 def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, collate: Callable,
-              cache: str, max_samples: int) -> Dict[str, Any]:
+              cache: str, max_samples: int, max_seconds: Optional[float] = None) -> Dict[str, Any]:
+    """One DataLoader pass; ``max_seconds`` ends it early (after at least four batches past the
+    first), for callers that need a rate rather than every sample."""
     from torch.utils.data import DataLoader
 
     if cache == "cold":
@@ -171,13 +152,19 @@ def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, colla
     started = time.perf_counter()
     first_at: Optional[float] = None
     first_n = 0
+    batches = 0
+    ramp = max(1, workers)  # each worker's first batch comes at once: the steady state starts after them
     n = 0
     steps = monitor.wrap(loader)
     for batch in steps:
         n += _batch_len(batch)
-        if first_at is None:
+        batches += 1
+        if first_at is None and batches >= ramp:
             first_at, first_n = time.perf_counter(), n
         if n >= max_samples:
+            break
+        if (max_seconds is not None and time.perf_counter() - started > max_seconds
+                and first_at is not None and n >= first_n + 4 * batch_size):
             break
     ended = time.perf_counter()
     steps.close()  # the loader's iterator goes, and with it the workers, which are reaped
@@ -218,7 +205,7 @@ def default_worker_counts(cpus: Optional[int] = None) -> List[int]:
 
 def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (64,),
           decode: str = "pil", size: int = 224, max_samples: int = 2000, caches: Sequence[str] = CACHES,
-          seed: int = 0, log: Optional[Callable[[str], None]] = None,
+          seed: int = 0, log: Optional[Callable[[str], None]] = None, transform: Any = "eval",
           storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Read each of ``paths`` through a DataLoader per worker count, batch size and cache
     state; return the report (schema ``dsconvert.bench``, version 1). See the module doc."""
@@ -235,7 +222,11 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     workers = list(workers) if workers is not None else default_worker_counts()
     if any(w < 0 for w in workers) or any(b < 1 for b in batch_sizes) or max_samples < 1:
         raise OptionError("workers must be >= 0; batch sizes and max_samples >= 1")
-    transform = CropToTensor(size) if size and decode not in ENCODED_MODES else None
+    spec = transform if isinstance(transform, str) or transform is None else getattr(transform, "__name__", repr(transform))
+    if not size or decode in ENCODED_MODES:
+        transform = None
+    elif isinstance(transform, str) or transform is None:
+        transform = load_transform(transform, size)
     opened = [_open(p, decode, transform, max_samples, seed, storage_options) for p in paths]
     started = time.perf_counter()
     runs: List[Dict[str, Any]] = []
@@ -256,6 +247,7 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     return {
         "schema": BENCH_SCHEMA, "schema_version": BENCH_VERSION,
         "settings": {"workers": workers, "batch_sizes": list(batch_sizes), "decode": decode, "size": size,
+                     "transform": spec if transform is not None else "none",
                      "max_samples": max_samples, "caches": list(caches), "seed": seed,
                      "cpus": available_cpus()},
         "datasets": [dict(asdict(t), label=t.label, files=len(t.files)) for _, t in opened],
@@ -272,8 +264,9 @@ def _default_collate() -> Callable:
 
 def render_text(report: Dict[str, Any]) -> str:
     s = report["settings"]
-    what = (f"{s['size']}x{s['size']} crops as uint8 tensors" if s["size"] and s["decode"] not in ENCODED_MODES
-            else "decoded samples as they come")
+    spec = s.get("transform", "eval")
+    what = (f"transform {spec}, {s['size']}x{s['size']} uint8 tensors" if spec in ("eval", "train")
+            else f"transform {spec}" if spec != "none" else "decoded samples as they come")
     lines = [f"dsconvert bench: DataLoader throughput, decode={s['decode']}, {what}, "
              f"up to {s['max_samples']} samples per pass, {s['cpus']} CPUs",
              f"{'dataset':32s}{'workers':>8s}{'batch':>6s}{'cache':>6s}{'samples/s':>11s}{'MB/s':>8s}"

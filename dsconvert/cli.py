@@ -209,16 +209,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "analyze", help="find why loading SRC is slow, and the command that fixes it",
-        description="Measure SRC at rest: inventory, read latency and throughput (cold, with the page "
-        "cache evicted, and warm; sequential and random; 1..N concurrent readers), decode cost per "
-        "codec and library, and the read/prep stall of one DataLoader worker; then name the "
-        "bottleneck and the dsconvert command that removes it, with the predicted speedup.",
-        parents=[_json("the report", "dsconvert.analyze/1"), report, quiet, storage])
-    p.add_argument("src", type=_path, metavar="SRC", help="source folder or list file")
+        description="Say what SRC holds (a source of files, a dsconvert output, or another training "
+        "format), measure it at rest (inventory, read latency and throughput cold and warm, 1..N "
+        "concurrent readers, decode cost per codec and library) and through a real DataLoader with "
+        "the machine's workers and a reference transform: as it is, from memory, and as each output "
+        "made from the sample. Then name the bottleneck and the command that removes it, with the "
+        "samples/s each output measured.",
+        parents=[_json("the report", "dsconvert.analyze/2"), report, quiet, storage])
+    p.add_argument("src", type=_path, metavar="SRC", help="source folder, list file or dsconvert output")
     p.add_argument("--target", type=_positive_float, metavar="N",
                    help="samples/s the GPUs consume: say whether the loader keeps up")
-    p.add_argument("--sample", type=_positive_int, default=200, metavar="N",
+    p.add_argument("--sample", type=_positive_int, default=256, metavar="N",
                    help="files to measure, stratified by folder and size (default: %(default)s)")
+    p.add_argument("--transform", default="eval", metavar="T",
+                   help="what each sample goes through in the DataLoader passes: eval (resize 256, centre "
+                   "crop 224), train (random resized crop 224 + flip), module:callable (your own), none "
+                   "(default: %(default)s)")
+    p.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="DataLoader workers of the passes (default: the CPUs available)")
+    p.add_argument("--cache", choices=("auto", "cold", "warm"), default="auto",
+                   help="which passes predict training: warm (epochs after the first, read from the page "
+                   "cache), cold, or auto: warm when the data fits in half the memory (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     p.add_argument("--time-budget", type=_seconds, default=30.0, metavar="S",
                    help="seconds for the inventory walk; beyond it the rest is estimated (default: %(default)s)")
@@ -243,9 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", choices=DECODE_MODES, default="pil",
                    help="how images are decoded: pil (as ImageFolder), numpy (the fast JPEG decoder), "
                    "raw (no decode) (default: %(default)s)")
+    p.add_argument("--transform", default="eval", metavar="T",
+                   help="what each sample goes through: eval (shorter side to 256/224 S, centre crop SxS), "
+                   "train (random resized crop SxS + flip), both to uint8 tensors; module:callable (your "
+                   "own); none (samples as they come) (default: %(default)s)")
     p.add_argument("--size", type=int, default=224, metavar="S",
-                   help="transform: shorter side to S, centre crop SxS, uint8 tensor; 0 = none, samples "
-                   "as they come (default: %(default)s)")
+                   help="the transform's output size; 0 = no transform (default: %(default)s)")
     p.add_argument("--max-samples", type=_positive_int, default=2000, metavar="N",
                    help="samples per pass: a seeded random subset of map-style datasets, the first N "
                    "of wds shards (default: %(default)s)")
@@ -395,7 +409,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     report = analyze(args.src, target=args.target, sample=args.sample, seed=args.seed,
                      time_budget=args.time_budget, output_dir=args.output_dir, log=log,
                      progress=not args.quiet and sys.stderr.isatty(),
-                     storage_options=parse_storage_options(args.storage_option))
+                     storage_options=parse_storage_options(args.storage_option), transform=args.transform,
+                     workers=args.workers, cache=args.cache)
     print(render_json(report) if args.json else render_text(report))
     _write_report(args, "analyze_html", report)
     return 0
@@ -433,7 +448,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     caches = ("cold", "warm") if args.cache == "both" else (args.cache,)
     report = bench(args.paths, workers=args.workers, batch_sizes=args.batch_size, decode=args.decode,
                    size=args.size, max_samples=args.max_samples, caches=caches, seed=args.seed, log=log,
-                   storage_options=parse_storage_options(args.storage_option))
+                   storage_options=parse_storage_options(args.storage_option), transform=args.transform)
     print(json.dumps(report, indent=1) if args.json else render_text(report))
     _write_report(args, "bench_html", report)
     return 0

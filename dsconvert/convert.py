@@ -304,6 +304,7 @@ def convert(
     executor: Optional[cf.Executor] = None,
     progress: bool = False,
     storage_options: Optional[Dict[str, Any]] = None,
+    scanned: Optional[Source] = None,
 ) -> ConvertResult:
     """Convert the dataset at ``src`` into ``format`` shards in ``out``; see the module doc.
 
@@ -322,6 +323,9 @@ def convert(
     ``storage_options`` (credentials, endpoint) for them. Remote shards are staged on local
     disk and uploaded whole, the manifest last. On object stores there is no lock against a
     second conversion into the same prefix, and no free-space check.
+
+    ``scanned``: a :class:`Source` of ``src`` already scanned (or a part of one: analyze
+    converts its measured sample this way) to convert instead of scanning ``src`` again.
     """
     if format not in FORMATS:
         raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
@@ -375,8 +379,11 @@ def convert(
             # that are no longer there, and a kill then would leave it lying.
             location.remove(MANIFEST_NAME)
 
-        with progress_bar(progress, "scanning", unit=" files") as bar:
-            source = scan(src_abs, layout, progress=bar.update, storage_options=storage_options)
+        if scanned is not None:
+            source = scanned
+        else:
+            with progress_bar(progress, "scanning", unit=" files") as bar:
+                source = scan(src_abs, layout, progress=bar.update, storage_options=storage_options)
         if strict and source.skipped:
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)

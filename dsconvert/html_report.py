@@ -235,7 +235,8 @@ def _sizes_figure(report: Dict[str, Any]) -> str:
 def _stall_figure(report: Dict[str, Any]) -> str:
     pw = report["verdict"]["per_worker_ms"]
     parts = [("read", pw["read"], COLOURS["read"]), ("per-file overhead", pw["overhead"], COLOURS["overhead"]),
-             ("decode", pw["decode"], COLOURS["decode"])]
+             ("decode", pw["decode"], COLOURS["decode"]), ("transform", pw.get("transform", 0.0), COLOURS["line"]),
+             ("other", pw.get("other", 0.0), COLOURS["nofit"])]
 
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
@@ -248,7 +249,7 @@ def _stall_figure(report: Dict[str, Any]) -> str:
         ax.set_yticks([0], ["one worker,\nper sample"])
         ax.set_xlabel(f"ms per sample (total {_fmt(pw['total'], ' ms')})")
         ax.set_xlim(0, max(left, 1e-6) * 1.02)
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, frameon=False)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=5, frameon=False)
 
     return _figure(draw, height=1.7)
 
@@ -320,18 +321,21 @@ def analyze_html(report: Dict[str, Any]) -> str:
                     f"{v['predicted_speedup']:.1f}x the source's {_fmt(v['loader_per_s'])}.</p>")
     body.append("<ul class=\"notes\">" + "".join(f"<li>{_esc(n)}</li>" for n in v["notes"]) + "</ul></section>")
 
-    stall = report.get("stall") or {}
+    lo = report.get("loader") or {}
+    passes = lo.get("passes") or {}
+    memory = (passes.get("from memory") or {}).get("warm")
     body.append("<section><h2>Where one worker's time goes</h2>"
-                f"<figure>{_stall_figure(report)}<figcaption>The differential stall measurement: one worker decoding "
-                f"from memory ({_fmt(stall.get('prep_only_per_s', 0))}/s), reading cold without decoding "
-                f"({_fmt(stall.get('fetch_only_per_s', 0))}/s) and both ({_fmt(stall.get('both_per_s', 0))}/s); the "
-                "read stall is what reading adds to decoding, split into the fixed per-file cost and the transfer."
+                f"<figure>{_stall_figure(report)}<figcaption>From DataLoader passes with {v['workers']} workers and "
+                f"the {_esc(str(lo.get('transform', '')))} transform: the data as it is "
+                f"({_fmt(v['loader_per_s'])}/s, {_esc(v.get('cache', 'warm'))})"
+                + (f" and the same samples from memory ({_fmt(memory)}/s): reading is the difference" if memory else "")
+                + "; decode and transform timed on their own, the rest is collate, IPC and the worker loop."
                 "</figcaption></figure></section>")
     body.append("<section><h2>Outputs under the disk budget</h2>"
                 f"<figure>{_formats_figure(report)}<figcaption>Predicted samples/s of each output with "
                 f"{v['workers']} workers next to the source as it is, and each output's size against the free space at "
-                f"{_esc(report['disk']['output_dir'])}. Grey bars do not fit. Predictions are the ceiling of reading "
-                "and decoding: transforms, collate and IPC come on top (dsconvert bench measures them)."
+                f"{_esc(report['disk']['output_dir'])}. Grey bars do not fit. Each rate was measured: the sample "
+                "converted into that output and read back through the same DataLoader and transform."
                 "</figcaption></figure></section>")
     rows = []
     for label, key in (("cold, sequential", "cold_sequential"), ("cold, random", "cold_random"), ("warm", "warm")):

@@ -70,8 +70,9 @@ def test_slow_mount_is_storage_latency(slow_mount, photos):
     assert report["read"]["cold_sequential"]["latency_ms"]["p50"] >= 8  # 4 ms in open + 4 ms in read
     sweep = {r["readers"]: r["files_per_s"] for r in report["sweep"]}
     assert sweep[8] > 3 * sweep[1]  # parallel readers hide latency
-    assert v["commands"][0].startswith(f"dsconvert shard {mnt / 'src'} --format wds")
-    assert v["predicted_speedup"] > 3
+    assert v["commands"][0].startswith(f"dsconvert shard {mnt / 'src'} --format ")
+    assert v["read_share"] >= 0.5
+    assert v["predicted_speedup"] > 2  # measured: the outputs are written to local disk
 
 
 def test_large_jpegs_on_local_disk_are_decode_bound(tmp_path, photos):
@@ -91,21 +92,24 @@ def test_large_jpegs_on_local_disk_are_decode_bound(tmp_path, photos):
     assert report["verdict"]["recommended"] is not None
 
 
-def test_tiny_files_are_per_file_overhead_bound(tmp_path, photos):
+def test_tiny_files_are_per_file_overhead_bound(tmp_path):
     root = tmp_path / "tiny"
-    img = photos["rocket"].convert("RGB").resize((12, 12))
-    for i in range(300):
-        write(str(root / f"s{i % 10}" / f"{i}.png"), encode(img.rotate(i), "PNG"))
-    report = analyze(str(root), sample=300, sweep_levels=[1, 2])
+    rng = random.Random(0)
+    for i in range(400):  # per-sample records of 600 bytes, no decode: only the per-file cost is left
+        write(str(root / f"part{i % 4}" / f"{i:05d}.bin"), bytes(rng.getrandbits(8) for _ in range(600)))
+    # read cold (a dataset too large for the page cache): per-file reads dominate
+    report = analyze(str(root), sample=400, sweep_levels=[1, 2], transform="none", cache="cold")
     v = report["verdict"]
     assert v["bottleneck"] == "small-files", (v["summary"], v["per_worker_ms"])
     assert report["inventory"]["size_quantiles"]["p50"] < 1000
+    assert v["commands"] and v["commands"][0].startswith(f"dsconvert shard {root} --format ")
+    assert "npy" not in v["predicted_per_s"]  # dict samples: npy holds (image, label) only
 
 
 def test_cli_text_and_json(tmp_path, image_folder, capsys):
     assert main(["analyze", image_folder, "--json", "--sample", "16", "--target", "10"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["schema"] == "dsconvert.analyze" and report["schema_version"] == 1
+    assert report["schema"] == "dsconvert.analyze" and report["schema_version"] == 2
     assert report["sample"]["files"] == 16 and report["inventory"]["files"] == 16
     assert report["verdict"]["keeps_up"] is True and report["verdict"]["bottleneck"] == "none"
     assert main(["analyze", image_folder, "-q", "--sample", "8"]) == 0

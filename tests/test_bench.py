@@ -75,7 +75,7 @@ def test_bad_options(outputs, tmp_path, torch):  # bench() needs torch before it
     flat = str(tmp_path / "flat")
     write(os.path.join(flat, "a.jpg"), open(os.path.join(src, "a", "a_0000.jpg"), "rb").read())
     write(os.path.join(flat, "a.json"), b"{}")
-    with pytest.raises(OptionError, match="--size 0"):
+    with pytest.raises(OptionError, match="--transform none"):
         bench([flat], workers=[0], max_samples=1)
 
 

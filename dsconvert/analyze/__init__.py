@@ -1,34 +1,40 @@
 """``dsconvert analyze``: why is loading slow, and what to run about it.
 
-:func:`analyze` measures the source at rest (inventory, read cost cold and warm, the
-concurrency sweep, decode cost per codec and library, the differential stall measurement),
-then :func:`dsconvert.analyze.verdict.decide` turns the measurements into a verdict. The
-report is a plain dict, versioned (``schema``/``schema_version``), rendered by
-:mod:`dsconvert.analyze.report` as a terminal table or JSON.
+:func:`analyze` first says what the path holds (:mod:`.detect`: a source of files, a
+dsconvert output, or another training format), then measures it at rest (inventory, read cost
+cold and warm, the concurrency sweep, decode cost per codec and library) and through a real
+DataLoader with the machine's workers and a reference transform, as it is and as each
+candidate output made from the sample (:mod:`.loader`); :func:`dsconvert.analyze.verdict.decide`
+turns the measurements into a verdict. The report is a plain dict, versioned
+(``schema``/``schema_version``), rendered by :mod:`dsconvert.analyze.report` as a terminal
+table or JSON.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..codecs import field_kind, jpeg_decoders, resized_shape
+from ..codecs import field_kind, jpeg_decoders
+from ..errors import OptionError
 from ..processes import available_cpus
 from ..progress import progress_bar
 from ..io.location import filesystem, is_remote, protocol_of
 from ..source.samples import CLASSIFICATION_LAYOUTS
 from ..io.localfs import free_bytes, storage_kind
 from .inventory import Inventory, take_inventory
+from .loader import (SOURCE, candidates, decoded_sample, loader_passes, page_cache_bytes,
+                     sample_source, transform_cost)
 from .measure import (LOCAL, Reader, concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
-                      memory_bandwidth, read_pass, stall_rates)
+                      memory_bandwidth, read_pass)
 from .sampling import stratified_sample
 from .verdict import Measurements, Verdict, decide
 
 __all__ = ["analyze", "REPORT_SCHEMA", "REPORT_VERSION", "Measurements", "Verdict", "decide"]
 
 REPORT_SCHEMA = "dsconvert.analyze"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 SUGGESTED_SHORT_SIDE = 256  # a --resize that still allows the usual 224-pixel crops
 
 
@@ -46,15 +52,51 @@ def _remote_storage(url: str) -> Dict[str, Any]:
     return {"kind": proto, "fstype": proto, "mount": f"{proto}://{endpoint}", "latency_bound": True}
 
 
-def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: int = 0,
+def _detect(src: str, fs: Any) -> Any:
+    try:
+        from .detect import detect
+    except ImportError:  # TEMPORARY until the detect module lands
+        from types import SimpleNamespace
+        from ..manifest import MANIFEST_NAME
+        from ..io.location import Location
+        if Location(src).exists(MANIFEST_NAME):
+            return SimpleNamespace(kind="dsconvert", description="a dsconvert output", reader="open_dataset",
+                                   advice=None, files=[], convertible=False)
+        return SimpleNamespace(kind="files", description="files", reader="", advice=None, files=[], convertible=True)
+    return detect(src, fs=fs)
+
+
+def _expected_cache(total_bytes: float) -> str:
+    """Epochs after the first read from the page cache when the data fills at most half of it."""
+    return "warm" if total_bytes <= page_cache_bytes() / 2 else "cold"
+
+
+def _passes_budget(prep_per_s: float, workers: int, seconds: float, samples: int) -> int:
+    """A batch size that gives each worker at least eight batches of the sample, and eight
+    batches within a pass's time budget: a steady state to measure."""
+    rate = max(1.0, prep_per_s * workers)
+    return int(max(1, min(64, rate * seconds / 8, samples / (8 * max(1, workers)))))
+
+
+def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: int = 0,
             time_budget: float = 30.0, output_dir: Optional[str] = None,
             sweep_levels: Optional[List[int]] = None, progress: bool = False,
             log: Optional[Callable[[str], None]] = None,
-            storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+            storage_options: Optional[Dict[str, Any]] = None, transform: Any = "eval",
+            workers: Optional[int] = None, decode: str = "pil", pass_seconds: float = 6.0,
+            cache: str = "auto") -> Dict[str, Any]:
     """Measure ``src`` (a path, or a URL fsspec reaches, with ``storage_options``) and return
-    the report (see the module doc and the README's schema). On object stores every read is a
-    request: "cold" is the first request for a file and "warm" a repeated one, and the
-    concurrency sweep shows how far parallel requests hide their latency."""
+    the report (see the module doc and the README's schema). ``transform`` is what each
+    sample goes through in the DataLoader passes (``eval``, ``train``, ``none``,
+    ``module:callable`` or a callable), ``workers`` their worker count (default: the CPUs),
+    ``cache`` which passes the predictions use (``auto``: warm when the whole dataset fits in
+    half the page cache, else cold).
+    On object stores every read is a request: "cold" is the first request for a file and
+    "warm" a repeated one."""
+    from ..transforms import load_transform
+
+    if cache not in ("auto", "cold", "warm"):
+        raise OptionError(f"cache must be auto, cold or warm, not {cache!r}")
     say = log or (lambda msg: None)
     started = time.perf_counter()
     fs = None
@@ -67,10 +109,20 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: i
         src = root = os.path.abspath(src)
         storage = storage_kind(src)
         reader = LOCAL
+    spec = transform if isinstance(transform, str) else getattr(transform, "__name__", repr(transform))
+    transform_fn = load_transform(transform) if isinstance(transform, str) else transform
+    cores = workers or available_cpus()
+    found = _detect(src, fs)
+    say(f"{src}: {found.description}")
+    measured_as = "files" if found.kind in ("files", "npy", "npz") else found.kind
     say(f"inventory of {src} ({storage['kind']}, {storage['fstype']} at {storage['mount']})")
     with progress_bar(progress, "inventory", unit=" files") as bar:
         inv = take_inventory(root, time_budget=time_budget, progress=bar.update, fs=fs)
-    picked = stratified_sample(inv.entries, sample, seed)
+    if found.kind == "dsconvert" or measured_as != "files":
+        entries = [(p, s) for p, s in inv.entries if not p.endswith((".json", ".idx", ".lock"))] or inv.entries
+    else:
+        entries = inv.entries
+    picked = stratified_sample(entries, sample, seed)
     if fs is not None:
         base = root if inv.layout != "list" else root.rsplit("/", 1)[0]
         paths = [f"{base}/{p}" for p, _ in picked]
@@ -85,7 +137,6 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: i
     fixed_ms, fit_mb_s = fit_fixed_cost(cold["latencies_ms"], cold.pop("sizes"))
     for r in (cold_random, warm):  # per-file latencies stay in the report: the HTML plots their ECDFs
         r.pop("sizes")
-    cores = available_cpus()
     # object stores keep scaling with concurrent requests well past the core count
     levels = sweep_levels or sorted({1, 2, 4, 8, 16, cores} | ({32, 64} if fs is not None else set()))
     say(f"concurrency sweep over {levels} readers")
@@ -97,54 +148,155 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 200, seed: i
         other["pickle"] = (f"{pickles} pickle files: unpickling is not measured, since it runs code "
                            "from the data; a decoded npy cache or np.save'd arrays avoid it")
     geometry = image_geometry(images, reader=reader)
-    stall = stall_rates(images[:64], reader=reader) if images else {}
     mem_mb_s = memory_bandwidth()
-
-    fps = _files_per_sample(inv)
-    num_samples = int(inv.estimated_files / fps) if fps else 0
-    mean_sample_bytes = inv.estimated_bytes / max(1, num_samples)
-    # the sample's codec mix, weighted as it occurs: library -> ms per sample
-    mix: Dict[str, float] = {}
+    mix: Dict[str, float] = {}  # the sample's codec mix, weighted as it occurs: library -> ms per sample
     measured = {c: per for c, per in costs.items() if "pil" in per}
     for lib in sorted({lib for per in measured.values() for lib in per}):
         mix[lib] = sum(per["pil"]["share"] * per.get(lib, per["pil"])["ms"] for per in measured.values())
-    decoded = geometry.get("decoded_bytes_mean", 0.0)
-    resize = None
-    resized = 0.0
-    if geometry and geometry["short_side_median"] > SUGGESTED_SHORT_SIDE:
-        resize = SUGGESTED_SHORT_SIDE
-        h = geometry["height"]["p50"]
-        w = geometry["width"]["p50"]
-        rh, rw = resized_shape(int(h), int(w), resize=resize)
-        resized = decoded * (rh * rw) / max(1.0, h * w)
     out_dir = output_dir or os.getcwd()
     free = free_bytes(out_dir)
+
+    fps = _files_per_sample(inv)
+    num_samples = int(inv.estimated_files / fps) if fps else 0
+    loader: Dict[str, Dict[str, Any]] = {}
+    notes: List[str] = []
+    transform_ms = 0.0
+    resize = None
+    convertible = False
+    if found.kind == "dsconvert":
+        loader, transform_ms, num_samples, decode_extra = _output_passes(
+            src, transform_fn, cores, sample, seed, decode, pass_seconds, storage_options, say)
+        mix = mix or decode_extra
+    elif measured_as == "files":
+        source = _sampled_source(src, inv, picked, seed, storage_options)
+        convertible = True
+        decoded = decoded_sample(source, storage_options=storage_options)
+        if source.sample_type != "classification":
+            transform_fn, spec = None, "none"
+        transform_ms = transform_cost(decoded, transform_fn)
+        if geometry and geometry["short_side_median"] > SUGGESTED_SHORT_SIDE:
+            resize = SUGGESTED_SHORT_SIDE
+        fast = jpeg_decoders()[0][0]
+        options = candidates(source.sample_type == "classification", fast if "jpeg" in costs else "pil", resize)
+        trial_budget = 2 << 30  # a full-size decoded trial of very large images is left out
+        if geometry and geometry.get("decoded_bytes_mean", 0) * len(source.samples) > trial_budget:
+            options = [c for c in options if not (c.fmt == "npy" and not c.options)]
+            notes.append("npy at full size: not measured, its trial on the sample alone would need more than 2 GB")
+        per_s = 1000 / max(1e-3, mix.get("pil", 1.0) + transform_ms)
+        batch = _passes_budget(per_s, cores, pass_seconds, len(source.samples))
+        say(f"DataLoader passes ({cores} workers, batch {batch}, transform {spec}): the source, from memory, "
+            f"and {len(options)} outputs made from the {len(source.samples)}-sample sample")
+        loader, trial_notes = loader_passes(source, output_dir, transform_fn, options, cores, batch, pass_seconds,
+                                            storage_options, say)
+        notes += trial_notes
+    mean_sample_bytes = inv.estimated_bytes / max(1, num_samples)
+    total = {k: v.get("bytes_per_sample", mean_sample_bytes) * num_samples for k, v in loader.items()}
+    if cache == "auto":
+        cache = _expected_cache(total.get(SOURCE, inv.estimated_bytes)) if fs is None else "cold"
     m = Measurements(
-        source=src, storage_kind=storage["kind"], latency_bound_storage=storage["latency_bound"],
-        num_samples=num_samples, files_per_sample=fps, mean_sample_bytes=mean_sample_bytes,
-        fixed_ms=fixed_ms, bandwidth_mb_s=max(r["mb_per_s"] for r in sweep) if sweep else fit_mb_s,
-        sweep=[(r["readers"], r["files_per_s"]) for r in sweep],
-        prep_only_per_s=stall.get("prep_only_per_s", 0.0), fetch_only_per_s=stall.get("fetch_only_per_s", cold["files_per_s"]),
-        both_per_s=stall.get("both_per_s", cold["files_per_s"]), decode_ms=mix, cores=cores,
-        numpy_decoder=jpeg_decoders()[0][0],
-        decoded_bytes_per_sample=decoded, resized_bytes_per_sample=resized, suggested_resize=resize,
-        memory_bandwidth_mb_s=mem_mb_s, free_bytes=free, output_dir=out_dir if output_dir else "OUT", target=target,
-        remote=fs is not None,
+        source=src, storage_kind=storage["kind"], num_samples=num_samples, files_per_sample=fps,
+        mean_sample_bytes=mean_sample_bytes, mean_file_bytes=inv.estimated_bytes / max(1, inv.estimated_files),
+        cold_latency_ms=cold["latency_ms"].get("p50", 0.0), fixed_ms=fixed_ms,
+        bandwidth_mb_s=max(r["mb_per_s"] for r in sweep) if sweep else fit_mb_s,
+        sweep=[(r["readers"], r["files_per_s"]) for r in sweep], loader=loader, decode_ms=mix,
+        transform_ms=transform_ms, cores=cores, expected_cache=cache, transform=spec, kind=found.kind,
+        convertible=convertible, numpy_decoder=jpeg_decoders()[0][0], suggested_resize=resize,
+        free_bytes=free, output_dir=out_dir if output_dir else "OUT", target=target, remote=fs is not None,
     )
-    verdict = decide(m)
+    verdict = decide(m) if loader else _unmeasured(m, found)
+    verdict.notes[:0] = notes
     return {
         "schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION, "source": src,
         "seconds": round(time.perf_counter() - started, 3),
         "storage": storage,
+        "detected": _detected_dict(found),
         "inventory": inv.to_dict(),
         "sample": {"files": len(paths), "images": len(images), "seed": seed, "strata": "top-level folder x size quartile"},
         "read": {"cold_sequential": cold, "cold_random": cold_random, "warm": warm,
                  "fixed_ms_per_file": fixed_ms, "fit_bandwidth_mb_s": fit_mb_s},
         "sweep": sweep,
         "decode": {"per_codec": costs, "per_sample_ms": mix, "images": geometry, **other},
-        "stall": stall,
+        "loader": {"workers": cores, "transform": spec, "cache": cache, "passes": loader},
         "memory_bandwidth_mb_s": mem_mb_s,
         "disk": {"output_dir": out_dir, "free_bytes": free},
         "measurements": m.__dict__,
         "verdict": verdict.to_dict(),
     }
+
+
+def _detected_dict(found: Any) -> Dict[str, Any]:
+    d = dict(found.__dict__) if hasattr(found, "__dict__") else {}
+    files = d.pop("files", None)
+    if files is not None:
+        d["files"] = len(files)
+    return d
+
+
+def _sampled_source(src: str, inv: Inventory, picked: List[Tuple[str, int]], seed: int,
+                    storage_options: Optional[Dict[str, Any]]) -> Any:
+    """The measured sample as a Source: from the inventory's listings, or for a list file
+    from its scan, a seeded subset as large as the sample."""
+    import random
+
+    from ..source import scan
+
+    if inv.layout == "list":
+        source = scan(src, storage_options=storage_options)
+        rng = random.Random(seed)
+        source.samples = rng.sample(source.samples, min(len(source.samples), max(1, len(picked) or 256)))
+        return source
+    return sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
+
+
+def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: int, decode: str,
+                   pass_seconds: float, storage_options: Optional[Dict[str, Any]],
+                   say: Callable[[str], None]) -> Tuple[Dict[str, Dict[str, Any]], float, int, Dict[str, float]]:
+    """A dsconvert output read as training reads it: open_dataset with the transform, cold and
+    warm; also the transform's and the decode's cost on a few of its samples."""
+    from ..bench import _as_list, _default_collate, _open, _one_pass
+    from ..codecs import decode_image
+    from ..readers.open import open_dataset
+
+    plain = open_dataset(path, decode="raw", storage_options=storage_options)
+    classification = plain.__class__.__name__ and getattr(plain, "classes", None) is not None
+    raw: List[Any] = []
+    for i, item in enumerate(plain):
+        raw.append(item[0] if isinstance(item, tuple) else item)
+        if i >= 15:
+            break
+    images = []
+    decode_ms: Dict[str, float] = {}
+    encoded = [r for r in raw if isinstance(r, (bytes, bytearray, memoryview))]
+    if encoded:
+        t = time.perf_counter()
+        images = [decode_image(bytes(r), "pil") for r in encoded]
+        decode_ms["pil"] = (time.perf_counter() - t) / len(encoded) * 1000
+    else:
+        images = [decode_image(r, "pil") if not hasattr(r, "shape") else r for r in raw]
+    if not classification:
+        transform = None
+    transform_ms = transform_cost(images, transform)
+    ds, target = _open(path, decode, transform, sample, seed, storage_options)
+    collate = _default_collate() if transform is not None else _as_list
+    batch = _passes_budget(1000 / max(1e-3, decode_ms.get("pil", 0.0) + transform_ms + 0.05), workers, pass_seconds,
+                           min(sample, target.num_samples))
+    row: Dict[str, Any] = {"bytes_per_sample": target.bytes_per_sample, "samples": min(sample, target.num_samples),
+                           "format": target.kind, "decode": decode}
+    for cache in ("cold", "warm"):
+        r = _one_pass(ds, target, workers, batch, collate, cache, sample, pass_seconds)
+        row[cache] = r["samples_per_s"]
+        row[f"{cache}_startup_s"] = r["startup_s"]
+        say(f"{target.label}, {cache}: {r['samples_per_s']:,.0f} samples/s")
+    return {SOURCE: row}, transform_ms, target.num_samples, decode_ms
+
+
+def _unmeasured(m: Measurements, found: Any) -> Verdict:
+    """A format dsconvert recognises but does not read: what it is, and what to do with it."""
+    return Verdict(
+        bottleneck="unknown", summary=f"{found.description}; dsconvert does not read it, so the loader was not measured",
+        evidence=[f"read with {found.reader} in training"] if getattr(found, "reader", None) else [],
+        commands=[], alternative=[],
+        per_worker_ms={"read": 0.0, "overhead": 0.0, "decode": 0.0, "transform": 0.0, "other": 0.0, "total": 0.0},
+        workers=m.cores, loader_per_s=0.0, predicted_per_s={}, output_bytes={}, fits={}, recommended=None,
+        predicted_speedup=1.0, keeps_up=None, cache=m.expected_cache,
+        notes=[found.advice] if getattr(found, "advice", None) else [])

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..io.localfs import is_latency_bound
+from ..io.location import mtime_ns_of
 from ..source.samples import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
 
 __all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram"]
@@ -56,16 +57,18 @@ class Inventory:
     fanout_quantiles: Dict[str, float] = field(default_factory=dict)  # files per folder
     size_histogram: List[Dict[str, int]] = field(default_factory=list)  # [{le: bytes, count}], log2 bins
     entries: List[Tuple[str, int]] = field(default_factory=list)  # (relative path, size)
+    listings: List[FolderListing] = field(default_factory=list)  # per folder walked, the root first
 
     def to_dict(self) -> Dict:
         d = dict(self.__dict__)
         d.pop("entries")
+        d.pop("listings")
         return d
 
 
-def _list(root: str, rel: str) -> Tuple[str, List[Tuple[str, int]], List[Tuple[str, Tuple[int, int]]]]:
+def _list(root: str, rel: str) -> Tuple[str, List[Tuple[str, int, int]], List[Tuple[str, Tuple[int, int]]]]:
     path = os.path.join(root, rel) if rel else root
-    files: List[Tuple[str, int]] = []
+    files: List[Tuple[str, int, int]] = []
     subdirs: List[Tuple[str, Tuple[int, int]]] = []
     try:
         entries = list(os.scandir(path))
@@ -82,16 +85,16 @@ def _list(root: str, rel: str) -> Tuple[str, List[Tuple[str, int]], List[Tuple[s
         if stat_mod.S_ISDIR(st.st_mode):
             subdirs.append((child, (st.st_dev, st.st_ino)))
         elif stat_mod.S_ISREG(st.st_mode):
-            files.append((entry.name, st.st_size))
+            files.append((entry.name, st.st_size, st.st_mtime_ns))
     return rel, files, subdirs
 
 
-def _lister_remote(fs: Any) -> Callable[[str, str], Tuple[str, List[Tuple[str, int]], List[Tuple[str, Any]]]]:
+def _lister_remote(fs: Any) -> Callable[[str, str], Tuple[str, List[Tuple[str, int, int]], List[Tuple[str, Any]]]]:
     """``_list`` for an fsspec file system: one ``ls`` per folder (S3: a delimiter listing, one
     request per 1000 keys), so the same parallel walk with its time budget serves both."""
-    def list_remote(root: str, rel: str) -> Tuple[str, List[Tuple[str, int]], List[Tuple[str, Any]]]:
+    def list_remote(root: str, rel: str) -> Tuple[str, List[Tuple[str, int, int]], List[Tuple[str, Any]]]:
         path = f"{root}/{rel}" if rel else root
-        files: List[Tuple[str, int]] = []
+        files: List[Tuple[str, int, int]] = []
         subdirs: List[Tuple[str, Any]] = []
         try:
             entries = fs.ls(path, detail=True)
@@ -105,7 +108,7 @@ def _lister_remote(fs: Any) -> Callable[[str, str], Tuple[str, List[Tuple[str, i
             if e.get("type") == "directory":
                 subdirs.append((child, e["name"]))
             else:
-                files.append((name, int(e.get("size") or 0)))
+                files.append((name, int(e.get("size") or 0), mtime_ns_of(e)))
         return rel, files, subdirs
 
     return list_remote
@@ -121,7 +124,7 @@ def _estimate_rest(inv: Inventory, root: str, pending: List[str], threads: int, 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         listed = list(pool.map(lambda rel: lister(root, rel), probe))
     files = sum(len(f) for _, f, _ in listed) / len(listed)
-    nbytes = sum(s for _, f, _ in listed for _, s in f) / len(listed)
+    nbytes = sum(s for _, f, _ in listed for _, s, _ in f) / len(listed)
     subdirs = sum(len(d) for _, _, d in listed) / len(listed)
     seen_files = (inv.files + files * len(listed)) / (inv.dirs + len(listed))
     seen_bytes = (inv.bytes + nbytes * len(listed)) / (inv.dirs + len(listed))
@@ -169,8 +172,8 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
                 inv.dirs += 1
                 inv.max_depth = max(inv.max_depth, rel.count("/") + 1 if rel else 0)
                 fanout.append(len(files))
-                listings.append(FolderListing(rel, sorted((n, s, 0) for n, s in files)))
-                for name, size in files:
+                listings.append(FolderListing(rel, sorted(files)))
+                for name, size, _ in files:
                     sizes.append(size)
                     inv.bytes += size
                     exts[name.rpartition(".")[2].lower() if "." in name else ""] += 1
@@ -202,6 +205,7 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
     inv.size_histogram = size_histogram(sizes)
     inv.fanout_quantiles = quantiles(fanout)
     listings.sort(key=lambda d: d.rel)
+    inv.listings = listings
     inv.entries.sort()
     # the layout test reads every name; a few hundred folders (the root first) decide it
     if listings and looks_like_image_folder(listings[:LAYOUT_FOLDERS]):

@@ -15,7 +15,7 @@ import random
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,14 +32,15 @@ class Reader:
     pages) or an fsspec file system, where every read is a request (GET) and there is no page
     cache to evict, so "cold" is a first request and "warm" a repeated one."""
 
-    def __init__(self, fs: Any = None):
+    def __init__(self, fs: Any = None, limit: int = 16 << 20):
         self.fs = fs
+        self.limit = limit  # a shard-sized file is timed on its first 16 MB: enough for a rate
 
     def read(self, path: str) -> bytes:
         if self.fs is not None:
-            return self.fs.cat_file(path)
+            return self.fs.cat_file(path, start=0, end=self.limit)
         with open(path, "rb") as f:
-            return f.read()
+            return f.read(self.limit)
 
     def head(self, path: str, n: int = 1 << 16) -> bytes:
         """The first ``n`` bytes: enough for an image's header."""
@@ -107,13 +108,23 @@ def concurrency_sweep(paths: Sequence[str], levels: Sequence[int] = (1, 2, 4, 8,
     return out
 
 
-def fit_fixed_cost(latencies_ms: Sequence[float], sizes: Sequence[int]) -> Tuple[float, float]:
+def fit_fixed_cost(latencies_ms: Sequence[float], sizes: Sequence[int],
+                   min_spread: float = 0.5) -> Tuple[Optional[float], float]:
     """Least-squares ``latency = fixed + size / bandwidth``: (fixed ms per file, MB/s).
-    The fixed part is what many small files pay again and again; a tar shard pays it once."""
+    The fixed part is what many small files pay again and again; a tar shard pays it once.
+
+    Only sizes that vary can separate the two terms: when the sampled sizes span less than
+    ``min_spread`` of their median (p90 - p10), or there are fewer than 8, the fixed cost is
+    ``None`` (not determined) and the bandwidth the mean over the sample, rather than a noisy
+    fit that swings from 0 to hundreds of ms between runs."""
     x = np.asarray(sizes, dtype=float)
     y = np.asarray(latencies_ms, dtype=float)
-    if len(x) < 3 or np.ptp(x) == 0:
-        return float(np.median(y)) if len(y) else 0.0, 0.0
+    if len(x) == 0:
+        return None, 0.0
+    p10, p50, p90 = np.quantile(x, (0.1, 0.5, 0.9))
+    if len(x) < 8 or p90 - p10 < min_spread * max(p50, 1.0):
+        seconds = y.sum() / 1000
+        return None, float(x.sum() / seconds / 1e6) if seconds > 0 else 0.0
     slope, intercept = np.polyfit(x, y, 1)
     fixed = float(max(0.0, min(intercept, np.median(y))))
     bandwidth = float(1e-3 / slope) if slope > 0 else 0.0  # bytes per ms -> MB/s

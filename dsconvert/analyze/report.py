@@ -1,6 +1,8 @@
 """The analyze report as a terminal table (colour only on a tty) or as JSON.
 
-JSON schema ``dsconvert.analyze`` version 1 (a stable subset; more keys may be added):
+JSON schema ``dsconvert.analyze`` version 2 (a stable subset; more keys may be added). Version 2
+added ``detected`` and ``loader`` and replaced ``stall`` (the single-worker model) with the
+DataLoader passes; ``read.fixed_ms_per_file`` may be null (not determined):
 
     schema, schema_version, source, seconds
     storage      {kind, fstype, mount, latency_bound}
@@ -16,13 +18,18 @@ JSON schema ``dsconvert.analyze`` version 1 (a stable subset; more keys may be a
                   per_sample_ms{library: ms}, images{width, height, megapixels, ...},
                   npy_load_ms?, npy_not_loaded? (how many .npy files
                   were not loaded, and why), pickle? (why it was not measured)}
-    stall        {decoder, images, prep_only_per_s, fetch_only_per_s, both_per_s}
+    detected     {kind, description, reader, convertible, advice, num_samples, files (count), ...}
+    loader       {workers, transform, cache (the passes predictions use: warm when the data
+                  fits in half the page cache), passes{name: {cold?, warm, bytes_per_sample,
+                  samples, format?, decode?, options?}}}: name "source" (as it is), "from memory",
+                  and each output made from the sample
     disk         {output_dir, free_bytes}
     measurements the verdict's input (dsconvert.analyze.verdict.Measurements)
-    verdict      {bottleneck, summary, evidence[], commands[], alternative[], per_worker_ms{read, overhead,
-                  decode, total}, workers, loader_per_s, predicted_per_s{option: n},
-                  output_bytes{option: n}, fits{option: bool}, recommended,
-                  predicted_speedup, keeps_up, notes[]}
+    verdict      {bottleneck (storage-latency | small-files | storage-bandwidth | decode | transform |
+                  none | unknown), summary, evidence[], commands[], alternative[], per_worker_ms{read,
+                  overhead, decode, transform, other, total}, workers, loader_per_s,
+                  predicted_per_s{option: n}, output_bytes{option: n}, fits{option: bool},
+                  recommended, predicted_speedup, keeps_up, cache, read_share, notes[]}
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
     add = lines.append
     bold = lambda t: _style(t, "1", tty)  # noqa: E731
     add(bold(f"dsconvert analyze {report['source']}"))
+    det = report.get("detected") or {}
+    if det.get("description"):
+        add(f"  what it is: {det['description']}")
     colour = "32" if v["bottleneck"] == "none" else "31"
     add(_style(f"verdict: {v['summary']}", "1;" + colour, tty))
     for e in v["evidence"]:
@@ -67,8 +77,9 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
         for c in v["alternative"]:
             add(f"  {c}")
     if v["recommended"]:
-        add(f"  fastest output that fits: {v['recommended']}, predicted {v['predicted_per_s'][v['recommended']]:,.0f} "
-            f"samples/s with {v['workers']} workers: {v['predicted_speedup']:.1f}x today's {v['loader_per_s']:,.0f}")
+        add(f"  fastest output that fits: {v['recommended']}, measured {v['predicted_per_s'][v['recommended']]:,.0f} "
+            f"samples/s through a DataLoader with {v['workers']} workers: {v['predicted_speedup']:.1f}x today's "
+            f"{v['loader_per_s']:,.0f}")
     for n in v["notes"]:
         add(f"  note: {n}")
     add("")
@@ -92,7 +103,9 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
         lat = r["latency_ms"]
         add(f"  {label:18s}{r['files_per_s']:10,.0f}{r['mb_per_s']:10,.1f}{lat.get('p50', 0):10.3f}"
             f"{lat.get('p90', 0):10.3f}{lat.get('p99', 0):10.3f}")
-    add(f"  per-file fixed cost {rd['fixed_ms_per_file']:.3f} ms (cold; fitted latency = fixed + size / bandwidth)")
+    fixed = rd["fixed_ms_per_file"]
+    add(f"  per-file fixed cost {fixed:.3f} ms (cold; fitted latency = fixed + size / bandwidth)" if fixed is not None
+        else "  per-file fixed cost not determined: the sampled files have about one size")
     add("  concurrency (cold): " + ", ".join(f"{r['readers']} -> {r['files_per_s']:,.0f} files/s" for r in report["sweep"]))
     add("")
     dec = report["decode"]
@@ -114,21 +127,25 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
         add(f"  .npy       {dec['npy_not_loaded']}")
     if "pickle" in dec:
         add(f"  pickle     {dec['pickle']}")
-    s = report.get("stall") or {}
-    if s:
-        add(bold("stall (one worker, measured)"))
-        add(f"  decode only {s['prep_only_per_s']:,.0f}/s, read only (cold) {s['fetch_only_per_s']:,.0f}/s, "
-            f"both {s['both_per_s']:,.0f}/s")
+    lo = report.get("loader") or {}
+    passes = lo.get("passes") or {}
+    if passes:
         pw = v["per_worker_ms"]
-        add(f"  per sample: read {pw['read']:.3f} ms + per-file overhead {pw['overhead']:.3f} ms + decode "
-            f"{pw['decode']:.3f} ms = {pw['total']:.3f} ms")
-    add("")
-    add(bold(f"outputs (predicted samples/s with {v['workers']} workers; free at {report['disk']['output_dir']}: "
-             f"{format_size(report['disk']['free_bytes'])})"))
-    add(f"  {'source as it is':24s}{v['loader_per_s']:12,.0f}")
-    for k, rate in v["predicted_per_s"].items():
-        fit = "" if v["fits"][k] else "  (does not fit)"
-        add(f"  {k:24s}{rate:12,.0f}   {format_size(v['output_bytes'][k])}{fit}")
+        add(bold(f"DataLoader passes ({lo['workers']} workers, transform {lo['transform']}; predictions use the "
+                 f"{lo['cache']} passes; free at {report['disk']['output_dir']}: {format_size(report['disk']['free_bytes'])})"))
+        add(f"  {'':28s}{'cold/s':>10s}{'warm/s':>10s}{'vs as is':>10s}{'full size':>12s}")
+        base = v["loader_per_s"]
+        for name, row in passes.items():
+            label = "as it is" if name == "source" else name
+            rate = row.get(lo["cache"]) or row.get("warm") or 0.0
+            vs = f"{rate / base:.2f}x" if base and name != "source" else ""
+            size = v["output_bytes"].get(name)
+            fit = "" if v["fits"].get(name, True) else " (does not fit)"
+            cold = f"{row['cold']:10,.0f}" if "cold" in row else f"{'-':>10s}"
+            add(f"  {label[:27]:28s}{cold}{row.get('warm', 0.0):10,.0f}{vs:>10s}"
+                f"{format_size(size) if size else '':>12s}{fit}")
+        add(f"  per sample in one worker: read {pw['read'] + pw['overhead']:.3f} ms + decode {pw['decode']:.3f} ms + "
+            f"transform {pw.get('transform', 0.0):.3f} ms + other {pw.get('other', 0.0):.3f} ms = {pw['total']:.3f} ms")
     if v["keeps_up"] is not None:
         add(_style(f"target: {'the loader keeps up' if v['keeps_up'] else 'the loader cannot keep up'}",
                    "32" if v["keeps_up"] else "31", tty))

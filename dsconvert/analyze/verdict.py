@@ -1,73 +1,94 @@
-"""From measurements to a verdict: the bottleneck, the evidence, the fix and its speedup.
+"""From measurements to a verdict: the bottleneck, the evidence, the fix and its measured gain.
 
-A pure function of :class:`Measurements` (no I/O), so it is tested on constructed
-measurements. The model of one DataLoader worker is the differential stall measurement:
+A pure function of :class:`Measurements` (no I/O), so it is tested on recorded measurements.
+Every rate in it was measured through a real DataLoader with the machine's workers and the
+reference transform (:mod:`dsconvert.analyze.loader`): the data as it is (cold and warm), the
+same samples from memory (decode + transform + IPC, no storage), and each candidate output
+made from the sample. The decision reads them in this order:
 
-    t_sample = t_prep + t_read_stall,  t_prep = 1 / prep_only_rate,  t_sample = 1 / both_rate
-    t_read_stall = t_overhead (fixed per-file cost x files per sample) + t_transfer
+1. a ``target`` the loader meets: ``none``;
+2. storage: the loader loses half its rate to reading (as-is vs from memory, or cold vs warm
+   when there is no from-memory pass), or moves about what the storage gave cold (0.7-1.4x its
+   measured MB/s or files/s: much more means a cache serves it). Which storage limit is decided from the measurements,
+   never from the mount type: files of 8 MB or more are *bandwidth* (sharding cannot reduce
+   their requests; a copy on faster storage can); throughput that grows 2x or more with
+   concurrent readers at >= 2 ms per cold file is *latency*; small files (< 256 kB) that do
+   not scale are *per-file overhead*; the rest is bandwidth;
+3. otherwise the CPU: ``decode`` when an output measured >= 1.3x faster (it removes or
+   speeds up decoding); when none is, ``none`` (the data's form is not what limits the
+   loader), or with an unmet target the larger of decode and ``transform``.
 
-and N workers (one per core) reach ``min(N / t_sample, storage rate at N concurrent readers,
-cores / t_prep)``. Each output format changes one term: shards replace per-file latency by a
-sequential transfer at the measured bandwidth, a fast JPEG decoder shrinks t_prep, a decoded
-npy cache replaces decode by a memory copy.
+Commands are only those that accept the data: a conversion only of a source whose sample
+converted in the measurement, into a real path.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["Measurements", "Verdict", "decide"]
+from ..sizing import format_size
 
-LATENCY_MS = 2.0  # a per-file fixed cost above this is network-like latency, not local overhead
-SMALL_FILE_BYTES = 256_000  # below this, a local read is mostly per-file work (syscalls, metadata,
-                            # a seek), whatever the noisy fit of the fixed cost says
+__all__ = ["Measurements", "Verdict", "decide", "SOURCE", "MEMORY"]
+
+SOURCE = "source"
+MEMORY = "from memory"
+LATENCY_MS = 2.0  # a cold per-file read slower than this is network-like latency
+SMALL_FILE_BYTES = 256_000  # below this, a local read is mostly per-file work
+LARGE_FILE_BYTES = 8_000_000  # at or above this, files are shard-sized already
+READ_SHARE = 0.5  # the share of the loader's time lost to reading that makes it storage-bound
+STORAGE_USE = 0.7  # a loader moving 0.7-1.4x the storage's measured MB/s (cold) is storage-bound
+SCALES = 2.0  # throughput growth from 1 to N readers that means latency hidden by concurrency
+WORTH = 1.3  # the smallest measured gain worth a conversion
 
 
 @dataclass
 class Measurements:
     source: str
-    storage_kind: str  # local-disk, tmpfs, nfs, ceph, fuse, overlay, ...
-    latency_bound_storage: bool
+    storage_kind: str  # local-disk, tmpfs, nfs, ceph, fuse, overlay, s3, ... (reported, not decided on)
     num_samples: int
     files_per_sample: float
     mean_sample_bytes: float
-    fixed_ms: float  # fitted per-file fixed cost of a cold read
+    mean_file_bytes: float
+    cold_latency_ms: float  # p50 of one reader's cold per-file reads
+    fixed_ms: Optional[float]  # fitted per-file fixed cost; None when the sizes cannot separate it
     bandwidth_mb_s: float  # best cold MB/s over the concurrency sweep
     sweep: List[Tuple[int, float]]  # (readers, files/s), cold
-    prep_only_per_s: float  # one worker, the decoder the source is read with today (Pillow)
-    fetch_only_per_s: float
-    both_per_s: float
-    decode_ms: Dict[str, float]  # library -> ms per sample, over the sample's codec mix
-    cores: int
-    numpy_decoder: str = "pil"  # what decode="numpy" and --decoder auto use here
-    decoded_bytes_per_sample: float = 0.0
-    resized_bytes_per_sample: float = 0.0
+    loader: Dict[str, Dict[str, Any]]  # SOURCE, MEMORY, each output -> {cold, warm, bytes_per_sample, ...}
+    decode_ms: Dict[str, float]  # library -> ms per sample, one thread, the sample's codec mix
+    transform_ms: float  # the reference transform on a decoded image, one thread
+    cores: int  # the workers of every DataLoader pass
+    expected_cache: str = "warm"  # "warm" when the data fits in the page cache (epochs after the first)
+    transform: str = "eval"
+    kind: str = "files"  # what the path holds (dsconvert.analyze.detect)
+    convertible: bool = True  # dsconvert shard takes it as a source
+    numpy_decoder: str = "pil"
     suggested_resize: Optional[int] = None
-    memory_bandwidth_mb_s: float = 5000.0
     free_bytes: Optional[int] = None
     output_dir: str = "OUT"
     target: Optional[float] = None
-    remote: bool = False  # an object store or other fsspec URL: every file is a request
+    remote: bool = False
 
 
 @dataclass
 class Verdict:
-    bottleneck: str  # storage-latency, small-files, storage-bandwidth, decode or none
+    bottleneck: str  # storage-latency, small-files, storage-bandwidth, decode, transform, none, unknown
     summary: str
     evidence: List[str]
     commands: List[str]
-    alternative: List[str]  # another fix, when the first needs more room (decoded) than it
-    per_worker_ms: Dict[str, float]  # read, overhead, decode, total
+    alternative: List[str]
+    per_worker_ms: Dict[str, float]  # read, overhead, decode, transform, other, total (one worker, per sample)
     workers: int
-    loader_per_s: float  # the source as it is, N workers
-    predicted_per_s: Dict[str, float]  # output option -> samples/s with N workers
+    loader_per_s: float  # the data as it is, through the DataLoader
+    predicted_per_s: Dict[str, float]  # output -> samples/s measured on the sample
     output_bytes: Dict[str, float]
     fits: Dict[str, bool]
     recommended: Optional[str]
     predicted_speedup: float
     keeps_up: Optional[bool] = None
+    cache: str = "warm"  # which pass the predictions are (see Measurements.expected_cache)
+    read_share: float = 0.0
     notes: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict:
@@ -87,130 +108,173 @@ def _rate_at(sweep: List[Tuple[int, float]], readers: int) -> float:
     return pts[-1][1]
 
 
-def _loader(n: int, t_sample_s: float, t_prep_s: float, cores: int, storage_rate: float) -> float:
-    rates = [n / t_sample_s if t_sample_s > 0 else float("inf"), storage_rate]
-    if t_prep_s > 0:
-        rates.append(cores / t_prep_s)
-    return min(rates)
+def _storage_kind(m: Measurements, scaling: float) -> str:
+    if m.mean_file_bytes >= LARGE_FILE_BYTES:
+        return "storage-bandwidth"
+    if scaling >= SCALES and m.cold_latency_ms >= LATENCY_MS:
+        return "storage-latency"
+    if m.mean_file_bytes < SMALL_FILE_BYTES:
+        return "small-files"
+    return "storage-latency" if scaling >= SCALES else "storage-bandwidth"
 
 
 def decide(m: Measurements) -> Verdict:
-    """Name the bottleneck of loading ``m.source`` as it is, and the fastest fix that fits."""
+    """Name what limits loading ``m.source`` as it is, and the fastest measured fix that fits."""
     n = max(1, m.cores)
-    t_prep = 1.0 / m.prep_only_per_s if m.prep_only_per_s > 0 else 0.0
-    t_sample = 1.0 / m.both_per_s if m.both_per_s > 0 else t_prep
-    t_stall = max(0.0, t_sample - t_prep)
-    t_overhead = min(t_stall, m.fixed_ms / 1000 * m.files_per_sample)
-    t_transfer = t_stall - t_overhead
-    storage_samples = _rate_at(m.sweep, n) / max(m.files_per_sample, 1e-9)
-    loader = _loader(n, t_sample, t_prep, n, storage_samples)
-
-    # what each output option would give with the same N workers
-    bw = max(m.bandwidth_mb_s, 1e-9) * 1e6  # bytes/s
-    t_seq = m.mean_sample_bytes / bw  # a shard's sample: one sequential transfer, no per-file cost
-    seq_rate = bw / max(m.mean_sample_bytes, 1.0)
-    fast_lib = m.numpy_decoder if m.numpy_decoder in m.decode_ms else "pil"
-    t_fast = m.decode_ms[fast_lib] / 1000 if m.decode_ms else t_prep
-    mem = max(m.memory_bandwidth_mb_s, 1e-9) * 1e6
-    predicted = {
-        "wds": _loader(n, t_seq + t_prep, t_prep, n, seq_rate),
-        "hdf5": _loader(n, t_seq + t_prep + 30e-6, t_prep, n, seq_rate),
-    }
-    sizes = {"wds": m.num_samples * m.mean_sample_bytes, "hdf5": m.num_samples * m.mean_sample_bytes}
-    if fast_lib != "pil":
-        predicted[f"wds+{fast_lib}"] = _loader(n, t_seq + t_fast, t_fast, n, seq_rate)
-        sizes[f"wds+{fast_lib}"] = sizes["wds"]
-    if m.decoded_bytes_per_sample:
-        t_copy = m.decoded_bytes_per_sample / mem + 20e-6
-        predicted["npy"] = n / t_copy
-        sizes["npy"] = m.num_samples * m.decoded_bytes_per_sample
-    if m.suggested_resize and m.resized_bytes_per_sample:
-        key = f"npy --resize {m.suggested_resize}"
-        predicted[key] = n / (m.resized_bytes_per_sample / mem + 20e-6)
-        sizes[key] = m.num_samples * m.resized_bytes_per_sample
+    cache = m.expected_cache
+    as_is = m.loader.get(SOURCE, {}).get(cache, 0.0)
+    memory = m.loader.get(MEMORY, {}).get("warm", 0.0)
+    outputs = {k: v for k, v in m.loader.items() if k not in (SOURCE, MEMORY) and v.get(cache)}
+    predicted = {k: float(v[cache]) for k, v in outputs.items()}
+    sizes = {k: float(v.get("bytes_per_sample", 0.0)) * m.num_samples for k, v in outputs.items()}
     fits = {k: m.free_bytes is None or v <= m.free_bytes for k, v in sizes.items()}
     fitting = [k for k in predicted if fits[k]]
-    recommended = max(fitting, key=lambda k: predicted[k]) if fitting else None
-    speedup = predicted[recommended] / loader if recommended and loader > 0 else 1.0
+    best = max(fitting, key=lambda k: predicted[k]) if fitting else None
+    speedup = predicted[best] / as_is if best and as_is > 0 else 1.0
 
-    read_share = t_stall / t_sample if t_sample > 0 else 0.0
-    keeps_up = None if m.target is None else loader >= m.target
-    evidence = [
-        f"one worker: {m.both_per_s:,.0f} samples/s reading and decoding, {m.prep_only_per_s:,.0f}/s decoding "
-        f"from memory, {m.fetch_only_per_s:,.0f}/s reading cold: read stall {read_share:.0%} of each sample",
-    ]
-    scaling = (m.sweep[-1][1] / m.sweep[0][1]) if len(m.sweep) > 1 and m.sweep[0][1] > 0 else 1.0
+    # one worker's time per sample: n workers each deliver as_is / n samples/s
+    t_total = n / as_is * 1000 if as_is > 0 else 0.0
+    reference = memory
+    if reference <= 0 and cache == "cold":  # no from-memory pass (a dsconvert output): the warm pass
+        reference = m.loader.get(SOURCE, {}).get("warm", 0.0)
+    t_cpu = min(t_total, n / reference * 1000) if reference > 0 else t_total
+    t_read = max(0.0, t_total - t_cpu)
+    read_share = t_read / t_total if t_total > 0 else 0.0
+    decoder = "pil"
+    t_decode = min(m.decode_ms.get(decoder, 0.0), t_cpu)
+    t_transform = min(m.transform_ms, max(0.0, t_cpu - t_decode))
+    t_other = max(0.0, t_cpu - t_decode - t_transform)
+    t_overhead = min(t_read, (m.fixed_ms or 0.0) * m.files_per_sample)
+    scaling = (max(r for _, r in m.sweep) / m.sweep[0][1]) if len(m.sweep) > 1 and m.sweep[0][1] > 0 else 1.0
+    storage_files_s = _rate_at(m.sweep, n)
+    loader_mb_s = as_is * m.mean_sample_bytes / 1e6
+    storage_use = max(as_is * m.files_per_sample / storage_files_s if storage_files_s else 0.0,
+                      loader_mb_s / m.bandwidth_mb_s if m.bandwidth_mb_s > 0 else 0.0)
+    # a loader moving about what the storage gave cold is held by it; far more means a cache serves it
+    storage_bound = read_share >= READ_SHARE or (memory <= 0 and STORAGE_USE <= storage_use <= 1 / STORAGE_USE)
+    keeps_up = None if m.target is None else as_is >= m.target
+
+    evidence = [f"through a DataLoader with {n} workers and the {m.transform} transform ({cache} page cache): "
+                f"{as_is:,.0f} samples/s as it is" + (f", {memory:,.0f}/s from memory: reading costs "
+                                                      f"{read_share:.0%} of the loader's time" if memory else "")]
+    evidence.append(f"one worker per sample: {t_total:.2f} ms = read {t_read:.2f} + decode {t_decode:.2f} "
+                    f"+ transform {t_transform:.2f} + collate/IPC/other {t_other:.2f}")
     if m.sweep:
-        kind = ("latency-bound: parallel readers hide it" if scaling >= 2 else
-                "bandwidth-bound: more readers do not help")
-        evidence.append(f"cold reads scale {scaling:.1f}x from {m.sweep[0][0]} to {m.sweep[-1][0]} readers ({kind})")
-    evidence.append(f"per-file fixed cost {m.fixed_ms:.2f} ms, bandwidth {m.bandwidth_mb_s:,.0f} MB/s, "
-                    f"{m.mean_sample_bytes / 1e3:,.0f} kB per sample, storage: {m.storage_kind}")
+        kind = ("throughput grows with concurrent readers: latency that parallelism hides" if scaling >= SCALES
+                else "throughput does not grow with readers: bandwidth or CPU bound")
+        evidence.append(f"cold reads scale {scaling:.1f}x from {m.sweep[0][0]} to {max(m.sweep)[0]} readers ({kind})")
+    fixed = (f"per-file fixed cost {m.fixed_ms:.2f} ms (fitted)" if m.fixed_ms is not None
+             else "per-file fixed cost not determined (the sampled files have about one size)")
+    evidence.append(f"cold read {m.cold_latency_ms:.2f} ms per file (p50), {fixed}, up to {m.bandwidth_mb_s:,.0f} MB/s; "
+                    f"{m.mean_file_bytes / 1e3:,.0f} kB per file; storage: {m.storage_kind}; "
+                    f"the loader moves {loader_mb_s:,.1f} MB/s ({storage_use:.0%} of what the storage gave)")
 
     if keeps_up:
         bottleneck = "none"
-    elif read_share >= 0.5:
-        if m.latency_bound_storage or m.fixed_ms >= LATENCY_MS:
-            bottleneck = "storage-latency"
-        elif t_overhead >= 0.5 * t_stall or m.mean_sample_bytes / max(m.files_per_sample, 1e-9) < SMALL_FILE_BYTES:
-            bottleneck = "small-files"
-        else:
-            bottleneck = "storage-bandwidth"
-    else:
+    elif storage_bound:
+        bottleneck = _storage_kind(m, scaling)
+    elif best is not None and speedup >= WORTH:
         bottleneck = "decode"
+    elif m.target is None:
+        bottleneck = "none"
+    else:
+        bottleneck = "transform" if t_transform >= t_decode else "decode"
 
     src = m.source
 
-    def out_for(fmt: str) -> str:  # OUT stands for "where you want it" when no folder was given
+    stem = src.rstrip("/")
+    if stem.lower().endswith((".csv", ".tsv", ".jsonl", ".txt")):  # a list file: beside it, without the suffix
+        stem = posixpath.splitext(stem)[0]
+
+    def out_for(suffix: str) -> str:  # beside the source unless an output folder was given
         if m.output_dir == "OUT":
-            return "OUT"
-        return posixpath.join(m.output_dir, f"{posixpath.basename(src.rstrip('/')) or 'data'}-{fmt}")
+            return f"{stem}-{suffix}"
+        return posixpath.join(m.output_dir, f"{posixpath.basename(stem) or 'data'}-{suffix}")
+
+    def command(name: str) -> str:
+        row = outputs[name]
+        fmt = row.get("format", name.split(",")[0].split()[0])
+        opts = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (row.get("options") or {}).items())
+        line = f"dsconvert shard {src} --format {fmt} -o {out_for(fmt)}{opts}"
+        if row.get("decode") == "numpy":
+            line += f'   # then open_dataset("{out_for(fmt)}", decode="numpy") decodes JPEGs with {m.numpy_decoder}'
+        return line
 
     commands: List[str] = []
-    if bottleneck in ("storage-latency", "small-files", "storage-bandwidth"):
-        commands.append(f"dsconvert shard {src} --format wds -o {out_for('wds')}")
-    if recommended and recommended.startswith("npy"):
-        resize = recommended.split("--resize ")[1] if "--resize" in recommended else None
-        commands.append(f"dsconvert shard {src} --format npy -o {out_for('npy')}" + (f" --resize {resize}" if resize else ""))
     alternative: List[str] = []
-    if bottleneck == "decode" and fast_lib != "pil":  # keeps the encoded bytes: a small output
-        fast = [f"dsconvert shard {src} --format wds -o {out_for('wds')}",
-                f'open_dataset("{out_for("wds")}", decode="numpy")  # decodes JPEGs with {fast_lib}']
-        if commands:
-            alternative = fast
+    notes: List[str] = []
+    large = m.mean_file_bytes >= LARGE_FILE_BYTES
+    recommended = best if best is not None and speedup >= WORTH and bottleneck not in ("none",) else None
+    if recommended and large and bottleneck == "storage-bandwidth" and outputs[recommended].get("format") != "npy":
+        recommended = None  # re-packing large files into shards only copies them
+    if recommended and m.convertible:
+        commands.append(command(recommended))
+        encoded = [k for k in fitting if outputs[k].get("format") == "wds" and k != recommended]
+        if outputs[recommended].get("format") == "npy" and encoded:
+            alt = max(encoded, key=lambda k: predicted[k])
+            alternative.append(command(alt) + f"   # {predicted[alt]:,.0f}/s in {format_size(sizes[alt])} "
+                               f"instead of {format_size(sizes[recommended])}")
+    if bottleneck == "storage-bandwidth":
+        if large:
+            notes.append(f"the files are already large ({m.mean_file_bytes / 1e6:,.0f} MB each): sharding cannot "
+                         "reduce the number of requests; the storage's bandwidth is the limit")
+        if m.kind == "dsconvert":
+            notes.append(f"read a verified local copy: dsconvert cache {src} /local/ssd/cache, then "
+                         f"open_dataset(\"{src}\", cache_dir=\"/local/ssd/cache\")")
         else:
-            commands = fast
-    if m.remote and bottleneck in ("storage-latency", "small-files", "storage-bandwidth"):
-        shards = f"{src.rstrip('/')}-wds"  # shards kept in the store, read from a local SSD cache
-        alternative = [f"dsconvert shard {src} --format wds -o {shards}",
-                       f"dsconvert cache {shards} /local/ssd/cache   # then open_dataset(\"{shards}\", "
-                       "cache_dir=\"/local/ssd/cache\") reads verified local copies"]
-    notes = ["predictions are the ceiling of reading and decoding; transforms, collate and worker "
-             "IPC come on top (time a DataLoader pass for the whole loader)"]
-    if "pil" in m.decode_ms and fast_lib == "pil" and bottleneck == "decode":
-        notes.append("no faster JPEG decoder loads here: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
+            notes.append("copy the data to local SSD (or a faster tier) before training, e.g. rsync -a "
+                         f"{src}/ /local/ssd/{posixpath.basename(src.rstrip('/')) or 'data'}/")
     if bottleneck == "storage-latency":
-        notes.append("write the shards to local SSD: the conversion is then also the pre-cache")
+        notes.append("write the output to local SSD: the conversion is then also the pre-cache")
+        if m.remote and m.convertible:
+            shards = f"{src.rstrip('/')}-wds"
+            alternative = [f"dsconvert shard {src} --format wds -o {shards}",
+                           f"dsconvert cache {shards} /local/ssd/cache   # then open_dataset(\"{shards}\", "
+                           "cache_dir=\"/local/ssd/cache\") reads verified local copies"]
+    if bottleneck in ("storage-latency", "small-files") and not m.convertible:
+        notes.append(f"{m.kind} data: pack it into fewer, larger files (dsconvert shard takes folders of files)")
+    if bottleneck == "transform" or (t_transform >= 0.5 * t_cpu and t_cpu > 0):
+        notes.append(f"the transform takes {t_transform:.2f} of {t_total:.2f} ms per sample in a worker: run it on "
+                     "the GPU (torchvision.transforms.v2 on CUDA tensors, kornia.augmentation, NVIDIA DALI) or give "
+                     "the loader more CPUs")
+    if bottleneck == "decode" and m.numpy_decoder == "pil" and "pil" in m.decode_ms:
+        notes.append("no faster JPEG decoder loads here: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
+    if bottleneck == "none" and m.target is None:
+        notes.append("no output measured 1.3x faster than the data as it is: if training still waits for data, "
+                     "the cause is in the training job (run dsconvert diagnose on it), or pass --target with its "
+                     "samples/s to compare")
     for k, ok in fits.items():
         if not ok:
-            notes.append(f"{k} would need {sizes[k] / 1e9:.1f} GB, more than the {m.free_bytes / 1e9:.1f} GB free "
-                         f"at {m.output_dir}")
+            notes.append(f"{k} would need {format_size(sizes[k])}, more than the {format_size(m.free_bytes or 0)} "
+                         f"free at {m.output_dir}")
+    if m.expected_cache == "warm":
+        notes.append("the data fits in the page cache: predictions are warm passes (epochs after the first); "
+                     "the report lists cold ones too")
 
-    summaries = {  # lambdas: only the chosen one is formatted (a target may be None)
-        "storage-latency": lambda: f"loading is bound by storage latency ({m.fixed_ms:.1f} ms per file on {m.storage_kind})",
-        "small-files": lambda: f"loading is bound by per-file overhead: {m.fixed_ms:.2f} ms per file for "
-                       f"{m.mean_sample_bytes / 1e3:.0f} kB of data",
-        "storage-bandwidth": lambda: f"loading is bound by storage bandwidth ({m.bandwidth_mb_s:,.0f} MB/s)",
-        "decode": lambda: f"loading is bound by decode ({t_prep * 1000:.2f} ms per sample with Pillow)",
-        "none": lambda: f"the loader keeps up: {loader:,.0f} samples/s with {n} workers for a target of {m.target:,.0f}",
+    names = {
+        "storage-latency": lambda: f"loading is bound by storage latency ({m.cold_latency_ms:.1f} ms per file, "
+                           f"{scaling:.1f}x with concurrent readers)",
+        "small-files": lambda: f"loading is bound by per-file overhead ({m.mean_file_bytes / 1e3:.0f} kB files, "
+                       f"{m.cold_latency_ms:.2f} ms each)",
+        "storage-bandwidth": lambda: f"loading is bound by storage bandwidth ({m.bandwidth_mb_s:,.0f} MB/s, flat with "
+                             "more readers)" if scaling < SCALES else
+                             f"loading is bound by storage throughput ({m.bandwidth_mb_s:,.0f} MB/s)",
+        "decode": lambda: f"loading is bound by decode ({t_decode:.2f} ms of {t_total:.2f} ms per sample in a worker)",
+        "transform": lambda: f"loading is bound by the transform ({t_transform:.2f} of {t_total:.2f} ms per sample)",
+        "none": lambda: (f"the loader keeps up: {as_is:,.0f} samples/s with {n} workers for a target of {m.target:,.0f}"
+                         if keeps_up else f"loading is not limited by the data's form: {as_is:,.0f} samples/s with "
+                         f"{n} workers, and no output measured {WORTH}x faster"),
     }
-    summary = summaries[bottleneck]()
+    summary = names[bottleneck]()
+    if recommended:
+        summary += f"; {recommended} measured {speedup:.1f}x faster"
     if m.target is not None and not keeps_up:
-        summary += f"; {loader:,.0f} samples/s with {n} workers is short of the {m.target:,.0f}/s target"
+        summary += f"; {as_is:,.0f} samples/s with {n} workers is short of the {m.target:,.0f}/s target"
     return Verdict(
         bottleneck=bottleneck, summary=summary, evidence=evidence, commands=commands, alternative=alternative,
-        per_worker_ms={"read": t_transfer * 1000, "overhead": t_overhead * 1000, "decode": t_prep * 1000,
-                       "total": t_sample * 1000},
-        workers=n, loader_per_s=loader, predicted_per_s=predicted, output_bytes=sizes, fits=fits,
-        recommended=recommended, predicted_speedup=speedup, keeps_up=keeps_up, notes=notes,
+        per_worker_ms={"read": t_read - t_overhead, "overhead": t_overhead, "decode": t_decode,
+                       "transform": t_transform, "other": t_other, "total": t_total},
+        workers=n, loader_per_s=as_is, predicted_per_s=predicted, output_bytes=sizes, fits=fits,
+        recommended=recommended, predicted_speedup=speedup if recommended else 1.0, keeps_up=keeps_up,
+        cache=cache, read_share=read_share, notes=notes,
     )

@@ -43,7 +43,7 @@ from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..io.location import filesystem, is_remote, mtime_ns_of
 
 __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
-           "looks_like_image_folder", "is_ignored"]
+           "looks_like_image_folder", "is_ignored", "source_of_listings"]
 
 LAYOUTS = ("auto", "imagefolder", "flat", "list")
 CLASSIFICATION_LAYOUTS = ("imagefolder", "list")  # one image and a label per sample
@@ -491,6 +491,13 @@ def _scan_remote(url: str, layout: str, progress: Optional[ProgressFn],
         raise SourceError(f"layout 'list' needs a list file, and {url} is a folder", url)
     dirs, listed = _remote_dirs(fs, root, progress)
     return _from_listing(url, layout, listed, dirs)
+
+
+def source_of_listings(src: str, dirs: List[FolderListing], layout: str = "auto") -> Source:
+    """The :class:`Source` that folder listings already taken (the root's first) describe:
+    analyze builds its measured sample this way from part of its inventory, without a
+    second walk of the tree."""
+    return _from_listing(src, layout, _Listed(), dirs)
 
 
 def _from_listing(src: str, layout: str, walker: Any, dirs: List[FolderListing]) -> Source:
