@@ -215,13 +215,17 @@ class _Walk:
     unreadable: List[str] = field(default_factory=list)
 
 
-def _walk(store: _Store, root: str, limit: int = MAX_ENTRIES) -> _Walk:
+def _walk(store: _Store, root: str, limit: Optional[int] = None) -> _Walk:
     """Breadth-first listing of ``root``, at most ``limit`` entries; hidden files and OS litter
     left out as the scanner leaves them out; symlinks followed only where they stay inside the
     tree, and a folder reached twice listed once."""
+    limit = MAX_ENTRIES if limit is None else limit
     out = _Walk()
     real_root = os.path.realpath(root) if store.fs is None else root
     seen = set()
+    if store.fs is None:
+        st = os.stat(root)
+        seen.add((st.st_dev, st.st_ino))  # a link back to the root is a loop
     queue = [""]
     listed = 0
     while queue:
@@ -397,12 +401,16 @@ def _sniff(store: _Store, e: _Entry) -> _Sniff:
     try:
         return _sniff_unsafe(store, e)
     except Exception as exc:  # an unreadable file, or a parser surprised by hostile bytes
-        hint = _HINTS.get(e.ext, "unknown" if e.ext in ("", "gz", "zip") else "other")
-        return _Sniff(hint, f"unreadable ({_short(exc)})")
+        return _Sniff(_hint(e) or "other", f"unreadable ({_short(exc)})")
+
+
+def _hint(e: _Entry) -> Optional[str]:
+    """The kind ``e``'s name claims."""
+    return _HINTS.get("tgz" if e.ext == "tar.gz" else e.ext)
 
 
 def _sniff_unsafe(store: _Store, e: _Entry) -> _Sniff:
-    hint = _HINTS.get(e.ext.rsplit(".", 1)[-1] if e.ext != "tar.gz" else "tgz")
+    hint = _hint(e)
     size = e.size
     if e.name == "lock.mdb":
         return _Sniff("lmdb", info={"lock": True})
@@ -559,6 +567,7 @@ def _tar_keys(store: _Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
     up to GZ_TAR_BUDGET compressed bytes, and counted in proportion when it goes on."""
     samples = 0
     fields: Counter = Counter()
+    keys: set = set()
     last = None
     members = 0
     complete = True
@@ -580,6 +589,7 @@ def _tar_keys(store: _Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
                     if key != last:
                         samples += 1
                         last = key
+                        keys.add(key)
                     fields[field_] += 1
                 if members >= MAX_TAR_MEMBERS or (gz and raw.tell() > GZ_TAR_BUDGET):
                     complete = False
@@ -588,7 +598,7 @@ def _tar_keys(store: _Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
         except Exception as exc:  # ReadError on a damaged header, EOFError on a truncated member
             why = f"the tar breaks after {members:,} members ({_short(exc)})"
     return {"samples": samples, "fields": dict(fields), "members": members, "complete": complete and not why,
-            "fraction": fraction}, why
+            "fraction": fraction, "split": samples - len(keys)}, why
 
 
 def _wds_key(name: str) -> Tuple[str, str]:
@@ -800,11 +810,13 @@ def _detect_entries(store: _Store, root: str, entries: List[_Entry], walk: _Walk
     extra = []
     if others:
         extra.append("also " + ", ".join(_count(n, k) for k, n in sorted(others.items())))
-    bad = [d for d in damaged if d.split(":", 1)[0] in {e.rel for e in mine}]
+    rels = {e.rel for e in mine}
+    bad = sorted({d.split(": ", 1)[0] for d in found.damaged if d.split(": ", 1)[0] in rels})
     if bad and "damaged" not in found.description:
+        first = next(d for d in found.damaged if d.split(": ", 1)[0] in rels)
         read = sum(1 for e in mine if e.rel in sniffs)
         extra.append(f"{len(bad):,} of the {read:,} files read {'is' if len(bad) == 1 else 'are'} damaged "
-                     f"({bad[0]}{'; ...' if len(bad) > 1 else ''})")
+                     f"({first}{'; ...' if len(bad) > 1 else ''})")
     if not walk.complete:
         extra.append(f"only the first {MAX_ENTRIES:,} entries of the folder were listed")
     if walk.outside_links:
@@ -967,6 +979,7 @@ def _describe_tar(store: _Store, d: Detected, mine: List[_Entry], good: List[Tup
     counted = []
     fields: Counter = Counter()
     exact = True
+    split = 0  # keys met again after another key: webdataset yields each run as its own sample
     for e, s in good[:MAX_DETAIL]:
         keys, why = _tar_keys(store, e.path, bool(s.info.get("gzip")))
         if why:
@@ -977,6 +990,7 @@ def _describe_tar(store: _Store, d: Detected, mine: List[_Entry], good: List[Tup
         share = keys["fraction"] if keys["fraction"] > 0 else 1.0
         counted.append(keys["samples"] / share if not keys["complete"] and not why else keys["samples"])
         fields.update(keys["fields"])
+        split += keys["split"]
     gz = sum(1 for _, s in good if s.info.get("gzip"))
     what = "tar.gz" if gz == len(good) and gz else "tar"
     desc = f"WebDataset shards: {n:,} {what} file{'s' if n != 1 else ''}"
@@ -990,6 +1004,9 @@ def _describe_tar(store: _Store, d: Detected, mine: List[_Entry], good: List[Tup
             desc += f", ~{int(round(total)):,} samples"
         kinds = "+".join(f for f, _ in fields.most_common(6) if f) or "no fields"
         desc += f" of {kinds} (keys from tar headers)"
+        if split:
+            desc += (f"; {split:,} keys recur after other keys' members, and webdataset yields each run as a "
+                     "separate sample (write members sorted by key)")
     d.description = desc
     d.advice = ("already sharded for sequential reads: read with webdataset.WebDataset; dsconvert cannot take "
                 "tar shards as a source (convert the original files with dsconvert shard for an indexed, verified output)")
