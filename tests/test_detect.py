@@ -583,3 +583,26 @@ def test_garbage_under_a_dsconvert_output_does_not_raise(outputs, tmp_path):
                 f.truncate(20)
     d = detect(out)
     assert d.kind == "dsconvert" and d.num_samples == 5  # the manifest's word; `dsconvert verify` checks the rest
+
+
+def test_tar_headers_that_declare_gigabytes_are_damage(tmp_path):
+    pax = tarfile.TarInfo("././@PaxHeader")
+    pax.type = tarfile.XHDTYPE
+    pax.size = 4 << 30
+    data = pax.tobuf(tarfile.USTAR_FORMAT) + b"x" * 4096
+    d = detect(write(str(tmp_path / "pax.tar"), data))
+    assert d.kind == "webdataset" and "damaged" in d.description and "header data" in d.description
+
+
+def test_a_gzip_bomb_of_a_shard_is_counted_in_part(tmp_path, monkeypatch):
+    monkeypatch.setattr(detect_mod, "TAR_INFLATE_BUDGET", 1 << 20)
+    path = str(tmp_path / "bomb.tar.gz")
+    with tarfile.open(path, "w:gz") as tf:
+        for key in ("a", "b"):
+            for field, size in (("bin", 4 << 20), ("cls", 1)):
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size = size
+                tf.addfile(info, io.BytesIO(bytes(size)))
+    d = detect(path)
+    assert d.kind == "webdataset" and not d.damaged
+    assert d.num_samples is None and d.estimated_samples is not None and "~" in d.description

@@ -17,9 +17,11 @@ is out of reach of any ``except``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import pickletools
 import posixpath
 import stat as stat_mod
 import struct
@@ -47,7 +49,9 @@ MAX_SNIFF = 256  # files whose first bytes are read, over the whole folder
 SNIFF_PER_GROUP = 8  # ... and per extension
 MAX_DETAIL = 4  # files of the dominant kind read further (HDF5 datasets, tar headers, footers)
 MAX_TAR_MEMBERS = 200_000  # tar headers read per shard
-GZ_TAR_BUDGET = 32 << 20  # compressed bytes read from one .tar.gz to count its members
+GZ_TAR_BUDGET = 16 << 20  # compressed bytes read from one .tar.gz to count its members
+TAR_INFLATE_BUDGET = 1 << 30  # ... and the bytes inflated from them (a gzip bomb inflates a thousandfold)
+TAR_HEADER_BUDGET = 128 << 20  # header bytes read from one plain tar
 MAX_MANIFEST = 64 << 20
 MAX_FOOTER = 64 << 20  # a Parquet footer longer than this is not handed to pyarrow
 MAX_ZIP_DIRECTORY = 16 << 20  # a zip central directory longer than this is not parsed
@@ -367,8 +371,13 @@ def _zip_members(store: _Store, path: str, size: int) -> Tuple[Optional[List[str
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or len(tail) - at < 22:
         return None, "no zip end record (truncated?)"
-    entries, cd_size = struct.unpack_from("<HI", tail, at + 10)[0], struct.unpack_from("<I", tail, at + 12)[0]
-    if cd_size != 0xFFFFFFFF and cd_size > MAX_ZIP_DIRECTORY:
+    cd_size = struct.unpack_from("<I", tail, at + 12)[0]
+    if cd_size == 0xFFFFFFFF:  # zip64: the size is in the zip64 end record, before the end record's locator
+        at64 = tail.rfind(b"PK\x06\x06", 0, at)
+        if at64 < 0 or at64 + 48 > len(tail):
+            return None, "a zip64 archive whose zip64 end record is not where it belongs"
+        cd_size = struct.unpack_from("<Q", tail, at64 + 40)[0]
+    if cd_size > MAX_ZIP_DIRECTORY:
         return None, f"its member list is {cd_size:,} bytes long, more than is read here"
     try:
         with store.open(path) as f, zipfile.ZipFile(f) as zf:
@@ -388,7 +397,7 @@ def _npz_arrays(store: _Store, path: str, names: Sequence[str]) -> Tuple[Dict[st
             for name in [n for n in names if n.endswith(".npy")][:16]:
                 with zf.open(name) as member:
                     head = member.read(HEAD)
-                sniff = _npy_sniff(head, 1 << 62)  # the member's size is what its zip entry says
+                sniff = _npy_sniff(head, zf.getinfo(name).file_size)
                 if sniff.damaged:
                     return arrays, f"member {name}: {sniff.damaged}"
                 arrays[name[:-4]] = sniff.info
@@ -452,15 +461,15 @@ def _sniff_unsafe(store: _Store, e: _Entry) -> _Sniff:
         return _Sniff("other")
     if _tar_header_ok(head):
         return _Sniff("webdataset")
+    if e.name == "data.mdb" or _lmdb_meta_page(head):
+        return _lmdb_sniff(head)
     if len(head) >= 12:
         length, crc = struct.unpack_from("<QI", head)
         if crc == masked_crc32c(head[:8]):
             if length + 16 > size:
                 return _Sniff("tfrecord", f"truncated: the first record declares {length:,} bytes")
             return _Sniff("tfrecord", info={"first_record": length})
-    if e.name == "data.mdb":
-        return _lmdb_sniff(head)
-    if head[0] == 0x80 and len(head) > 1 and 2 <= head[1] <= 5:
+    if len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and chr(head[2]) in pickletools.code2op:
         return _Sniff("pickle", info={"protocol": head[1]})
     if size > 512:
         at = _hdf5_userblock(store, e.path, size)
@@ -468,7 +477,7 @@ def _sniff_unsafe(store: _Store, e: _Entry) -> _Sniff:
             return _Sniff("hdf5", info={"userblock": at})
     if hint == "pickle" and head[:1] in (b"(", b"]", b"}", b"c", b"I", b"S", b"V", b"N", b"\x80"):
         return _Sniff("pickle", info={"protocol": "0 or 1"})  # the old text protocols have no magic
-    if hint == "webdataset" and _tar_header_ok(head[:512]) is False and head[:512].strip(b"\0") == b"":
+    if hint == "webdataset" and len(head) >= 1024 and not head.strip(b"\0"):
         return _Sniff("webdataset", "an empty tar archive (only end-of-archive blocks)")
     if hint:
         return _Sniff(hint, f"named .{e.ext} but its content is not {NAMES.get(hint, hint)}")
@@ -502,6 +511,13 @@ def _zip_sniff(store: _Store, e: _Entry, hint: Optional[str]) -> _Sniff:
     if hint == "npz":
         return _Sniff("npz", "a zip archive without .npy members")
     return _Sniff("other")
+
+
+def _lmdb_meta_page(head: bytes) -> bool:
+    """LMDB's first page, by content: P_META in the page flags, the meta magic after the header
+    (an environment opened with MDB_NOSUBDIR has no data.mdb name to go by)."""
+    return (len(head) >= 20 and struct.unpack_from("<H", head, 10)[0] & 0x08 != 0
+            and struct.unpack_from("<I", head, 16)[0] == _LMDB_MAGIC)
 
 
 def _lmdb_sniff(head: bytes) -> _Sniff:
@@ -547,8 +563,10 @@ def _h5_summary(store: _Store, path: str) -> Tuple[Dict[str, Any], str]:
         return {}, ""
     datasets: List[Dict[str, Any]] = []
     try:
-        target = path if store.fs is None else store.open(path)
-        with h5py.File(target, "r") as f:
+        with contextlib.ExitStack() as stack:
+            target = path if store.fs is None else stack.enter_context(store.open(path))
+            f = stack.enter_context(h5py.File(target, "r"))
+
             def visit(name, obj):
                 if isinstance(obj, h5py.Dataset):
                     datasets.append({"name": name, "shape": tuple(int(n) for n in (obj.shape or ())),
@@ -561,10 +579,55 @@ def _h5_summary(store: _Store, path: str) -> Tuple[Dict[str, Any], str]:
     return {"datasets": datasets, "attrs": {k: str(v) for k, v in attrs.items()}}, ""
 
 
+class _Budget(Exception):
+    """A bounded read reached its bound: the count so far is a part, not an error."""
+
+
+class _Guard(io.RawIOBase):
+    """A file as tarfile sees it, bounded: no single read over ``max_read`` (a PAX or GNU
+    long-name header that declares gigabytes), no more than ``budget`` bytes read in all, no
+    seek past ``max_seek`` (a gzip stream seeks forward by inflating)."""
+
+    def __init__(self, f: Any, max_read: int, budget: int, max_seek: Optional[int] = None):
+        self.f, self.max_read, self.budget, self.max_seek = f, max_read, budget, max_seek
+        self.done = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > self.max_read:  # damage, not a bound reached
+            raise OSError(f"a header declares {'all' if n is None or n < 0 else f'{n:,}'} bytes of header data")
+        if self.done + n > self.budget:
+            raise _Budget("the read budget")
+        data = self.f.read(n)
+        self.done += len(data)
+        return data
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(min(len(b), self.max_read))
+        b[:len(data)] = data
+        return len(data)
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence == 0 and self.max_seek is not None and pos > self.max_seek:
+            raise _Budget("the seek budget")
+        return self.f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+
 def _tar_keys(store: _Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
     """Samples (consecutive member names grouped by key, as webdataset groups them) and fields,
     from the tar headers: a plain tar is read by seeking from header to header; a gzipped one
-    up to GZ_TAR_BUDGET compressed bytes, and counted in proportion when it goes on."""
+    is inflated up to GZ_TAR_BUDGET compressed bytes (and TAR_INFLATE_BUDGET inflated), and
+    counted in proportion when it goes on."""
+    import gzip
+
     samples = 0
     fields: Counter = Counter()
     keys: set = set()
@@ -576,8 +639,13 @@ def _tar_keys(store: _Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
     with store.open(path) as raw:
         size = raw.seek(0, 2)
         raw.seek(0)
+        if gz:
+            counted = _Guard(raw, 1 << 20, GZ_TAR_BUDGET)
+            source: Any = _Guard(gzip.GzipFile(fileobj=counted, mode="rb"), 1 << 20, 1 << 40, TAR_INFLATE_BUDGET)
+        else:
+            source = _Guard(raw, 1 << 20, TAR_HEADER_BUDGET)
         try:
-            tf = tarfile.open(fileobj=raw, mode="r:gz" if gz else "r:")
+            tf = tarfile.open(fileobj=source, mode="r:")
             while True:
                 m = tf.next()
                 if m is None:
@@ -591,10 +659,11 @@ def _tar_keys(store: _Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
                         last = key
                         keys.add(key)
                     fields[field_] += 1
-                if members >= MAX_TAR_MEMBERS or (gz and raw.tell() > GZ_TAR_BUDGET):
-                    complete = False
-                    fraction = raw.tell() / max(1, size)
-                    break
+                if members >= MAX_TAR_MEMBERS:
+                    raise _Budget("the member count")
+        except _Budget:
+            complete = False
+            fraction = raw.tell() / max(1, size)
         except Exception as exc:  # ReadError on a damaged header, EOFError on a truncated member
             why = f"the tar breaks after {members:,} members ({_short(exc)})"
     return {"samples": samples, "fields": dict(fields), "members": members, "complete": complete and not why,
