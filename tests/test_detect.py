@@ -414,9 +414,6 @@ class CountingStore(detect_mod._Store):
         f = super().open(path)
         real_read = f.read
 
-        class Wrapped(io.RawIOBase):
-            pass
-
         def read(n=-1):
             assert n is not None and n >= 0, "a whole-file read"
             data = real_read(n)
@@ -606,3 +603,24 @@ def test_a_gzip_bomb_of_a_shard_is_counted_in_part(tmp_path, monkeypatch):
     d = detect(path)
     assert d.kind == "webdataset" and not d.damaged
     assert d.num_samples is None and d.estimated_samples is not None and "~" in d.description
+
+
+def test_outputs_in_subfolders(outputs, tmp_path):
+    parent = tmp_path / "data"
+    parent.mkdir()
+    shutil.copytree(outputs["npy"][0], parent / "train")
+    shutil.copytree(outputs["npy"][0], parent / "val")
+    write(str(parent / "labels.txt"), b"cat\ndog\n")
+    d = detect(str(parent))
+    assert d.kind == "dsconvert" and d.format == "npy" and d.num_samples == 10
+    assert d.description.startswith("2 dsconvert outputs in subfolders: train (npy, 5 samples), val (npy, 5 samples)")
+    assert d.others == {"files": 1} and len(d.files) == 4
+    shutil.copytree(outputs["wds"][0], parent / "wds")
+    mixed = detect(str(parent))
+    assert mixed.kind == "dsconvert" and mixed.format is None and mixed.num_samples == 15
+    # a broken manifest in one of them: its files go to the content detection, and its tar
+    # shards (jpgs) outweigh the two small npy outputs (16x20 pixels)
+    write(str(parent / "wds" / "dsconvert.json"), b"{")
+    d = detect(str(parent))
+    assert d.kind == "webdataset" and d.num_samples == 5 and d.others["dsconvert"] == 2
+    assert "also 2 dsconvert outputs: train (npy, 5 samples), val (npy, 5 samples)" in d.description

@@ -56,6 +56,7 @@ MAX_MANIFEST = 64 << 20
 MAX_FOOTER = 64 << 20  # a Parquet footer longer than this is not handed to pyarrow
 MAX_ZIP_DIRECTORY = 16 << 20  # a zip central directory longer than this is not parsed
 MAX_H5_DATASETS = 64
+MAX_NESTED = 64  # dsconvert outputs in subfolders read by their manifests
 SCAN_FILES = 20_000  # a "files" tree this small is scanned by dsconvert.source.scan for its sample count
 HEAD = 16 << 10
 
@@ -761,10 +762,54 @@ def _detect_folder(store: _Store, root: str) -> Detected:
         found = _dsconvert(store, root, walk)
         if found is not None:
             return found
+    nested = [e.rel.rsplit("/", 1)[0] for e in walk.entries if e.name == MANIFEST_NAME and "/" in e.rel]
+    if nested:
+        return _nested_outputs(store, root, walk, sorted(nested)[:MAX_NESTED])
     return _detect_entries(store, root, walk.entries, walk)
 
 
-def _dsconvert(store: _Store, root: str, walk: _Walk) -> Optional[Detected]:
+def _nested_outputs(store: _Store, root: str, walk: _Walk, folders: List[str]) -> Detected:
+    """Outputs in subfolders (train/ and val/, say): each named by its manifest, the rest by content,
+    and the one holding more bytes is the answer."""
+    outs: List[Tuple[str, Detected]] = []
+    rest = list(walk.entries)
+    for folder in folders:
+        if any(folder.startswith(f + "/") for f, _ in outs):
+            continue  # an output copied inside another: that one's stray files
+        prefix = folder + "/"
+        sub = _Walk([_Entry(e.rel[len(prefix):], e.path, e.size) for e in rest if e.rel.startswith(prefix)],
+                    complete=walk.complete)
+        found = _dsconvert(store, store.join(root, folder), sub)
+        if found.kind != "dsconvert":
+            continue  # a manifest that does not load: its files are judged by content with the rest
+        outs.append((folder, found))
+        rest = [e for e in rest if not e.rel.startswith(prefix)]
+    if not outs:
+        return _detect_entries(store, root, walk.entries, walk)
+    inside = sum(e.size for e in walk.entries) - sum(e.size for e in rest)
+    names = ", ".join(f"{f} ({d.format}, {d.num_samples:,} samples)" for f, d in outs)
+    if rest and sum(e.size for e in rest) > inside:
+        found = _detect_entries(store, root, rest, walk)
+        found.others["dsconvert"] = len(outs)
+        found.description += f"; also {len(outs):,} dsconvert output{'s' if len(outs) != 1 else ''}: {names}"
+        return found
+    formats = {d.format for _, d in outs}
+    n = len(outs)
+    found = Detected(
+        root, "dsconvert", f"{n:,} dsconvert output{'s' if n != 1 else ''} in subfolders: {names}",
+        files=[f for _, d in outs for f in d.files], num_samples=sum(d.num_samples or 0 for _, d in outs),
+        reader=READERS["dsconvert"], format=formats.pop() if len(formats) == 1 else None,
+        advice=outs[0][1].advice, damaged=[f"{f}/{x}" for f, d in outs for x in d.damaged],
+        complete=walk.complete, details={"outputs": {f: d.to_dict() for f, d in outs}})
+    if rest:
+        kinds = Counter(_plain(k) for k in _classify_all(store, rest)[0].values())
+        found.others = dict(kinds)
+        found.description += ("; also " + ", ".join(_count(c, k) for k, c in sorted(kinds.items()))
+                              + f" ({_names(rest)})")
+    return found
+
+
+def _dsconvert(store: _Store, root: str, walk: _Walk) -> Detected:
     mpath = store.join(root, MANIFEST_NAME)
     entry = next(e for e in walk.entries if e.rel == MANIFEST_NAME)
     try:
