@@ -35,7 +35,8 @@ def outputs(tmp_path_factory, small_src):
     """One dsconvert output of each format (hdf5 twice: encoded and decoded)."""
     base = tmp_path_factory.mktemp("outputs")
     made = {}
-    for name, fmt, extra in (("wds", "wds", {}), ("hdf5", "hdf5", {}), ("hdf5-decoded", "hdf5", {"decode": True, "size": (16, 16)}),
+    for name, fmt, extra in (("wds", "wds", {}), ("hdf5", "hdf5", {}),
+                             ("hdf5-decoded", "hdf5", {"decode": True, "size": (16, 16)}),
                              ("npy", "npy", {"size": (16, 20)})):
         made[name] = (str(base / name), convert(small_src, str(base / name), fmt, workers=1, samples_per_shard=3,
                                                 **extra).manifest)
@@ -624,3 +625,16 @@ def test_outputs_in_subfolders(outputs, tmp_path):
     d = detect(str(parent))
     assert d.kind == "webdataset" and d.num_samples == 5 and d.others["dsconvert"] == 2
     assert "also 2 dsconvert outputs: train (npy, 5 samples), val (npy, 5 samples)" in d.description
+
+
+def test_the_sniff_budget_holds_for_many_extensions(tmp_path, monkeypatch):
+    monkeypatch.setattr(detect_mod, "MAX_SNIFF", 5)
+    calls = []
+    real = detect_mod._sniff
+    monkeypatch.setattr(detect_mod, "_sniff", lambda store, e: calls.append(e.rel) or real(store, e))
+    for i in range(30):
+        np.save(tmp_path / f"a.x{i}", np.zeros(3))  # np.save adds .npy: a.x0.npy ...
+        write(str(tmp_path / f"b.e{i}"), b"data")
+    d = detect(str(tmp_path))
+    assert len(calls) == 5
+    assert d.kind == "npy" and len(d.files) == 30  # the .npy group was read first: the biggest

@@ -28,7 +28,7 @@ import struct
 import tarfile
 import zipfile
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, IO, List, Optional, Sequence, Tuple
 
@@ -231,10 +231,10 @@ def _walk(store: _Store, root: str, limit: Optional[int] = None) -> _Walk:
     if store.fs is None:
         st = os.stat(root)
         seen.add((st.st_dev, st.st_ino))  # a link back to the root is a loop
-    queue = [""]
+    queue = deque([""])
     listed = 0
     while queue:
-        rel = queue.pop(0)
+        rel = queue.popleft()
         path = store.join(root, rel) if rel else root
         files: List[Tuple[str, int, int]] = []
         try:
@@ -684,6 +684,12 @@ def _parquet_meta(store: _Store, path: str) -> Tuple[Dict[str, Any], str]:
         return {}, ""
     try:
         with store.open(path) as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - 8))
+            footer = struct.unpack("<I", f.read(8)[:4])[0]
+            if footer > MAX_FOOTER:
+                return {"rows": None, "columns": [f"(a {footer:,}-byte footer, not read here)"]}, ""
+            f.seek(0)
             meta = pq.ParquetFile(f).metadata
             schema = meta.schema.to_arrow_schema()
             return {"rows": int(meta.num_rows), "row_groups": int(meta.num_row_groups),
@@ -704,13 +710,15 @@ def _arrow_meta(store: _Store, path: str, ipc: str) -> Tuple[Dict[str, Any], str
     if pa is None:
         return {}, ""
     try:
-        if ipc == "file":
-            source = pa.memory_map(path) if store.fs is None else store.open(path)
-            with source:
+        if ipc == "file" and store.fs is None:
+            with pa.memory_map(path) as source:  # batches mapped, not read: their lengths come from metadata
                 reader = pa.ipc.open_file(source)
                 rows = sum(reader.get_batch(i).num_rows for i in range(min(reader.num_record_batches, 100_000)))
                 exact = reader.num_record_batches <= 100_000
                 return {"rows": rows if exact else None, "columns": [_arrow_field(fl) for fl in reader.schema]}, ""
+        if ipc == "file":  # remote: a batch's length would cost reading the batch
+            with store.open(path) as f:
+                return {"rows": None, "columns": [_arrow_field(fl) for fl in pa.ipc.open_file(f).schema]}, ""
         with store.open(path) as f:
             schema = pa.ipc.open_stream(f).schema  # rows: only by reading every batch, so not here
             return {"rows": None, "columns": [_arrow_field(fl) for fl in schema]}, ""
@@ -884,7 +892,7 @@ def _classify_all(store: _Store, entries: Sequence[_Entry]) -> Tuple[Dict[str, s
         elif is_image_field(ext) and len(group) > 2:
             pick = [group[0], group[-1]]  # images are taken by name, as the scanner takes them
         else:
-            n = min(len(group), SNIFF_PER_GROUP, max(1, budget))
+            n = min(len(group), SNIFF_PER_GROUP, max(0, budget))
             pick = [group[i * len(group) // n] for i in range(n)]
         for e in pick:
             sniffs[e.rel] = _sniff(store, e)
@@ -892,9 +900,9 @@ def _classify_all(store: _Store, entries: Sequence[_Entry]) -> Tuple[Dict[str, s
     kinds: Dict[str, str] = {}
     for ext, group in groups.items():
         seen = Counter(sniffs[e.rel].kind for e in group if e.rel in sniffs)
-        majority = seen.most_common(1)[0][0] if seen else "other"
-        for e in group:
-            kinds[e.rel] = sniffs[e.rel].kind if e.rel in sniffs else majority
+        majority = seen.most_common(1)[0][0] if seen else None
+        for e in group:  # past the budget, a file is what its name says
+            kinds[e.rel] = sniffs[e.rel].kind if e.rel in sniffs else majority or _hint(e) or "other"
     return kinds, sniffs
 
 
@@ -974,8 +982,8 @@ def _describe(store: _Store, root: str, kind: str, mine: List[_Entry], sniffs: D
         d.advice = ("columnar row groups: read with pyarrow.parquet (iter_batches) or datasets.load_dataset('parquet'); "
                     "random access decodes a whole row group, so keep row groups small for shuffled reads")
     elif kind == "arrow":
-        _describe_table(store, d, mine, good, nfiles, "Arrow IPC",
-                        lambda s, p: _arrow_meta(s, p, sniffs[next(e.rel for e in mine if e.path == p)].info.get("ipc", "file")))
+        ipc = {e.path: s.info.get("ipc", "file") for e, s in good}
+        _describe_table(store, d, mine, good, nfiles, "Arrow IPC", lambda st, p: _arrow_meta(st, p, ipc[p]))
         d.advice = ("memory-mappable: datasets.Dataset.from_file / pyarrow.memory_map read it without copying; "
                     "conversion would not make reading faster")
     elif kind == "lmdb":
