@@ -383,6 +383,7 @@ def test_a_folder_the_scanner_refuses_is_not_convertible(tmp_path):
     write(str(tmp_path / "f" / "README"), b"no extension")
     d = detect(str(tmp_path / "f"))
     assert d.kind == "files" and d.convertible is False and d.damaged
+    assert "dsconvert's scanner refuses it (no samples found" in d.description
 
 
 def test_mixed_folder_names_the_dominant_kind_and_the_rest(tmp_path):

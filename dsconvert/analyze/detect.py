@@ -914,7 +914,6 @@ def _detect_entries(store: _Store, root: str, entries: List[_Entry], walk: _Walk
             why += f" (symlinks out of the tree not followed: {', '.join(walk.outside_links[:3])})"
         return Detected(root, "unknown", why, complete=walk.complete)
     kinds, sniffs = _classify_all(store, entries)
-    list_files = [e for e in entries if e.name.lower().endswith(LIST_SUFFIXES)]
     weight: Counter = Counter()
     count: Counter = Counter()
     for e in entries:
@@ -925,7 +924,7 @@ def _detect_entries(store: _Store, root: str, entries: List[_Entry], walk: _Walk
     mine = [e for e in entries if kinds[e.rel] == dominant]
     others = {k: n for k, n in count.items() if k != dominant}
     damaged = [f"{e.rel}: {sniffs[e.rel].damaged}" for e in entries if e.rel in sniffs and sniffs[e.rel].damaged]
-    found = _describe(store, root, dominant, mine, sniffs, walk, single, list_files)
+    found = _describe(store, root, dominant, mine, sniffs, walk, single)
     found.others = others
     found.damaged = damaged + found.damaged
     found.complete = walk.complete
@@ -949,7 +948,7 @@ def _detect_entries(store: _Store, root: str, entries: List[_Entry], walk: _Walk
 
 
 def _describe(store: _Store, root: str, kind: str, mine: List[_Entry], sniffs: Dict[str, _Sniff], walk: _Walk,
-              single: bool, list_files: List[_Entry]) -> Detected:
+              single: bool) -> Detected:
     files = [e.path for e in mine]
     n = len(mine)
     nfiles = f"{n:,} file{'s' if n != 1 else ''}"
@@ -1016,7 +1015,7 @@ def _describe(store: _Store, root: str, kind: str, mine: List[_Entry], sniffs: D
         d.advice = ("pickled samples run code when loaded and are slow to unpickle: store arrays with np.save/np.savez "
                     "(or convert the original files with dsconvert shard)")
     elif kind == "files":
-        _describe_files(store, root, d, mine, walk, single, list_files)
+        _describe_files(store, root, d, mine, walk, single)
     else:
         d.description = f"{'a file' if single else nfiles} of no format recognised here"
     return d
@@ -1162,8 +1161,7 @@ def _describe_table(store: _Store, d: Detected, mine: List[_Entry], good: List[T
     d.description = desc
 
 
-def _describe_files(store: _Store, root: str, d: Detected, mine: List[_Entry], walk: _Walk, single: bool,
-                    list_files: List[_Entry]) -> None:
+def _describe_files(store: _Store, root: str, d: Detected, mine: List[_Entry], walk: _Walk, single: bool) -> None:
     from ..source import scan
 
     exts = Counter(e.ext or "(none)" for e in mine)
@@ -1176,13 +1174,15 @@ def _describe_files(store: _Store, root: str, d: Detected, mine: List[_Entry], w
         layout = "list"
     d.convertible = layout is not None
     scanned = None
+    refused = ""
     if store.fs is None and walk.complete and (layout in ("imagefolder", "flat") and n <= SCAN_FILES
                                                or layout == "list" and mine[0].size <= 8 << 20):
         try:
             scanned = scan(root)
         except Exception as exc:  # SourceError "no samples found", an unreadable list...
             d.convertible = False
-            d.damaged.append(f"{posixpath.basename(root)}: dsconvert's scanner refuses it ({_short(exc)})")
+            refused = f"dsconvert's scanner refuses it ({_short(exc)})"
+            d.damaged.append(f"{posixpath.basename(root)}: {refused}")
     if scanned is not None:
         d.num_samples = len(scanned.samples)
         layout = scanned.layout
@@ -1198,6 +1198,8 @@ def _describe_files(store: _Store, root: str, d: Detected, mine: List[_Entry], w
         samples = f", {d.num_samples:,} samples" if d.num_samples is not None else ""
         d.description = (f"{'an ImageFolder tree' if layout == 'imagefolder' else 'a flat folder of files'}: "
                          f"{n:,} files ({kinds}){samples}{classes}")
+    if refused:
+        d.description += f"; {refused}"
     if d.kind == "files":
         d.advice = ("loose files: each sample costs an open and a read; `dsconvert analyze` measures whether that "
                     "limits loading, and `dsconvert shard` converts it")
