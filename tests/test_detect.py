@@ -675,3 +675,11 @@ def test_mutated_files_of_every_kind(tmp_path, outputs):
                 d = detect(target)
                 assert d.kind in KINDS, (name, i)
                 assert not d.description.startswith(LAST_RESORT), (name, i, d.description)
+
+
+def test_a_file_of_a_dsconvert_output(outputs):
+    out, manifest = outputs["npy"]
+    d = detect(os.path.join(out, "dsconvert.json"))
+    assert d.kind == "dsconvert" and d.num_samples == 5 and d.path == out
+    shard = detect(os.path.join(out, manifest.shards[0].name))
+    assert shard.kind == "npy" and f"one file of the dsconvert output in {out}" in shard.description

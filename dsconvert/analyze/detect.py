@@ -757,8 +757,17 @@ def detect(path: str, fs: Any = None) -> Detected:
             return _detect_folder(store, path)
         if kind != "file":
             return Detected(path, "unknown", f"{path} is not a regular file or folder")
-        return _detect_entries(store, path, [_Entry(posixpath.basename(path.rstrip("/")), path, size)],
-                               _Walk(), single=True)
+        name = posixpath.basename(path.rstrip("/")) if fs is not None else os.path.basename(path)
+        folder = path.rstrip("/").rsplit("/", 1)[0] if fs is not None else os.path.dirname(os.path.abspath(path))
+        if name == MANIFEST_NAME:  # the manifest names its folder
+            return _detect_folder(store, folder)
+        found = _detect_entries(store, path, [_Entry(name, path, size)], _Walk(), single=True)
+        try:
+            store.info(store.join(folder, MANIFEST_NAME))
+        except Exception:
+            return found
+        found.description += f"; one file of the dsconvert output in {folder} (read it whole with dsconvert.open_dataset)"
+        return found
     except Exception as exc:  # a bug's last line of defence: say so rather than crash analyze
         return Detected(path, "unknown", f"could not be recognised ({type(exc).__name__}: {_short(exc)})")
 
