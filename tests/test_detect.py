@@ -683,3 +683,11 @@ def test_a_file_of_a_dsconvert_output(outputs):
     assert d.kind == "dsconvert" and d.num_samples == 5 and d.path == out
     shard = detect(os.path.join(out, manifest.shards[0].name))
     assert shard.kind == "npy" and f"one file of the dsconvert output in {out}" in shard.description
+
+
+def test_a_long_shard_is_counted_in_proportion(tmp_path, monkeypatch):
+    monkeypatch.setattr(detect_mod, "MAX_TAR_MEMBERS", 20)
+    members = [(f"{i:04d}.{ext}", b"z" * 100) for i in range(100) for ext in ("jpg", "cls")]
+    d = detect(write(str(tmp_path / "long.tar"), _tar_bytes(members)))
+    assert d.kind == "webdataset" and d.num_samples is None and not d.damaged
+    assert 70 <= d.estimated_samples <= 130 and "~" in d.description
