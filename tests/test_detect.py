@@ -691,3 +691,21 @@ def test_a_long_shard_is_counted_in_proportion(tmp_path, monkeypatch):
     d = detect(write(str(tmp_path / "long.tar"), _tar_bytes(members)))
     assert d.kind == "webdataset" and d.num_samples is None and not d.damaged
     assert 70 <= d.estimated_samples <= 130 and "~" in d.description
+
+
+def test_hugging_face_save_to_disk_folder(tmp_path):
+    hf = tmp_path / "hf"
+    write(str(hf / "data-00000-of-00001.arrow"), b"\xff\xff\xff\xff" + struct.pack("<i", 16) + bytes(400))
+    write(str(hf / "state.json"), b"{}")
+    write(str(hf / "dataset_info.json"), b"{}")
+    d = detect(str(hf))
+    assert d.kind == "arrow" and d.reader == "datasets.load_from_disk"
+    assert d.description.startswith("a Hugging Face datasets folder (save_to_disk): Arrow IPC: 1 file")
+    assert d.others == {"files": 2}
+
+
+def test_npy_shards_without_their_manifest(outputs, tmp_path):
+    out = copy_output(outputs, "npy", tmp_path)
+    os.remove(os.path.join(out, "dsconvert.json"))
+    d = detect(out)
+    assert d.kind == "npy" and "samples tables of dsconvert npy shards, without their manifest" in d.description

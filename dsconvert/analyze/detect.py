@@ -994,6 +994,10 @@ def _describe(store: _Store, root: str, kind: str, mine: List[_Entry], sniffs: D
         _describe_table(store, d, mine, good, nfiles, "Arrow IPC", lambda st, p: _arrow_meta(st, p, ipc[p]))
         d.advice = ("memory-mappable: datasets.Dataset.from_file / pyarrow.memory_map read it without copying; "
                     "conversion would not make reading faster")
+        names = {e.name for e in walk.entries if "/" not in e.rel}
+        if {"state.json", "dataset_info.json"} <= names:
+            d.description = "a Hugging Face datasets folder (save_to_disk): " + d.description
+            d.reader = "datasets.load_from_disk"
     elif kind == "lmdb":
         data = [(e, s) for e, s in good if e.name == "data.mdb"]
         entries = [s.info.get("entries") for _, s in data]
@@ -1053,6 +1057,9 @@ def _describe_npy(d: Detected, mine: List[_Entry], good: List[Tuple[_Entry, _Sni
             d.description = f"a folder of .npy arrays: {nfiles} ({listing}{', ...' if len(good) > 4 else ''})"
             if len(firsts) == 1 and len(good) == len(mine):  # X (N, ...) and y (N,): N samples
                 d.num_samples = firsts.pop()
+    if any("'offset'" in i["dtype"] and "'height'" in i["dtype"] for i in infos):
+        d.description += ("; the samples tables of dsconvert npy shards, without their manifest "
+                          "(an unfinished conversion or copied shards)")
     if objects:
         d.description += "; holds pickled Python objects (dtype object)"
         d.advice = ("object arrays are pickles (loading them runs code and is slow): store numeric arrays with np.save, "
