@@ -1,6 +1,7 @@
-"""A FUSE passthrough that sleeps in open() and read(), as network storage would.
+"""A FUSE passthrough that sleeps in open() and read(), as network storage would, and can cap
+the bandwidth of all readers together (a link's or a filer's limit: flat with more readers).
 
-    python scripts/slowfs.py ROOT MOUNTPOINT --delay-ms 5      # foreground; Ctrl-C or
+    python scripts/slowfs.py ROOT MOUNTPOINT --delay-ms 5 [--mb-per-s 150]   # foreground; Ctrl-C or
     fusermount -u MOUNTPOINT                                   # to unmount
 
 Needs `apt-get install -y fuse libfuse2` and `pip install fusepy`.
@@ -11,15 +12,19 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import threading
 import time
 
 from fuse import FUSE, FuseOSError, Operations  # type: ignore
 
 
 class SlowPassthrough(Operations):
-    def __init__(self, root: str, delay: float):
+    def __init__(self, root: str, delay: float, bytes_per_s: float = 0.0):
         self.root = os.path.realpath(root)
         self.delay = delay
+        self.bytes_per_s = bytes_per_s
+        self._lock = threading.Lock()
+        self._free_at = 0.0  # when the capped link has sent everything asked of it so far
 
     def _full(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
@@ -51,7 +56,14 @@ class SlowPassthrough(Operations):
 
     def read(self, path, size, offset, fh):
         time.sleep(self.delay)
-        return os.pread(fh, size, offset)
+        data = os.pread(fh, size, offset)
+        if self.bytes_per_s:  # every reader's bytes queue on one link
+            with self._lock:
+                start = max(time.monotonic(), self._free_at)
+                self._free_at = start + len(data) / self.bytes_per_s
+                done = self._free_at
+            time.sleep(max(0.0, done - time.monotonic()))
+        return data
 
     def release(self, path, fh):
         os.close(fh)
@@ -62,8 +74,9 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("mountpoint")
     p.add_argument("--delay-ms", type=float, default=5.0)
+    p.add_argument("--mb-per-s", type=float, default=0.0, help="bandwidth of all readers together (0: no cap)")
     args = p.parse_args()
-    FUSE(SlowPassthrough(args.root, args.delay_ms / 1000.0), args.mountpoint, foreground=True,
+    FUSE(SlowPassthrough(args.root, args.delay_ms / 1000.0, args.mb_per_s * 1e6), args.mountpoint, foreground=True,
          nothreads=False, ro=True)
 
 

@@ -122,9 +122,15 @@ def same_pixels(a, b) -> bool:
     return np.array_equal(np.asarray(a), np.asarray(b))
 
 
+def _slow_args(param) -> list:
+    delay, cap = param if isinstance(param, tuple) else (param, 0)
+    return ["--delay-ms", str(delay), "--mb-per-s", str(cap)]
+
+
 @pytest.fixture
 def slow_mount(tmp_path, request):
-    """The slow FUSE passthrough of scripts/slowfs.py, mounted over a folder of ours."""
+    """The slow FUSE passthrough of scripts/slowfs.py, mounted over a folder of ours; the
+    parameter is the delay in ms, or (delay ms, MB/s cap of all readers together)."""
     if not os.path.exists("/dev/fuse") or not shutil.which("fusermount"):
         pytest.skip("this machine has no FUSE (/dev/fuse and fusermount: apt-get install fuse libfuse2)")
     pytest.importorskip("fuse", reason="fusepy is not installed")
@@ -132,7 +138,7 @@ def slow_mount(tmp_path, request):
     backing.mkdir()
     mnt.mkdir()
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "slowfs.py"), str(backing),
-                             str(mnt), "--delay-ms", str(getattr(request, "param", 2))], stderr=subprocess.PIPE)
+                             str(mnt)] + _slow_args(getattr(request, "param", 2)), stderr=subprocess.PIPE)
     deadline = time.time() + 10
     while not os.path.ismount(mnt):
         if proc.poll() is not None or time.time() > deadline:

@@ -7,6 +7,7 @@ import random
 import pytest
 from PIL import Image
 
+from dsconvert import convert
 from dsconvert.analyze import analyze
 from dsconvert.analyze.inventory import quantiles, take_inventory
 from dsconvert.analyze.report import render_text
@@ -137,3 +138,56 @@ def test_npy_load_measured_and_pickles_never_loaded(tmp_path):
     assert report["decode"]["npy_load_ms"] > 0
     assert "not measured" in report["decode"]["pickle"]
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("slow_mount", [(0.5, 8)], indirect=True)
+def test_large_files_behind_a_bandwidth_cap_are_bandwidth_bound(slow_mount, photos):
+    """Shards of 7 MB behind a link of 8 MB/s for all readers together: flat with readers, and
+    already large, so the fix is faster storage, never sharding them again."""
+    backing, mnt = slow_mount
+    src = backing / "src"
+    noise = __import__("numpy").random.default_rng(0)
+    for i in range(32):  # noise compresses badly: ~0.6 MB a JPEG, 16 to a shard
+        pixels = noise.integers(0, 256, (600, 800, 3), dtype="uint8")
+        write(str(src / f"c{i % 2}" / f"{i:03d}.jpg"), encode(Image.fromarray(pixels), quality=90))
+    convert(str(src), str(backing / "wds"), "wds", samples_per_shard=16, verify=False)
+    report = analyze(str(mnt / "wds"), sample=16, sweep_levels=[1, 4], cache="cold", pass_seconds=4)
+    v = report["verdict"]
+    assert report["detected"]["kind"] == "dsconvert" and report["detected"]["format"] == "wds"
+    assert report["measurements"]["mean_file_bytes"] >= 4e6
+    sweep = {r["readers"]: r["mb_per_s"] for r in report["sweep"]}
+    assert sweep[4] < 1.5 * sweep[1] <= 1.5 * 9  # flat, at the cap
+    assert v["bottleneck"] == "storage-bandwidth", (v["summary"], v["evidence"])
+    assert not any("dsconvert shard" in c for c in v["commands"] + v["alternative"])
+    assert any("already large" in n for n in v["notes"]) and any("dsconvert cache" in n for n in v["notes"])
+
+
+@pytest.mark.parametrize("fmt,options", [("wds", {}), ("hdf5", {}), ("hdf5", {"decode": True}),
+                                         ("npy", {"resize": 32})])
+def test_outputs_are_recognised_and_read_through_open_dataset(tmp_path, photos, fmt, options):
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 40, "b": 40}, size=(64, 48))
+    out = tmp_path / "out"
+    convert(src, str(out), fmt, verify=False, **options)
+    report = analyze(str(out), sample=64, sweep_levels=[1, 2], pass_seconds=2)
+    v = report["verdict"]
+    assert report["detected"]["kind"] == "dsconvert" and report["detected"]["format"] == fmt
+    assert report["measurements"]["num_samples"] == 80  # from the manifest, not the files
+    passes = report["loader"]["passes"]
+    assert passes["source"]["warm"] > 0 and passes["source"]["format"] == fmt
+    assert not any(c.startswith("dsconvert shard") for c in v["commands"] + v["alternative"])
+    assert v["bottleneck"] in ("none", "decode"), v["summary"]  # never "convert it again"
+
+
+def test_formats_dsconvert_does_not_read_are_named_not_measured(tmp_path):
+    import h5py
+
+    np = pytest.importorskip("numpy")
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f["images"] = np.zeros((50, 16, 16, 3), np.uint8)
+    report = analyze(str(path), sweep_levels=[1])
+    v = report["verdict"]
+    assert report["detected"]["kind"] == "hdf5"
+    assert v["bottleneck"] == "unknown" and "HDF5" in v["summary"] and v["commands"] == []
+    assert report["loader"]["passes"] == {}

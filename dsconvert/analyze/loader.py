@@ -52,17 +52,18 @@ class Candidate:
 
 def candidates(classification: bool, fast_decoder: str, resize: Optional[int]) -> List[Candidate]:
     """The outputs worth predicting for a source: shards of the encoded bytes (decoded with
-    Pillow, and with the fast JPEG decoder when one loads), HDF5, and for (image, label)
-    sources the decoded npy cache, full size and resized."""
+    Pillow, and with the fast JPEG decoder when one loads), HDF5, and the decoded npy cache,
+    full size and resized; for dict samples only the formats that hold them."""
+    from ..formats import get
+
     out = [Candidate("wds", "wds")]
     if fast_decoder != "pil":
         out.append(Candidate(f"wds, decode={fast_decoder}", "wds", decode="numpy"))
     out.append(Candidate("hdf5", "hdf5"))
-    if classification:
-        out.append(Candidate("npy", "npy"))
-        if resize:
-            out.append(Candidate(f"npy --resize {resize}", "npy", resize=resize))
-    return out
+    out.append(Candidate("npy", "npy"))
+    if resize:
+        out.append(Candidate(f"npy --resize {resize}", "npy", resize=resize))
+    return [c for c in out if classification or get(c.fmt).any_samples]
 
 
 def sample_source(src: str, listings: Sequence[FolderListing], picked: Sequence[str], layout: str,
@@ -119,7 +120,9 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
                   storage_options: Optional[Dict[str, Any]] = None,
                   log: Callable[[str], None] = lambda m: None) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
     """Read the sample as it is, from memory, and as each candidate output, through a
-    DataLoader: ``({name: {cold, warm, bytes_per_sample, ...}}, notes)``. A candidate that
+    DataLoader: ``({name: {cold, warm, bytes_per_sample, ...}}, notes)``; ``cold``/``warm`` are
+    steady-state rates (after every worker's first batch), ``cold_whole``/``warm_whole`` the
+    whole pass's (a shard reader's reads come in bursts the steady state can miss). A candidate that
     cannot be made from this source is left out with the reason in the notes."""
     from ..bench import BenchTarget, _as_list, _default_collate, _one_pass
     from ..io.location import Location
@@ -139,6 +142,7 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
             r = _one_pass(ds, target, workers, batch_size, collate, cache, n, max_seconds)
             row[cache] = r["samples_per_s"]
             row[f"{cache}_startup_s"] = r["startup_s"]
+            row[f"{cache}_whole"] = r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
             log(f"{name}, {cache}: {r['samples_per_s']:,.0f} samples/s ({r['samples']} samples, {workers} workers)")
         return row
 

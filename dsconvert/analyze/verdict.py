@@ -7,10 +7,13 @@ same samples from memory (decode + transform + IPC, no storage), and each candid
 made from the sample. The decision reads them in this order:
 
 1. a ``target`` the loader meets: ``none``;
-2. storage: the loader loses half its rate to reading (as-is vs from memory, or cold vs warm
-   when there is no from-memory pass), or moves about what the storage gave cold (0.7-1.4x its
-   measured MB/s or files/s: much more means a cache serves it). Which storage limit is decided from the measurements,
-   never from the mount type: files of 8 MB or more are *bandwidth* (sharding cannot reduce
+2. storage: the loader loses half its rate to reading (as-is vs from memory; without a
+   from-memory pass, vs the warm pass where the page cache works), or, with no such reference,
+   moves about what the storage gave cold (0.7-1.4x its measured MB/s or files/s); and read
+   cold (or where nothing caches) whenever the storage's best measured MB/s, in samples, is
+   within 1.4x of the loader's rate (that rate is then capped by it: a shard reader fetching
+   ahead can run faster at its start than an epoch allows). Which storage limit is decided from the measurements,
+   never from the mount type: files of 4 MB or more are *bandwidth* (sharding cannot reduce
    their requests; a copy on faster storage can); throughput that grows 2x or more with
    concurrent readers at >= 2 ms per cold file is *latency*; small files (< 256 kB) that do
    not scale are *per-file overhead*; the rest is bandwidth;
@@ -36,7 +39,7 @@ SOURCE = "source"
 MEMORY = "from memory"
 LATENCY_MS = 2.0  # a cold per-file read slower than this is network-like latency
 SMALL_FILE_BYTES = 256_000  # below this, a local read is mostly per-file work
-LARGE_FILE_BYTES = 8_000_000  # at or above this, files are shard-sized already
+LARGE_FILE_BYTES = 4_000_000  # at or above this, files are shard-sized: per-file costs are a few % of a read
 READ_SHARE = 0.5  # the share of the loader's time lost to reading that makes it storage-bound
 STORAGE_USE = 0.7  # a loader moving 0.7-1.4x the storage's measured MB/s (cold) is storage-bound
 SCALES = 2.0  # throughput growth from 1 to N readers that means latency hidden by concurrency
@@ -60,6 +63,7 @@ class Measurements:
     transform_ms: float  # the reference transform on a decoded image, one thread
     cores: int  # the workers of every DataLoader pass
     expected_cache: str = "warm"  # "warm" when the data fits in the page cache (epochs after the first)
+    page_cache_works: bool = True  # warm reads measured 1.5x faster than cold (FUSE and object stores: not)
     transform: str = "eval"
     kind: str = "files"  # what the path holds (dsconvert.analyze.detect)
     convertible: bool = True  # dsconvert shard takes it as a source
@@ -134,10 +138,17 @@ def decide(m: Measurements) -> Verdict:
 
     # one worker's time per sample: n workers each deliver as_is / n samples/s
     t_total = n / as_is * 1000 if as_is > 0 else 0.0
+    src_row = m.loader.get(SOURCE, {})
+    whole = src_row.get(f"{cache}_whole") or as_is  # the whole pass: a shard reader's reads come in bursts
     reference = memory
-    if reference <= 0 and cache == "cold":  # no from-memory pass (a dsconvert output): the warm pass
-        reference = m.loader.get(SOURCE, {}).get("warm", 0.0)
-    t_cpu = min(t_total, n / reference * 1000) if reference > 0 else t_total
+    if memory > 0:
+        t_cpu = min(t_total, n / memory * 1000)
+    elif m.page_cache_works and cache == "cold" and src_row.get("warm_whole"):
+        reference = src_row["warm_whole"]  # no from-memory pass (a dsconvert output): cold vs warm, whole passes
+        t_cpu = t_total * min(1.0, whole / reference)
+    else:
+        reference = 0.0
+        t_cpu = t_total
     t_read = max(0.0, t_total - t_cpu)
     read_share = t_read / t_total if t_total > 0 else 0.0
     decoder = "pil"
@@ -147,11 +158,22 @@ def decide(m: Measurements) -> Verdict:
     t_overhead = min(t_read, (m.fixed_ms or 0.0) * m.files_per_sample)
     scaling = (max(r for _, r in m.sweep) / m.sweep[0][1]) if len(m.sweep) > 1 and m.sweep[0][1] > 0 else 1.0
     storage_files_s = _rate_at(m.sweep, n)
-    loader_mb_s = as_is * m.mean_sample_bytes / 1e6
-    storage_use = max(as_is * m.files_per_sample / storage_files_s if storage_files_s else 0.0,
-                      loader_mb_s / m.bandwidth_mb_s if m.bandwidth_mb_s > 0 else 0.0)
+    loader_mb_s = whole * m.mean_sample_bytes / 1e6
+    per_file = whole * m.files_per_sample / storage_files_s if storage_files_s and m.kind == "files" else 0.0
+    storage_use = max(per_file, loader_mb_s / m.bandwidth_mb_s if m.bandwidth_mb_s > 0 else 0.0)
     # a loader moving about what the storage gave cold is held by it; far more means a cache serves it
-    storage_bound = read_share >= READ_SHARE or (memory <= 0 and STORAGE_USE <= storage_use <= 1 / STORAGE_USE)
+    # over a whole epoch read cold every byte crosses the storage: at best its measured MB/s
+    cold_like = cache == "cold" or not m.page_cache_works
+    storage_samples_s = (m.bandwidth_mb_s * 1e6 / m.mean_sample_bytes
+                         if m.bandwidth_mb_s > 0 and m.mean_sample_bytes > 0 else float("inf"))
+    capped = cold_like and storage_samples_s < as_is
+    storage_bound = (read_share >= READ_SHARE or (reference <= 0 and STORAGE_USE <= storage_use <= 1 / STORAGE_USE)
+                     or (cold_like and storage_samples_s * STORAGE_USE <= as_is))
+    if capped:
+        t_total = n / storage_samples_s * 1000
+        t_read = max(0.0, t_total - t_cpu)
+        read_share = t_read / t_total
+        as_is = storage_samples_s
     keeps_up = None if m.target is None else as_is >= m.target
 
     evidence = [f"through a DataLoader with {n} workers and the {m.transform} transform ({cache} page cache): "
@@ -163,6 +185,10 @@ def decide(m: Measurements) -> Verdict:
         kind = ("throughput grows with concurrent readers: latency that parallelism hides" if scaling >= SCALES
                 else "throughput does not grow with readers: bandwidth or CPU bound")
         evidence.append(f"cold reads scale {scaling:.1f}x from {m.sweep[0][0]} to {max(m.sweep)[0]} readers ({kind})")
+    if capped:
+        evidence.insert(1, f"the storage delivers at most {storage_samples_s:,.1f} samples/s cold "
+                           f"({m.bandwidth_mb_s:,.1f} MB/s at best over the sweep, {m.mean_sample_bytes / 1e6:,.2f} MB a "
+                           "sample): over an epoch the loader cannot go faster, whatever its start showed")
     fixed = (f"per-file fixed cost {m.fixed_ms:.2f} ms (fitted)" if m.fixed_ms is not None
              else "per-file fixed cost not determined (the sampled files have about one size)")
     evidence.append(f"cold read {m.cold_latency_ms:.2f} ms per file (p50), {fixed}, up to {m.bandwidth_mb_s:,.0f} MB/s; "
@@ -193,6 +219,9 @@ def decide(m: Measurements) -> Verdict:
 
     def command(name: str) -> str:
         row = outputs[name]
+        if row.get("same_data"):  # the data as it is, read another way
+            return f'open_dataset("{src}", decode="{row.get("decode", "numpy")}")   # decodes JPEGs with {m.numpy_decoder}'
+
         fmt = row.get("format", name.split(",")[0].split()[0])
         opts = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (row.get("options") or {}).items())
         line = f"dsconvert shard {src} --format {fmt} -o {out_for(fmt)}{opts}"
@@ -207,7 +236,7 @@ def decide(m: Measurements) -> Verdict:
     recommended = best if best is not None and speedup >= WORTH and bottleneck not in ("none",) else None
     if recommended and large and bottleneck == "storage-bandwidth" and outputs[recommended].get("format") != "npy":
         recommended = None  # re-packing large files into shards only copies them
-    if recommended and m.convertible:
+    if recommended and (m.convertible or outputs[recommended].get("same_data")):
         commands.append(command(recommended))
         encoded = [k for k in fitting if outputs[k].get("format") == "wds" and k != recommended]
         if outputs[recommended].get("format") == "npy" and encoded:
