@@ -190,7 +190,9 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         transform_ms=transform_ms, cores=cores, expected_cache=cache, transform=spec, kind=found.kind,
         page_cache_works=fs is None and warm["mb_per_s"] >= 1.5 * cold["mb_per_s"],
         convertible=convertible, numpy_decoder=jpeg_decoders()[0][0], suggested_resize=resize,
-        free_bytes=free, output_dir=out_dir if output_dir else "OUT", target=target, remote=fs is not None,
+        # outputs go beside a local source, or (a remote one) to local disk, where they were measured
+        free_bytes=free, output_dir=out_dir if output_dir or fs is not None else "OUT", target=target,
+        remote=fs is not None,
     )
     verdict = decide(m) if loader else _unmeasured(m, found)
     verdict.notes[:0] = notes

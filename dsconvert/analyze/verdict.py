@@ -255,11 +255,12 @@ def decide(m: Measurements) -> Verdict:
                          f"{src}/ /local/ssd/{posixpath.basename(src.rstrip('/')) or 'data'}/")
     if bottleneck == "storage-latency":
         notes.append("write the output to local SSD: the conversion is then also the pre-cache")
-        if m.remote and m.convertible:
-            shards = f"{src.rstrip('/')}-wds"
-            alternative = [f"dsconvert shard {src} --format wds -o {shards}",
-                           f"dsconvert cache {shards} /local/ssd/cache   # then open_dataset(\"{shards}\", "
-                           "cache_dir=\"/local/ssd/cache\") reads verified local copies"]
+    if m.remote and m.convertible and bottleneck in ("storage-latency", "small-files", "storage-bandwidth"):
+        shards = f"{src.rstrip('/')}-wds"  # shards kept in the store, read through a local verified copy
+        local = posixpath.join(m.output_dir, "dsconvert-cache") if m.output_dir != "OUT" else "/local/ssd/cache"
+        alternative = [f"dsconvert shard {src} --format wds -o {shards}",
+                       f"dsconvert cache {shards} {local}   # then open_dataset(\"{shards}\", "
+                       f"cache_dir=\"{local}\") reads verified local copies"]
     if bottleneck in ("storage-latency", "small-files") and not m.convertible:
         notes.append(f"{m.kind} data: pack it into fewer, larger files (dsconvert shard takes folders of files)")
     if bottleneck == "transform" or (t_transform >= 0.5 * t_cpu and t_cpu > 0):
