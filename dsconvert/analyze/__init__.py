@@ -110,13 +110,28 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         entries = [(p, s) for p, s in inv.entries if not p.endswith((".json", ".idx", ".lock"))] or inv.entries
     else:
         entries = inv.entries
-    picked = stratified_sample(entries, sample, seed)
-    if fs is not None:
-        base = root if inv.layout != "list" else root.rsplit("/", 1)[0]
-        paths = [f"{base}/{p}" for p, _ in picked]
+    listed = None
+    if inv.layout == "list" and measured_as == "files":
+        # a list file: the files it names are the data, measured in place of the list itself
+        import random
+
+        from ..source import scan
+        from ..source.dataset import SourceDataset
+
+        listed = scan(src, storage_options=storage_options)
+        listed_total = len(listed.samples)
+        listed.samples = random.Random(seed).sample(listed.samples, min(listed_total, sample))
+        listed_ds = SourceDataset(listed, storage_options=storage_options)
+        entries = [(p, f.size) for i, s in enumerate(listed.samples) for p, f in zip(listed_ds.paths(i), s.files)]
+        paths = [p for p, _ in entries]
+        picked = entries
     else:
-        base = src if os.path.isdir(src) else os.path.dirname(src)
-        paths = [os.path.join(base, p) for p, _ in picked]
+        picked = stratified_sample(entries, sample, seed)
+        if fs is not None:
+            paths = [f"{root}/{p}" for p, _ in picked]
+        else:
+            base = src if os.path.isdir(src) else os.path.dirname(src)
+            paths = [os.path.join(base, p) for p, _ in picked]
     images = [p for p in paths if field_kind(p) == "image"]
     say(f"reading {len(paths)} sampled files cold and warm, sequential and random")
     cold = read_pass(paths, cold=True, order="sequential", reader=reader)
@@ -146,6 +161,10 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
 
     fps = _files_per_sample(inv)
     num_samples = int(inv.estimated_files / fps) if fps else 0
+    data_bytes = inv.estimated_bytes
+    if listed is not None:
+        num_samples = listed_total
+        data_bytes = listed.nbytes / max(1, len(listed.samples)) * listed_total
     loader: Dict[str, Dict[str, Any]] = {}
     notes: List[str] = []
     transform_ms = 0.0
@@ -156,7 +175,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
             src, transform_fn, cores, sample, seed, decode, pass_seconds, storage_options, say)
         mix = mix or decode_extra
     elif measured_as == "files":
-        source = _sampled_source(src, inv, picked, seed, storage_options)
+        source = listed or _sampled_source(src, inv, picked, seed)
         convertible = True
         decoded = decoded_sample(source, storage_options=storage_options)
         if source.sample_type != "classification":
@@ -177,10 +196,10 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         loader, trial_notes = loader_passes(source, output_dir, transform_fn, options, cores, batch, pass_seconds,
                                             storage_options, say)
         notes += trial_notes
-    mean_sample_bytes = inv.estimated_bytes / max(1, num_samples)
+    mean_sample_bytes = data_bytes / max(1, num_samples)
     total = {k: v.get("bytes_per_sample", mean_sample_bytes) * num_samples for k, v in loader.items()}
     if cache == "auto":
-        cache = _expected_cache(total.get(SOURCE, inv.estimated_bytes)) if fs is None else "cold"
+        cache = _expected_cache(total.get(SOURCE, data_bytes)) if fs is None else "cold"
     m = Measurements(
         source=src, storage_kind=storage["kind"], num_samples=num_samples, files_per_sample=fps,
         mean_sample_bytes=mean_sample_bytes, mean_file_bytes=sum(s for _, s in entries) / max(1, len(entries)),
@@ -222,19 +241,8 @@ def _detected_dict(found: Detected) -> Dict[str, Any]:
     return d
 
 
-def _sampled_source(src: str, inv: Inventory, picked: List[Tuple[str, int]], seed: int,
-                    storage_options: Optional[Dict[str, Any]]) -> Any:
-    """The measured sample as a Source: from the inventory's listings, or for a list file
-    from its scan, a seeded subset as large as the sample."""
-    import random
-
-    from ..source import scan
-
-    if inv.layout == "list":
-        source = scan(src, storage_options=storage_options)
-        rng = random.Random(seed)
-        source.samples = rng.sample(source.samples, min(len(source.samples), max(1, len(picked) or 256)))
-        return source
+def _sampled_source(src: str, inv: Inventory, picked: List[Tuple[str, int]], seed: int) -> Any:
+    """The measured sample as a Source, from the inventory's listings."""
     return sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
 
 
