@@ -4,6 +4,7 @@ training jobs diagnosed as decode-bound, read-bound (slow FUSE mount) and comput
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -262,19 +263,22 @@ SINGLE = NEXT[:2] + [Frame("_SingleProcessDataLoaderIter._next_data", f"{SITE}/t
                      FETCH[1], Frame("Folder.__getitem__", "/job/train.py", 60)]
 
 
-def _no_workers_job(leaf, loading=70, compute=30, cpu=True):
+def _no_workers_job(leaf, loading=70, compute=30, cpu=True, sampler=0):
     """num_workers=0: the main thread loads below _SingleProcessDataLoaderIter; no workers."""
     load = stack(10, SINGLE + list(leaf), loading)
     loop = stack(10, [Frame("<module>", "/job/train.py", 70)], compute)
-    return [load, loop], ([load, loop] if cpu else [loop])
+    next_ = stack(10, NEXT[:2], sampler)  # in the DataLoader's own __next__: no worker to wait for
+    return [load, loop, next_], ([load, loop] if cpu else [loop])
 
 
 def test_no_workers_decode_bound():
-    wall, cpu = _no_workers_job([Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)])
+    wall, cpu = _no_workers_job([Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)], 63, 30, sampler=7)
     d = diagnose_stacks(wall, cpu, 10, cpus=6, data_root="/data/train", fast_decoder="pil", read_line=read_line,
                         shard_formats=ALL_FORMATS)
     assert d.verdict == "input-bound" and d.bottleneck == "no-workers" and d.bound_by == "decode"
-    assert d.num_workers == 0 and d.main["decode"]["share"] == pytest.approx(0.7)
+    assert d.num_workers == 0 and d.main["decode"]["share"] == pytest.approx(0.63)
+    assert "wait" not in d.main and d.main["dataset"]["share"] == pytest.approx(0.07)
+    assert "waiting for the workers" not in d.evidence[0] and "70% of its time" in d.summary
     assert "runs in the training loop itself" in d.summary and "image decode" in d.summary
     assert d.fixes[0].startswith("DataLoader(..., num_workers=6")
     assert d.fixes[1] == d.commands[0]
@@ -557,3 +561,101 @@ def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, phot
     opens = report["syscalls"]["open"]
     assert opens["ms"]["p50"] >= 14.0  # the mount sleeps 15 ms in every open
     assert d["commands"][0].startswith(f"dsconvert shard {mnt} --format wds")
+
+
+def run_commands(commands, tmp_path):
+    """Run every command diagnose suggested with the arguments it printed, writing into tmp_path
+    instead of the folder beside the data (the one thing changed), and check each succeeds."""
+    for i, command in enumerate(commands):
+        argv = shlex.split(command, comments=True)
+        assert argv[:2] == ["dsconvert", "shard"] and "-o" in argv, command
+        out = argv.index("-o") + 1
+        assert argv[out] == classify.out_for(argv[2], argv[argv.index("--format") + 1]), command
+        argv[out] = str(tmp_path / f"out{i}")
+        run = subprocess.run([sys.executable, "-m", "dsconvert", *argv[1:]], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, (command, run.stderr[-2000:])
+
+
+def diagnose_job(*args):
+    job = Job(*args)
+    try:
+        return run_diagnose("--pid", str(job.proc.pid), "--duration", "3")
+    finally:
+        job.stop()
+
+
+@needs_pyspy
+@needs_torch
+def test_job_without_workers_loads_in_its_training_loop(big_jpegs, tmp_path):
+    from dsconvert.processes import available_cpus
+
+    report = diagnose_job("--data", big_jpegs, "--workers", "0", "--batch", "4", "--compute-ms", "5")
+    d = report["diagnosis"]
+    assert (d["verdict"], d["bottleneck"], d["bound_by"]) == ("input-bound", "no-workers", "decode"), \
+        (d["summary"], d["main"])
+    assert d["num_workers"] == 0 and report["target"]["workers"] == [] and "wait" not in d["main"]
+    assert "loading runs in the training loop itself" in d["summary"]
+    assert d["fixes"][0].startswith(f"DataLoader(..., num_workers={available_cpus()}, ")
+    assert d["fixes"][1] == d["commands"][0]
+    assert d["commands"][0].startswith(f"dsconvert shard {big_jpegs} --format npy -o {big_jpegs}-npy --resize 256")
+    assert not any("GPU" in f for f in d["fixes"])  # decode-bound work: no augmentation fixes
+    run_commands(d["commands"], tmp_path)
+
+
+@needs_pyspy
+@needs_torch
+@pytest.mark.parametrize("augment, details", [
+    ("scipy", {"scipy.ndimage"}),
+    ("cv2", {"OpenCV"}),
+    ("numpy", {"numpy", "custom transform (NumpyAugment.__call__)"}),
+    ("python", {"custom transform (PythonAugment.__call__)"}),
+])
+def test_job_augmenting_on_the_cpu_is_augment_bound(big_jpegs, tmp_path, augment, details):
+    if augment in ("scipy", "cv2"):
+        pytest.importorskip(augment, reason=f"{augment} is not installed")
+    from dsconvert.processes import available_cpus
+
+    report = diagnose_job("--data", big_jpegs, "--workers", "1", "--batch", "4", "--compute-ms", "5",
+                          "--augment", augment)
+    d = report["diagnosis"]
+    assert (d["verdict"], d["bottleneck"]) == ("input-bound", "augment"), (d["summary"], d["workers"])
+    work = d["workers"]["augment"]
+    assert max(work["details"], key=work["details"].get) in details, work["details"]
+    assert work["cpu_share"] > 0.6  # compute, not waiting
+    assert "dataset" not in d["workers"] or d["workers"]["dataset"]["share"] < 0.1
+    fixes = d["fixes"]
+    if available_cpus() > 1:
+        assert fixes.pop(0).startswith(f"DataLoader(..., num_workers={available_cpus()})")
+    assert fixes[0].startswith(f"dsconvert shard {big_jpegs} --format npy -o {big_jpegs}-npy --resize 256"), \
+        (report["data"], d["notes"])
+    assert "torchvision.transforms.v2" in fixes[1] and "kornia.augmentation" in fixes[1]
+    run_commands(d["commands"], tmp_path)
+
+
+@pytest.fixture(scope="module")
+def pickles(tmp_path_factory, photos):
+    """Samples pickled one per file (large arrays): a source dsconvert shard cannot make npy of."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("train_job", JOB)
+    train_job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_job)
+    root = tmp_path_factory.mktemp("pkl") / "train"
+    arrays = [np.asarray(photo.convert("RGB").resize((1600, 1200))) for _, photo in sorted(photos.items())[:3]]
+    train_job.write_pickles(str(root), [(arrays[i % 3], i % 3) for i in range(12)])
+    return str(root)
+
+
+@needs_pyspy
+@needs_torch
+def test_job_reading_pickles_gets_a_code_change(pickles, tmp_path):
+    report = diagnose_job("--data", pickles, "--pickles", "--workers", "0", "--batch", "4", "--compute-ms", "2")
+    d = report["diagnosis"]
+    assert (d["bottleneck"], d["bound_by"]) == ("no-workers", "unpickle"), (d["summary"], d["main"])
+    assert report["data"]["root"] == pickles
+    assert d["commands"] == []  # dsconvert shard refuses a folder of pickles for npy
+    assert any("np.save / np.savez" in f for f in d["fixes"])
+    assert any(f"does not take {pickles} as a source for --format npy" in n for n in d["notes"])

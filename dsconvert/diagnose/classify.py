@@ -167,8 +167,8 @@ _COMPUTE_LINES: List[Tuple[str, "re.Pattern[str]"]] = [
         ("scipy", r"\bscipy\.[\w.]+\("),
         ("scikit-image", r"\bskimage\.[\w.]+\("),
         ("kornia (CPU)", r"\bkornia\.[\w.]+\("),
-        ("torch CPU ops", r"\btorch\.[\w.]+\(|\bF\.\w+\("),
-        ("numpy", r"\b(np|numpy)\.[\w.]+\("),
+        ("torch CPU ops", r"\btorch\.\w|\bF\.\w+\("),
+        ("numpy", r"\b(np|numpy)\.\w"),
     )
 ]
 
@@ -275,6 +275,7 @@ def _is_main_thread(stack: Stack) -> bool:
 
 
 _RESTART = "starting or stopping DataLoader workers"
+_WAIT = "waiting for a batch from the workers"
 
 
 def _fetched(frames: Sequence[Frame], read_line: LineReader) -> Optional[Tuple[str, str]]:
@@ -306,7 +307,7 @@ def _main(frames: Sequence[Frame], read_line: LineReader) -> Tuple[str, str]:
         rule = _data_rule(below, read_line)
         if rule and rule[0] in ("ipc", "pin", "collate"):
             return rule
-        return "wait", "waiting for a batch from the workers"
+        return "wait", _WAIT
     item = _getitem(frames)
     if item is not None:  # the loop indexes its dataset itself
         return _dataset_part(frames[item + 1:], read_line)
@@ -514,7 +515,7 @@ def _fixes(bottleneck: str, bound_by: Optional[str], fx: _Fixes, details: Dict[s
         fx.change(f"DataLoader(..., num_workers={cpus}, persistent_workers=True): load in {cpus} worker "
                   f"process(es) beside the training loop instead of inside it ({cpus} CPUs available)")
     elif num_workers < cpus and bottleneck != "ipc" and (bottleneck == "augment" or worker_busy > 0.8):
-        fx.change(f"DataLoader(..., num_workers={cpus}): the {num_workers} DataLoader workers are busy "
+        fx.change(f"DataLoader(..., num_workers={cpus}): the {num_workers} DataLoader worker(s) are busy "
                   f"{worker_busy:.0%} of the time and {cpus} CPUs are available; more workers help until "
                   "the CPUs are saturated")
     _category_fixes(bound_by or bottleneck, fx, details, fast_decoder)
@@ -537,7 +538,10 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     def classify(stack: Stack) -> Tuple[str, str, str]:
         key = (stack.pid, stack.thread_id, stack.thread, stack.frames)
         if key not in memo:
-            memo[key] = classify_stack(stack, target, workers, read_line)
+            got = classify_stack(stack, target, workers, read_line)
+            if not workers and got[:2] == ("main", "wait"):  # the DataLoader's own code, in the loop
+                got = ("main", "dataset", "DataLoader (sampler, fetcher)")
+            memo[key] = got
         return memo[key]
 
     wall: Dict[str, Dict[Tuple[str, str], float]] = defaultdict(dict)
@@ -573,9 +577,10 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     wait = main.get("wait", {}).get("share", 0.0)
     in_main = {k: v["share"] for k, v in main.items() if k in DATA_CATEGORIES}
     own = {k: v for k, v in in_main.items() if k not in receiving}  # data work the main thread does itself
-    evidence.append(f"main thread: {input_share:.0%} getting data ({wait:.0%} waiting for the workers"
-                    + "".join(f", {v:.0%} {k}" for k, v in in_main.items() if v >= 0.01)
-                    + f"), {main.get('compute', {}).get('share', 0.0):.0%} computing")
+    parts = ([f"{wait:.0%} waiting for the workers"] if workers else []) + \
+        [f"{v:.0%} {k}" for k, v in in_main.items() if v >= 0.01]
+    evidence.append(f"main thread: {input_share:.0%} getting data ({', '.join(parts) or 'none'}), "
+                    f"{main.get('compute', {}).get('share', 0.0):.0%} computing")
     if workers:
         busy = ", ".join(f"{k} {v['share']:.0%}" for k, v in work.items() if k != "idle" and v["share"] >= 0.02)
         evidence.append(f"{len(workers)} DataLoader worker(s), busy {worker_busy:.0%} of the time: {busy or 'nothing'}")
@@ -583,12 +588,13 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
         evidence.append("no DataLoader worker processes: the main process loads its own data (num_workers=0)")
     ipc_finding = bool(workers) and receive >= IPC_SHARE
     if ipc_finding:
-        parts: Dict[str, float] = {}
+        received: Dict[str, float] = {}
         for k in receiving:
             for d, share in main.get(k, {}).get("details", {}).items():
-                parts[d] = parts.get(d, 0.0) + share
+                received[d] = received.get(d, 0.0) + share
         evidence.append(f"the training loop spends {receive:.0%} of its time receiving batches from the workers ("
-                        + ", ".join(f"{d} {v:.0%}" for d, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+                        + ", ".join(f"{d} {v:.0%}" for d, v in sorted(received.items(), key=lambda kv: -kv[1])
+                                    if v >= 0.01)
                         + ")")
 
     bound_by: Optional[str] = None
