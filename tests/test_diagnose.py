@@ -237,6 +237,8 @@ def test_augmentation_in_any_library_is_preprocessing(leaf, expected):
      60, ("dataset", "dataset code (Python)")),
     ([Frame("Subset.__getitem__", f"{SITE}/torch/utils/data/dataset.py", 400)], 60,
      ("dataset", "dataset code (Python)")),
+    ([Frame("TransformedDataset.__getitem__", "/job/train.py", 54),
+      Frame("TransformedDataset.parse", "/job/train.py", 54)], 60, ("dataset", "dataset code (Python)")),
     # I/O stays I/O inside a transform: Pillow decoding lazily, a file read, an unpickle
     ([call("ToArray", 60), Frame("Image.__array_interface__", f"{SITE}/PIL/Image.py", 700),
       Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)], 60, ("decode", "Pillow")),
@@ -355,6 +357,25 @@ def test_pickles_get_a_code_change_not_a_refused_npy_command():
     d = diagnose_stacks(wall, cpu, 10, cpus=2, data_root="/data/train", read_line=read_line,
                         shard_formats=ALL_FORMATS)  # arrays in an ImageFolder of images: npy takes it
     assert d.commands[0].startswith("dsconvert shard /data/train --format npy -o /data/train-npy")
+
+
+def test_commands_quote_paths_and_the_report_lists_fixes_in_order():
+    from dsconvert.diagnose.report import render_text
+
+    load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=100)
+    wall, cpu = _job(70, 30, [load], [load])
+    d = diagnose_stacks(wall, cpu, 10, cpus=4, data_root="/data/my train", fast_decoder="pil", read_line=read_line,
+                        shard_formats=ALL_FORMATS)
+    argv = shlex.split(d.commands[0], comments=True)
+    assert argv == ["dsconvert", "shard", "/data/my train", "--format", "npy", "-o", "/data/my train-npy",
+                    "--resize", "256"]
+    text = render_text({"diagnosis": d.to_dict(), "duration_s": 3, "rate_hz": 100, "syscalls": None,
+                        "target": {"pid": 10, "cmdline": "python train.py"}}, tty=False)
+    lines = text.splitlines()
+    first = lines.index("fix (in this order):")
+    assert lines[first + 1].startswith("  1. DataLoader(..., num_workers=4)")
+    assert lines[first + 2] == f"  2. {d.commands[0]}"
+    assert sum(f in text for f in d.fixes) == len(d.fixes) and text.count("num_workers=4") == 1
 
 
 def test_shard_formats_come_from_the_scanner(tmp_path, photos):
@@ -510,7 +531,7 @@ def big_jpegs(tmp_path_factory, photos):
 
 @needs_pyspy
 @needs_torch
-def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
+def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
     report = run_diagnose("--wait", "8", "--duration", "3", "--", sys.executable, JOB, "--data", big_jpegs,
                           "--workers", "1", "--batch", "4", "--compute-ms", "5")
     d = report["diagnosis"]
@@ -519,6 +540,7 @@ def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
     assert d["num_workers"] == 1 and len(report["target"]["workers"]) == 1
     assert report["data"]["root"] == big_jpegs
     assert d["commands"][0].startswith(f"dsconvert shard {big_jpegs} --format npy")
+    run_commands(d["commands"], tmp_path)
     # the launched job and its worker were stopped
     assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
                    for p in report["target"]["processes"])
@@ -543,7 +565,7 @@ def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path)
 @needs_pyspy
 @needs_torch
 @pytest.mark.parametrize("slow_mount", [15], indirect=True)
-def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, photos):
+def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, photos, tmp_path):
     if not os.path.exists("/usr/bin/strace") and not any(
             os.access(os.path.join(d, "strace"), os.X_OK) for d in os.environ.get("PATH", "").split(":")):
         pytest.skip("strace is not installed (apt-get install -y strace)")
@@ -561,6 +583,7 @@ def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, phot
     opens = report["syscalls"]["open"]
     assert opens["ms"]["p50"] >= 14.0  # the mount sleeps 15 ms in every open
     assert d["commands"][0].startswith(f"dsconvert shard {mnt} --format wds")
+    run_commands(d["commands"], tmp_path / "converted")
 
 
 def run_commands(commands, tmp_path):

@@ -210,8 +210,8 @@ def _transform_call(frames: Sequence[Frame]) -> Optional[int]:
     """Index of the outermost transform call in the dataset part of a stack, or None: a function
     named *transform*/*augment*, a callable object's ``__call__``, an ``nn.Module`` called."""
     for i, frame in enumerate(frames):
-        func = frame.func.rsplit(".", 1)[-1]
-        if _TRANSFORM_NAME.search(frame.func) or func == "__call__" or \
+        func = frame.func.rsplit(".", 1)[-1]  # the function's own name, not its class's
+        if (_TRANSFORM_NAME.search(func) and func not in ("__getitem__", "__getitems__")) or func == "__call__" or \
                 (func in ("_call_impl", "_wrapped_call_impl", "forward") and _path(frame).endswith(_MODULE_FILE)):
             return i
     return None
@@ -484,7 +484,7 @@ def _category_fixes(category: str, fx: _Fixes, details: Dict[str, float], fast_d
                  "pack the samples into a few large files read sequentially (tar shards, or arrays saved "
                  "with np.save and read with np.load(mmap_mode='r')) instead of one small file per sample")
     elif category == "remote":
-        fx.shard("wds", "", "write it on local SSD: the conversion is also the pre-cache",
+        fx.shard("wds", "", "with -o on local SSD the conversion is also the pre-cache",
                  "copy the data to local SSD before training, packed into a few large files")
         fx.note("or keep the data in the object store as dsconvert shards and read them through a verified "
                 "cache on local SSD: open_dataset(url, cache_dir=...), with `dsconvert cache` to fetch them ahead")
