@@ -144,18 +144,18 @@ _COMPUTE: List[Tuple[str, "re.Pattern[str]", Optional["re.Pattern[str]"]]] = [
 # (checked after the I/O rules above, which claim np.load, torch.load, torchvision.io...)
 _COMPUTE_LIBS: List[Tuple[str, "re.Pattern[str]"]] = [
     (d, re.compile(f)) for d, f in (
-        ("scipy.ndimage", r"scipy/ndimage/"),
-        ("scipy", r"scipy/"),
-        ("scikit-image", r"skimage/"),
-        ("kornia (CPU)", r"kornia/"),
-        ("albumentations", r"albumentations/"),
-        ("imgaug", r"imgaug/"),
-        ("MONAI", r"monai/"),
-        ("OpenCV", r"cv2/"),
-        ("torchvision transforms", r"torchvision/"),
-        ("torch CPU ops", r"torch/(?!utils/data/)"),
-        ("numpy", r"numpy/"),
-        ("Pillow transforms", r"PIL/"),
+        ("scipy.ndimage", r"(^|/)scipy/ndimage/"),
+        ("scipy", r"(^|/)scipy/"),
+        ("scikit-image", r"(^|/)skimage/"),
+        ("kornia (CPU)", r"(^|/)kornia/"),
+        ("albumentations", r"(^|/)albumentations/"),
+        ("imgaug", r"(^|/)imgaug/"),
+        ("MONAI", r"(^|/)monai/"),
+        ("OpenCV", r"(^|/)cv2/"),
+        ("torchvision transforms", r"(^|/)torchvision/"),
+        ("torch CPU ops", r"(^|/)torch/(?!utils/data/)"),
+        ("numpy", r"(^|/)numpy/"),
+        ("Pillow transforms", r"(^|/)PIL/"),
     )
 ]
 
@@ -474,8 +474,8 @@ def _category_fixes(category: str, fx: _Fixes, details: Dict[str, float], fast_d
                  "and read them with np.load(mmap_mode='r')")
         pillow = any("Pillow" in d for d in details)
         if pillow and fast_decoder and fast_decoder != "pil":
-            out = shlex.quote(out_for(fx.root, "wds")) if fx.root else ""
-            fx.shard("wds", "", f"then open_dataset(\"{out}\", decode=\"numpy\") decodes JPEGs with {fast_decoder}",
+            out = out_for(fx.root, "wds") if fx.root else ""
+            fx.shard("wds", "", f"then open_dataset({out!r}, decode=\"numpy\") decodes JPEGs with {fast_decoder}",
                      f"decode JPEGs with {fast_decoder} instead of Pillow (it loads here)")
         elif pillow:
             fx.note("a faster JPEG decoder: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
