@@ -600,10 +600,10 @@ def run_commands(commands, tmp_path):
         assert run.returncode == 0, (command, run.stderr[-2000:])
 
 
-def diagnose_job(*args):
+def diagnose_job(*args, duration=3):
     job = Job(*args)
     try:
-        return run_diagnose("--pid", str(job.proc.pid), "--duration", "3")
+        return run_diagnose("--pid", str(job.proc.pid), "--duration", str(duration))
     finally:
         job.stop()
 
@@ -639,8 +639,10 @@ def test_job_augmenting_on_the_cpu_is_augment_bound(big_jpegs, tmp_path, augment
         pytest.importorskip(augment, reason=f"{augment} is not installed")
     from dsconvert.processes import available_cpus
 
+    # the job holds each file open only while it decodes it, a small share of its time: sample
+    # long enough for diagnose to see a few of them open and so name the dataset folder
     report = diagnose_job("--data", big_jpegs, "--workers", "1", "--batch", "4", "--compute-ms", "5",
-                          "--augment", augment)
+                          "--augment", augment, duration=4)
     d = report["diagnosis"]
     assert (d["verdict"], d["bottleneck"]) == ("input-bound", "augment"), (d["summary"], d["workers"])
     work = d["workers"]["augment"]
