@@ -8,8 +8,8 @@ does (open, Image.open, convert("RGB")); with --converted it reads a dsconvert o
 dsconvert.open_dataset(decode="numpy"); with --pickles it reads every ``*.pkl`` file under DIR
 (a pickled ``(HxWx3 uint8 array, label)``, see :func:`write_pickles`). --augment runs a
 transform object on each decoded image before the crop that goes into the batch: a blur and
-a rotation in scipy.ndimage or OpenCV, a flip, brightness jitter and noise in numpy, or a
-per-pixel jitter in plain Python. --workers 0 loads in the training loop itself. Each step
+a rotation in scipy.ndimage, a denoise, blur and rotation in OpenCV, a flip, brightness
+jitter and noise in numpy, or a per-pixel jitter in plain Python. --workers 0 loads in the training loop itself. Each step
 busies the CPU for --compute-ms. It prints "ready" after its first batch and trains until it
 is stopped; with --print-rate, also the steps done in each second ("rate N").
 """
@@ -39,6 +39,7 @@ class OpenCVAugment:
         import cv2
 
         h, w = arr.shape[:2]
+        arr = cv2.bilateralFilter(arr, 9, 75, 75)  # edge-preserving denoise
         arr = cv2.GaussianBlur(arr, (9, 9), 1.5)
         m = cv2.getRotationMatrix2D((w / 2, h / 2), random.uniform(-10, 10), 1.0)
         return cv2.warpAffine(arr, m, (w, h))
