@@ -387,6 +387,17 @@ def test_shard_formats_come_from_the_scanner(tmp_path, photos):
         write(str(tmp_path / "pkl" / f"sample_{i}.pkl"), b"\\x80\\x04N.")
     assert "npy" not in shard_formats(str(tmp_path / "pkl"))
     assert shard_formats(str(tmp_path / "missing")) == []
+    assert shard_formats(str(tmp_path / "images"), budget=-1) is None  # a scan over its budget: not known
+
+
+def test_formats_not_checked_in_time_give_code_changes():
+    load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=100)
+    wall, cpu = _job(70, 30, [load], [load])
+    d = diagnose_stacks(wall, cpu, 10, cpus=1, data_root="/data", read_line=read_line, shard_formats=None)
+    assert d.bottleneck == "decode" and d.commands == []
+    assert any("np.save" in f for f in d.fixes)
+    assert any("could not be scanned in time" in n for n in d.notes)
+    assert not any("does not take" in n for n in d.notes)
 
 
 LEAVES = {

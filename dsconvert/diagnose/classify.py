@@ -422,8 +422,9 @@ class _Fixes:
     """Fixes in the order to try them: shell commands (also in ``commands``) and code changes
     (also in ``notes``); plain remarks go to ``notes`` only."""
 
-    def __init__(self, root: Optional[str], formats: Sequence[str]) -> None:
-        self.root, self.formats = root, tuple(formats)
+    def __init__(self, root: Optional[str], formats: Optional[Sequence[str]]) -> None:
+        self.root, self.formats = root, tuple(formats or ())
+        self.unchecked = formats is None  # the scan to check them did not finish
         self.fixes: List[str] = []
         self.commands: List[str] = []
         self.notes: List[str] = []
@@ -528,10 +529,11 @@ _NAMES = {"decode": "image decode", "read": "file reads", "remote": "remote stor
 
 def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], target: int, cpus: int,
                     data_root: Optional[str] = None, fast_decoder: Optional[str] = None,
-                    read_line: LineReader = _source_line, shard_formats: Sequence[str] = ()) -> Diagnosis:
+                    read_line: LineReader = _source_line,
+                    shard_formats: Optional[Sequence[str]] = ()) -> Diagnosis:
     """Aggregate both recordings and decide; see the module doc. ``shard_formats``: the formats
-    ``dsconvert shard`` accepts ``data_root`` for (checked by the caller with the scanner); a
-    conversion command is suggested only for those."""
+    ``dsconvert shard`` accepts ``data_root`` for (checked by the caller with the scanner; None
+    when that check could not finish); a conversion command is suggested only for those."""
     workers = worker_pids(wall_stacks)
     memo: Dict[Tuple[int, int, str, Tuple[Frame, ...]], Tuple[str, str, str]] = {}
 
@@ -648,7 +650,10 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     if bottleneck and data_root is None:
         fx.note("no data files were seen open (data in memory, or read in a way /proc does not show), "
                 "so no dsconvert command is suggested")
-    for fmt in fx.refused:
+    if fx.refused and fx.unchecked:
+        fx.note(f"{data_root} could not be scanned in time to check which formats `dsconvert shard` takes it "
+                "for, so those fixes are given as code changes")
+    for fmt in fx.refused if not fx.unchecked else ():
         fx.note(f"`dsconvert shard` does not take {data_root} as a source for --format {fmt}, so that fix "
                 "is given as a code change")
     if data_root and bottleneck:
