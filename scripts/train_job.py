@@ -9,9 +9,10 @@ dsconvert.open_dataset(decode="numpy"); with --pickles it reads every ``*.pkl`` 
 (a pickled ``(HxWx3 uint8 array, label)``, see :func:`write_pickles`). --augment runs a
 transform object on each decoded image before the crop that goes into the batch: a blur and
 a rotation in scipy.ndimage, a denoise, blur and rotation in OpenCV, a flip, brightness
-jitter and noise in numpy, or a per-pixel jitter in plain Python. --workers 0 loads in the training loop itself. Each step
-busies the CPU for --compute-ms. It prints "ready" after its first batch and trains until it
-is stopped; with --print-rate, also the steps done in each second ("rate N").
+jitter and noise in numpy, or a per-pixel jitter in plain Python. --workers 0 loads in the
+training loop itself. Each step busies the CPU for --compute-ms. It prints "ready" after its
+first batch and trains until it is stopped; with --print-rate, also the steps done in each
+second ("rate N").
 """
 
 import argparse

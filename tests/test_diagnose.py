@@ -317,7 +317,8 @@ def test_augment_bound_workers_fixes():
                          "transforms start with a fixed resize: it is done once here, not every epoch"
     gpu = d.fixes[2]
     assert "scipy.ndimage on the CPU" in gpu
-    assert all(s in gpu for s in ("torchvision.transforms.v2", "kornia.augmentation", 'fn.decoders.image(device="mixed")'))
+    assert all(s in gpu for s in ("torchvision.transforms.v2", "kornia.augmentation",
+                                  'fn.decoders.image(device="mixed")'))
     # as many workers as CPUs: no more-workers fix
     d = diagnose_stacks(wall, cpu, 10, cpus=1, data_root="/data/train", read_line=read_line, shard_formats=ALL_FORMATS)
     assert not any("num_workers" in f for f in d.fixes)

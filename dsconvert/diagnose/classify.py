@@ -621,9 +621,9 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
                     details[d] = details.get(d, 0.0) + share
         top_detail = max(details, key=details.get) if details else category
         if bound_by:
-            summary = (f"input-bound: no DataLoader workers (num_workers=0), so loading runs in the training "
-                       f"loop itself, {sum(own.values()):.0%} of its time, mostly {_NAMES.get(bound_by, bound_by)} "
-                       f"({top_detail})")
+            summary = (f"input-bound: no DataLoader workers (num_workers=0 or no DataLoader), so loading runs in "
+                       f"the training loop itself, {sum(own.values()):.0%} of its time, mostly "
+                       f"{_NAMES.get(bound_by, bound_by)} ({top_detail})")
         else:
             summary = (f"input-bound: the training loop waits for data {input_share:.0%} of the time; the loaders' "
                        f"time goes mostly to {_NAMES.get(bottleneck, bottleneck)} ({top_detail})")
