@@ -1,12 +1,14 @@
 """A training-like job for diagnose's tests and benchmark: a DataLoader feeding a numpy "model".
 
-    python scripts/train_job.py --data DIR [--converted | --pickles] [--workers N] [--batch N]
-                                [--compute-ms MS] [--augment scipy|cv2|numpy|python] [--print-rate]
+    python scripts/train_job.py (--data DIR [--converted | --pickles] | --in-memory N) [--workers N]
+                                [--batch N] [--compute-ms MS] [--augment scipy|cv2|numpy|python]
+                                [--print-rate]
 
 Without --converted it reads an ImageFolder tree file by file as torchvision's ImageFolder
 does (open, Image.open, convert("RGB")); with --converted it reads a dsconvert output through
 dsconvert.open_dataset(decode="numpy"); with --pickles it reads every ``*.pkl`` file under DIR
-(a pickled ``(HxWx3 uint8 array, label)``, see :func:`write_pickles`). --augment runs a
+(a pickled ``(HxWx3 uint8 array, label)``, see :func:`write_pickles`); with --in-memory N it
+makes N random images in memory and opens no data file. --augment runs a
 transform object on each decoded image before the crop that goes into the batch: a blur and
 a rotation in scipy.ndimage, a denoise, blur and rotation in OpenCV, a flip, brightness
 jitter and noise in numpy, or a per-pixel jitter in plain Python. --workers 0 loads in the
@@ -105,6 +107,24 @@ class Pickles(torch.utils.data.Dataset):
         return torch.from_numpy(arr[:32, :32].copy()), label
 
 
+class InMemory(torch.utils.data.Dataset):
+    """Images generated into memory at start: no data file is ever open."""
+
+    def __init__(self, n, transform=None):
+        rng = np.random.default_rng(0)
+        self.images = [rng.integers(0, 256, (1200, 1600, 3), dtype=np.uint8) for _ in range(n)]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        arr = self.images[i]
+        if self.transform is not None:
+            arr = self.transform(arr)
+        return torch.from_numpy(arr[:32, :32].copy()), i % 3
+
+
 def write_pickles(root, images):
     """``images``: (HxWx3 uint8 array, label) pairs, written as ROOT/sample_N.pkl."""
     os.makedirs(root, exist_ok=True)
@@ -115,7 +135,7 @@ def write_pickles(root, images):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
+    p.add_argument("--data")
     p.add_argument("--converted", action="store_true")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--batch", type=int, default=8)
@@ -123,9 +143,14 @@ def main():
     p.add_argument("--print-rate", action="store_true")
     p.add_argument("--augment", choices=sorted(AUGMENTS))
     p.add_argument("--pickles", action="store_true")
+    p.add_argument("--in-memory", type=int, metavar="N", help="N random 1200x1600 images held in memory, no --data")
     args = p.parse_args()
+    if (args.data is None) == (args.in_memory is None):
+        p.error("give --data DIR or --in-memory N")
     transform = AUGMENTS[args.augment]() if args.augment else None
-    if args.converted:
+    if args.in_memory:
+        ds = InMemory(args.in_memory, transform)
+    elif args.converted:
         import dsconvert
 
         ds = dsconvert.open_dataset(args.data, decode="numpy",

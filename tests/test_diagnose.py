@@ -696,3 +696,17 @@ def test_job_reading_pickles_gets_a_code_change(pickles, tmp_path):
     assert d["commands"] == []  # dsconvert shard refuses a folder of pickles for npy
     assert any("np.save / np.savez" in f for f in d["fixes"])
     assert any(f"does not take {pickles} as a source for --format npy" in n for n in d["notes"])
+
+
+@needs_pyspy
+@needs_torch
+def test_job_with_data_in_memory_gets_no_placeholder():
+    """No data file is open: diagnose names the cause and gives code changes, never SRC or OUT."""
+    report = diagnose_job("--in-memory", "8", "--augment", "numpy", "--workers", "1", "--batch", "4",
+                          "--compute-ms", "5")
+    d = report["diagnosis"]
+    assert (d["verdict"], d["bottleneck"]) == ("input-bound", "augment"), (d["summary"], d["workers"])
+    assert report["data"]["root"] is None and d["commands"] == []
+    assert any("augment on the GPU" in f for f in d["fixes"])
+    for text in d["fixes"] + d["notes"] + [d["summary"]] + d["evidence"]:
+        assert not re.search(r"\b(SRC|OUT)\b", text), text
