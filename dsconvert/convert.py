@@ -38,7 +38,7 @@ from .io.location import Location, is_remote
 from .io.localfs import free_bytes, mount_of
 from .io.locks import file_lock
 
-__all__ = ["convert", "ConvertResult", "EXIT_SKIPPED"]
+__all__ = ["convert", "ConvertResult", "EXIT_SKIPPED", "accepts"]
 
 EXIT_SKIPPED = 3  # the CLI's exit status when the conversion finished but skipped inputs
 LOCK_NAME = ".dsconvert.lock"
@@ -279,6 +279,12 @@ def _raise_cause(exc: BaseException, futures: Dict[cf.Future, ShardSpec], out_di
             out_dir) from None
 
 
+def accepts(format: str, source: Source) -> bool:
+    """Whether :func:`convert` takes the scanned ``source`` for ``format``: formats that hold
+    only (image, label) samples need an ImageFolder or list source."""
+    return get(format).any_samples or source.sample_type == "classification"
+
+
 _NEARLY_FULL = 1 << 20  # free bytes below which a dead writer most likely met a full disk
 
 
@@ -388,7 +394,7 @@ def convert(
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)
 
-        if not fmt.any_samples and source.sample_type != "classification":
+        if not accepts(format, source):
             able = ", ".join(f for f in FORMATS if get(f).any_samples)
             raise SourceError(
                 f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "

@@ -3,6 +3,8 @@ training jobs diagnosed as decode-bound, read-bound (slow FUSE mount) and comput
 
 import json
 import os
+import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from conftest import ROOT, encode, make_image_folder, write
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
 JOB = os.path.join(ROOT, "scripts", "train_job.py")
+ALL_FORMATS = ("wds", "hdf5", "npy")
 
 FETCH = [Frame("_worker_loop", f"{SITE}/torch/utils/data/_utils/worker.py", 374),
          Frame("_MapDatasetFetcher.fetch", f"{SITE}/torch/utils/data/_utils/fetch.py", 54),
@@ -132,10 +135,10 @@ def test_decode_bound_verdict_and_fix():
     load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=180)
     wall, cpu = _job(70, 30, [load, idle_worker(20)], [load])
     d = diagnose_stacks(wall, cpu, 10, cpus=4, data_root="/data/train", fast_decoder="turbojpeg",
-                        read_line=read_line)
+                        read_line=read_line, shard_formats=ALL_FORMATS)
     assert d.verdict == "input-bound" and d.bottleneck == "decode"
     assert d.input_share == pytest.approx(0.7) and d.worker_busy_share == pytest.approx(0.9)
-    assert d.commands[0].startswith("dsconvert shard /data/train --format npy")
+    assert d.commands[0].startswith("dsconvert shard /data/train --format npy -o /data/train-npy --resize 256")
     assert any("turbojpeg" in c for c in d.commands)
     assert any("num_workers=4" in n for n in d.notes)  # 1 busy worker, 4 CPUs
 
@@ -145,13 +148,14 @@ def test_off_cpu_time_in_pillow_is_a_read():
     load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=100)
     on_cpu = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=10)
     wall, cpu = _job(90, 10, [load], [on_cpu])
-    d = diagnose_stacks(wall, cpu, 10, cpus=2, data_root="/nfs/train", read_line=read_line)
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, data_root="/nfs/train", read_line=read_line,
+                        shard_formats=ALL_FORMATS)
     assert d.bottleneck == "read"
     assert d.workers["read"]["share"] == pytest.approx(0.9)
     assert d.workers["read"]["details"] == {"file reads inside Pillow": pytest.approx(0.9)}
     assert d.workers["decode"]["share"] == pytest.approx(0.1) and d.workers["decode"]["cpu_share"] == 1.0
-    assert d.commands == ["dsconvert shard /nfs/train --format wds -o OUT   # many small reads become few large "
-                          "sequential ones"]
+    assert d.commands == ["dsconvert shard /nfs/train --format wds -o /nfs/train-wds   # many small reads become "
+                          "few large sequential ones"]
 
 
 def test_compute_bound_and_unknown():
@@ -168,6 +172,261 @@ def test_idle_workers_with_a_starved_loop_point_at_ipc():
     d = diagnose_stacks(wall, cpu, 10, cpus=2, read_line=read_line)
     assert d.verdict == "input-bound" and d.bottleneck == "ipc"
     assert any("uint8 tensors" in n for n in d.notes)
+
+
+# --- preprocessing is recognised by where it runs, in any library -----------------------------
+
+LINES.update({
+    ("/job/train.py", 50): "img = cv2.warpAffine(img, m, (w, h))",
+    ("/job/train.py", 51): "out = out * gain + noise",
+    ("/job/train.py", 52): "return torch.flip(x, dims=[2])",
+    ("/job/train.py", 53): "px[c] = min(255, max(0, px[c] + jitter))",
+    ("/job/train.py", 54): "label = int(name.split('_')[0])",
+    ("/job/train.py", 55): "img = cv2.GaussianBlur(img, (9, 9), 1.5)",
+    ("/job/train.py", 56): "arr, label = pickle.load(f)",
+    ("/job/train.py", 70): "weights = np.tanh(weights @ weights / 64)",
+})
+TRANSFORM = Frame("Compose.__call__", "/job/transforms.py", 20)
+
+
+def call(cls, line):
+    return Frame(f"{cls}.__call__", "/job/train.py", line)
+
+
+@pytest.mark.parametrize("leaf, expected", [
+    # a library's own frames: the outermost one names it (scipy.ndimage, not the numpy it calls)
+    ([call("Blur", 60), Frame("gaussian_filter", f"{SITE}/scipy/ndimage/_filters.py", 370),
+      Frame("correlate1d", f"{SITE}/scipy/ndimage/_filters.py", 140),
+      Frame("normalize_axis_index", f"{SITE}/numpy/_core/numeric.py", 1400)], "scipy.ndimage"),
+    ([Frame("rotate", f"{SITE}/scipy/ndimage/_interpolation.py", 900)], "scipy.ndimage"),
+    ([call("Jitter", 60), Frame("clip", f"{SITE}/numpy/_core/fromnumeric.py", 2250),
+      Frame("_wrapfunc", f"{SITE}/numpy/_core/fromnumeric.py", 57)], "numpy"),
+    ([TRANSFORM, Frame("RandomAffine.forward", f"{SITE}/kornia/augmentation/_2d/geometric/affine.py", 120),
+      Frame("grid_sample", f"{SITE}/torch/nn/functional.py", 4900)], "kornia (CPU)"),
+    ([TRANSFORM, Frame("Compose.__call__", f"{SITE}/albumentations/core/composition.py", 200),
+      Frame("Rotate.apply", f"{SITE}/albumentations/augmentations/geometric/rotate.py", 90)], "albumentations"),
+    ([Frame("interpolate", f"{SITE}/torch/nn/functional.py", 4000)], "torch CPU ops"),
+    ([Frame("warp", f"{SITE}/skimage/transform/_warps.py", 800)], "scikit-image"),
+    ([Frame("RandomResizedCrop.forward", f"{SITE}/torchvision/transforms/transforms.py", 900)],
+     "torchvision transforms"),
+    # C calls py-spy does not see: the leaf line's library, in a transform or in __getitem__ itself
+    ([call("RandomRotate", 50)], "OpenCV"),
+    ([Frame("Folder.__getitem__", "/job/train.py", 55)], "OpenCV"),
+    ([call("Flip", 52)], "torch CPU ops"),
+    # the user's own transform class, plain Python or numpy arithmetic without a call
+    ([call("AddNoise", 53)], "custom transform (AddNoise.__call__)"),
+    ([call("Jitter", 51)], "custom transform (Jitter.__call__)"),
+    ([Frame("Folder.random_augment", "/job/train.py", 53)], "custom transform (Folder.random_augment)"),
+    ([Frame("Module._call_impl", f"{SITE}/torch/nn/modules/module.py", 1750),
+      Frame("MyAug.forward", "/job/aug.py", 53)], "torch CPU ops"),
+    ([Frame("Lighting.__call__", "/job/aug.py", 12), Frame("Random.randint", f"{STDLIB}/random.py", 336),
+      Frame("Random.randrange", f"{STDLIB}/random.py", 312)], "custom transform (Lighting.__call__)"),
+    # a Pillow conversion to an array inside a transform (ToTensor) is preprocessing
+    ([call("ToArray", 60), Frame("Image.__array_interface__", f"{SITE}/PIL/Image.py", 700)],
+     "Pillow (to array / tensor)"),
+])
+def test_augmentation_in_any_library_is_preprocessing(leaf, expected):
+    s = worker(*leaf, line=60)
+    assert classify_stack(s, 10, [20], read_line) == ("worker", "augment", expected)
+
+
+@pytest.mark.parametrize("leaf, line, expected", [
+    # the dataset's own Python: parsing, indexing, the stdlib it calls outside any transform
+    ([Frame("Folder._label", "/job/train.py", 54)], 60, ("dataset", "dataset code (Python)")),
+    ([Frame("loads", f"{STDLIB}/json/__init__.py", 346), Frame("JSONDecoder.decode", f"{STDLIB}/json/decoder.py", 337)],
+     60, ("dataset", "dataset code (Python)")),
+    ([Frame("Subset.__getitem__", f"{SITE}/torch/utils/data/dataset.py", 400)], 60,
+     ("dataset", "dataset code (Python)")),
+    ([Frame("TransformedDataset.__getitem__", "/job/train.py", 54),
+      Frame("TransformedDataset.parse", "/job/train.py", 54)], 60, ("dataset", "dataset code (Python)")),
+    # I/O stays I/O inside a transform: Pillow decoding lazily, a file read, an unpickle
+    ([call("ToArray", 60), Frame("Image.__array_interface__", f"{SITE}/PIL/Image.py", 700),
+      Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)], 60, ("decode", "Pillow")),
+    ([call("LoadMask", 41)], 60, ("read", "file read")),
+    ([], 56, ("unpickle", "pickle.load")),
+    ([], 42, ("decode", "OpenCV")),
+])
+def test_dataset_code_and_io_are_not_augmentation(leaf, line, expected):
+    assert classify_stack(worker(*leaf, line=line), 10, [20], read_line) == ("worker",) + expected
+
+
+def test_training_loop_compute_is_not_augmentation():
+    """numpy and torch in the loop itself are the model; only below a dataset they are preprocessing."""
+    model = stack(10, [Frame("<module>", "/job/train.py", 70)])
+    torch_op = stack(10, [Frame("<module>", "/job/train.py", 52)])
+    assert classify_stack(model, 10, [20], read_line) == ("main", "compute", "training loop (Python)")
+    assert classify_stack(torch_op, 10, [20], read_line) == ("main", "compute", "training loop (Python)")
+    by_hand = stack(10, [Frame("<module>", "/job/train.py", 60), Frame("Folder.__getitem__", "/job/train.py", 33),
+                         call("Flip", 52)])
+    assert classify_stack(by_hand, 10, [20], read_line) == ("main", "augment", "torch CPU ops")
+
+
+SINGLE = NEXT[:2] + [Frame("_SingleProcessDataLoaderIter._next_data", f"{SITE}/torch/utils/data/dataloader.py", 790),
+                     FETCH[1], Frame("Folder.__getitem__", "/job/train.py", 60)]
+
+
+def _no_workers_job(leaf, loading=70, compute=30, cpu=True, sampler=0):
+    """num_workers=0: the main thread loads below _SingleProcessDataLoaderIter; no workers."""
+    load = stack(10, SINGLE + list(leaf), loading)
+    loop = stack(10, [Frame("<module>", "/job/train.py", 70)], compute)
+    next_ = stack(10, NEXT[:2], sampler)  # in the DataLoader's own __next__: no worker to wait for
+    return [load, loop, next_], ([load, loop] if cpu else [loop])
+
+
+def test_no_workers_decode_bound():
+    wall, cpu = _no_workers_job([Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)], 63, 30, sampler=7)
+    d = diagnose_stacks(wall, cpu, 10, cpus=6, data_root="/data/train", fast_decoder="pil", read_line=read_line,
+                        shard_formats=ALL_FORMATS)
+    assert d.verdict == "input-bound" and d.bottleneck == "no-workers" and d.bound_by == "decode"
+    assert d.num_workers == 0 and d.main["decode"]["share"] == pytest.approx(0.63)
+    assert "wait" not in d.main and d.main["dataset"]["share"] == pytest.approx(0.07)
+    assert "waiting for the workers" not in d.evidence[0] and "70% of its time" in d.summary
+    assert "runs in the training loop itself" in d.summary and "image decode" in d.summary
+    assert d.fixes[0].startswith("DataLoader(..., num_workers=6")
+    assert d.fixes[1] == d.commands[0]
+    assert d.commands[0].startswith("dsconvert shard /data/train --format npy -o /data/train-npy --resize 256")
+    assert not any("augment" in f or "GPU" in f for f in d.fixes)
+
+
+def test_no_workers_augment_bound_with_and_without_a_dataloader():
+    wall, cpu = _no_workers_job([Frame("ScipyAugment.__call__", "/job/train.py", 61),
+                                 Frame("rotate", f"{SITE}/scipy/ndimage/_interpolation.py", 900)])
+    d = diagnose_stacks(wall, cpu, 10, cpus=4, read_line=read_line)
+    assert (d.bottleneck, d.bound_by) == ("no-workers", "augment")
+    assert d.main["augment"]["details"] == {"scipy.ndimage": pytest.approx(0.7)}
+    assert d.main["augment"]["cpu_share"] == pytest.approx(1.0)
+    assert d.fixes[0].startswith("DataLoader(..., num_workers=4")
+    assert any("torchvision.transforms.v2" in f and "kornia.augmentation" in f for f in d.fixes[1:])
+    # no DataLoader at all: the loop indexes the dataset itself
+    load = stack(10, [Frame("<module>", "/job/train.py", 60), Frame("Folder.__getitem__", "/job/train.py", 60),
+                      call("Jitter", 51)], 50)
+    loop = stack(10, [Frame("<module>", "/job/train.py", 70)], 50)
+    d = diagnose_stacks([load, loop], [load, loop], 10, cpus=4, read_line=read_line)
+    assert (d.bottleneck, d.bound_by) == ("no-workers", "augment") and d.fixes[0].startswith("DataLoader(")
+
+
+def test_augment_bound_workers_fixes():
+    aug = worker(call("Blur", 60), Frame("gaussian_filter", f"{SITE}/scipy/ndimage/_filters.py", 370), count=190)
+    wall, cpu = _job(70, 30, [aug, idle_worker(10)], [aug])
+    d = diagnose_stacks(wall, cpu, 10, cpus=4, data_root="/data/train", read_line=read_line,
+                        shard_formats=ALL_FORMATS)
+    assert d.bottleneck == "augment" and "augmentation" in d.summary and "scipy.ndimage" in d.summary
+    assert d.workers["augment"]["cpu_share"] == pytest.approx(1.0)
+    assert d.fixes[0].startswith("DataLoader(..., num_workers=4)")
+    assert d.fixes[1] == "dsconvert shard /data/train --format npy -o /data/train-npy --resize 256   # when the " \
+                         "transforms start with a fixed resize: it is done once here, not every epoch"
+    gpu = d.fixes[2]
+    assert "scipy.ndimage on the CPU" in gpu
+    assert all(s in gpu for s in ("torchvision.transforms.v2", "kornia.augmentation",
+                                  'fn.decoders.image(device="mixed")'))
+    # as many workers as CPUs: no more-workers fix
+    d = diagnose_stacks(wall, cpu, 10, cpus=1, data_root="/data/train", read_line=read_line, shard_formats=ALL_FORMATS)
+    assert not any("num_workers" in f for f in d.fixes)
+
+
+RECEIVE = NEXT + [Frame("rebuild_storage_fd", f"{SITE}/torch/multiprocessing/reductions.py", 500)]
+
+
+@pytest.mark.parametrize("ipc, wait, bottleneck", [(20, 25, "decode"), (35, 20, "ipc"), (56, 10, "ipc"),
+                                                   (22, 3, None)])
+def test_main_thread_receiving_batches_is_named(ipc, wait, bottleneck):
+    busy = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=95)
+    main_ipc = stack(10, RECEIVE, ipc)
+    wall, cpu = _job(wait, 100 - ipc - wait, [main_ipc, busy, idle_worker(5)], [busy, main_ipc])
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, read_line=read_line)
+    assert d.bottleneck == bottleneck and d.receive_share == pytest.approx(ipc / 100)
+    assert any(f"spends {ipc}% of its time receiving batches" in e for e in d.evidence), d.evidence
+    if bottleneck != "ipc":
+        assert f"also spends {ipc}% of its time receiving batches" in d.summary
+    for fix in ("uint8 tensors", "pin_memory=True", "persistent_workers=True", "__getitems__", "larger batches"):
+        assert any(fix in f for f in d.fixes), fix
+    # under the threshold: no finding
+    wall, cpu = _job(wait, 100 - 15 - wait, [stack(10, RECEIVE, 15), busy], [busy])
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, read_line=read_line)
+    assert not any("receiving batches" in e for e in d.evidence) and not any("__getitems__" in f for f in d.fixes)
+
+
+def test_pickles_get_a_code_change_not_a_refused_npy_command():
+    load = worker(count=180, line=56)
+    wall, cpu = _job(70, 30, [load, idle_worker(20)], [load])
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, data_root="/data/pkl", read_line=read_line,
+                        shard_formats=("wds", "hdf5"))  # a flat folder of .pkl files: npy refuses it
+    assert d.bottleneck == "unpickle"
+    assert d.commands == [] and not any("dsconvert shard /data/pkl" in n for n in d.notes)
+    assert any("np.save / np.savez" in f and "np.load(mmap_mode='r')" in f for f in d.fixes)
+    assert any("does not take /data/pkl as a source for --format npy" in n for n in d.notes)
+    d = diagnose_stacks(wall, cpu, 10, cpus=2, data_root="/data/train", read_line=read_line,
+                        shard_formats=ALL_FORMATS)  # arrays in an ImageFolder of images: npy takes it
+    assert d.commands[0].startswith("dsconvert shard /data/train --format npy -o /data/train-npy")
+
+
+def test_commands_quote_paths_and_the_report_lists_fixes_in_order():
+    from dsconvert.diagnose.report import render_text
+
+    load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=100)
+    wall, cpu = _job(70, 30, [load], [load])
+    d = diagnose_stacks(wall, cpu, 10, cpus=4, data_root="/data/my train", fast_decoder="pil", read_line=read_line,
+                        shard_formats=ALL_FORMATS)
+    argv = shlex.split(d.commands[0], comments=True)
+    assert argv == ["dsconvert", "shard", "/data/my train", "--format", "npy", "-o", "/data/my train-npy",
+                    "--resize", "256"]
+    text = render_text({"diagnosis": d.to_dict(), "duration_s": 3, "rate_hz": 100, "syscalls": None,
+                        "target": {"pid": 10, "cmdline": "python train.py"}}, tty=False)
+    lines = text.splitlines()
+    first = lines.index("fix (in this order):")
+    assert lines[first + 1].startswith("  1. DataLoader(..., num_workers=4)")
+    assert lines[first + 2] == f"  2. {d.commands[0]}"
+    assert sum(f in text for f in d.fixes) == len(d.fixes) and text.count("num_workers=4") == 1
+
+
+def test_shard_formats_come_from_the_scanner(tmp_path, photos):
+    from dsconvert.diagnose import shard_formats
+
+    make_image_folder(str(tmp_path / "images"), photos, {"a": 2, "b": 2}, size=(32, 24))
+    assert shard_formats(str(tmp_path / "images")) == ["wds", "hdf5", "npy"]
+    for i in range(3):
+        write(str(tmp_path / "pkl" / f"sample_{i}.pkl"), b"\\x80\\x04N.")
+    assert "npy" not in shard_formats(str(tmp_path / "pkl"))
+    assert shard_formats(str(tmp_path / "missing")) == []
+    assert shard_formats(str(tmp_path / "images"), budget=-1) is None  # a scan over its budget: not known
+
+
+def test_formats_not_checked_in_time_give_code_changes():
+    load = worker(Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425), count=100)
+    wall, cpu = _job(70, 30, [load], [load])
+    d = diagnose_stacks(wall, cpu, 10, cpus=1, data_root="/data", read_line=read_line, shard_formats=None)
+    assert d.bottleneck == "decode" and d.commands == []
+    assert any("np.save" in f for f in d.fixes)
+    assert any("could not be scanned in time" in n for n in d.notes)
+    assert not any("does not take" in n for n in d.notes)
+
+
+LEAVES = {
+    "decode": [Frame("ImageFile.load", f"{SITE}/PIL/ImageFile.py", 425)],
+    "read": [Frame("open", f"{SITE}/PIL/Image.py", 3665)],
+    "unpickle": [Frame("_Unpickler.load", f"{STDLIB}/pickle.py", 1200)],
+    "remote": [Frame("SocketIO.readinto", f"{STDLIB}/socket.py", 706)],
+    "augment": [Frame("rotate", f"{SITE}/scipy/ndimage/_interpolation.py", 900)],
+    "dataset": [Frame("helper", "/job/train.py", 99)],
+}
+
+
+@pytest.mark.parametrize("category", sorted(LEAVES))
+@pytest.mark.parametrize("workers", [True, False])
+def test_no_data_root_no_placeholders(category, workers):
+    """In-memory data (no data files seen open): no dsconvert shard command, no SRC or OUT anywhere."""
+    if workers:
+        busy = worker(*LEAVES[category], count=95)
+        wall, cpu = _job(70, 30, [busy, idle_worker(5)], [busy])
+    else:
+        wall, cpu = _no_workers_job(LEAVES[category])
+    d = diagnose_stacks(wall, cpu, 10, cpus=4, fast_decoder="turbojpeg", read_line=read_line,
+                        shard_formats=ALL_FORMATS)
+    assert d.verdict == "input-bound" and (d.bound_by if not workers else d.bottleneck) == category
+    assert d.commands == []
+    for text in d.fixes + d.notes:
+        assert not re.search(r"\b(SRC|OUT)\b", text), text
+    assert any("no data files were seen open" in n for n in d.notes)
 
 
 STRACE_LOG = """\
@@ -284,7 +543,7 @@ def big_jpegs(tmp_path_factory, photos):
 
 @needs_pyspy
 @needs_torch
-def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
+def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
     report = run_diagnose("--wait", "8", "--duration", "3", "--", sys.executable, JOB, "--data", big_jpegs,
                           "--workers", "1", "--batch", "4", "--compute-ms", "5")
     d = report["diagnosis"]
@@ -293,6 +552,7 @@ def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
     assert d["num_workers"] == 1 and len(report["target"]["workers"]) == 1
     assert report["data"]["root"] == big_jpegs
     assert d["commands"][0].startswith(f"dsconvert shard {big_jpegs} --format npy")
+    run_commands(d["commands"], tmp_path)
     # the launched job and its worker were stopped
     assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
                    for p in report["target"]["processes"])
@@ -317,7 +577,7 @@ def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path)
 @needs_pyspy
 @needs_torch
 @pytest.mark.parametrize("slow_mount", [15], indirect=True)
-def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, photos):
+def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, photos, tmp_path):
     if not os.path.exists("/usr/bin/strace") and not any(
             os.access(os.path.join(d, "strace"), os.X_OK) for d in os.environ.get("PATH", "").split(":")):
         pytest.skip("strace is not installed (apt-get install -y strace)")
@@ -335,3 +595,118 @@ def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, phot
     opens = report["syscalls"]["open"]
     assert opens["ms"]["p50"] >= 14.0  # the mount sleeps 15 ms in every open
     assert d["commands"][0].startswith(f"dsconvert shard {mnt} --format wds")
+    run_commands(d["commands"], tmp_path / "converted")
+
+
+def run_commands(commands, tmp_path):
+    """Run every command diagnose suggested with the arguments it printed, writing into tmp_path
+    instead of the folder beside the data (the one thing changed), and check each succeeds."""
+    for i, command in enumerate(commands):
+        argv = shlex.split(command, comments=True)
+        assert argv[:2] == ["dsconvert", "shard"] and "-o" in argv, command
+        out = argv.index("-o") + 1
+        assert argv[out] == classify.out_for(argv[2], argv[argv.index("--format") + 1]), command
+        argv[out] = str(tmp_path / f"out{i}")
+        run = subprocess.run([sys.executable, "-m", "dsconvert", *argv[1:]], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, (command, run.stderr[-2000:])
+
+
+def diagnose_job(*args, duration=3):
+    job = Job(*args)
+    try:
+        return run_diagnose("--pid", str(job.proc.pid), "--duration", str(duration))
+    finally:
+        job.stop()
+
+
+@needs_pyspy
+@needs_torch
+def test_job_without_workers_loads_in_its_training_loop(big_jpegs, tmp_path):
+    from dsconvert.processes import available_cpus
+
+    report = diagnose_job("--data", big_jpegs, "--workers", "0", "--batch", "4", "--compute-ms", "5")
+    d = report["diagnosis"]
+    assert (d["verdict"], d["bottleneck"], d["bound_by"]) == ("input-bound", "no-workers", "decode"), \
+        (d["summary"], d["main"])
+    assert d["num_workers"] == 0 and report["target"]["workers"] == [] and "wait" not in d["main"]
+    assert "loading runs in the training loop itself" in d["summary"]
+    assert d["fixes"][0].startswith(f"DataLoader(..., num_workers={available_cpus()}, ")
+    assert d["fixes"][1] == d["commands"][0]
+    assert d["commands"][0].startswith(f"dsconvert shard {big_jpegs} --format npy -o {big_jpegs}-npy --resize 256")
+    assert not any("GPU" in f for f in d["fixes"])  # decode-bound work: no augmentation fixes
+    run_commands(d["commands"], tmp_path)
+
+
+@needs_pyspy
+@needs_torch
+@pytest.mark.parametrize("augment, details", [
+    ("scipy", {"scipy.ndimage"}),
+    ("cv2", {"OpenCV"}),
+    ("numpy", {"numpy", "custom transform (NumpyAugment.__call__)"}),
+    ("python", {"custom transform (PythonAugment.__call__)"}),
+])
+def test_job_augmenting_on_the_cpu_is_augment_bound(big_jpegs, tmp_path, augment, details):
+    if augment in ("scipy", "cv2"):
+        pytest.importorskip(augment, reason=f"{augment} is not installed")
+    from dsconvert.processes import available_cpus
+
+    # the job holds each file open only while it decodes it, a small share of its time: sample
+    # long enough for diagnose to see a few of them open and so name the dataset folder
+    report = diagnose_job("--data", big_jpegs, "--workers", "1", "--batch", "4", "--compute-ms", "5",
+                          "--augment", augment, duration=4)
+    d = report["diagnosis"]
+    assert (d["verdict"], d["bottleneck"]) == ("input-bound", "augment"), (d["summary"], d["workers"])
+    work = d["workers"]["augment"]
+    assert max(work["details"], key=work["details"].get) in details, work["details"]
+    assert work["cpu_share"] > 0.6  # compute, not waiting
+    assert "dataset" not in d["workers"] or d["workers"]["dataset"]["share"] < 0.1
+    fixes = d["fixes"]
+    if available_cpus() > 1:
+        assert fixes.pop(0).startswith(f"DataLoader(..., num_workers={available_cpus()})")
+    assert fixes[0].startswith(f"dsconvert shard {big_jpegs} --format npy -o {big_jpegs}-npy --resize 256"), \
+        (report["data"], d["notes"])
+    assert "torchvision.transforms.v2" in fixes[1] and "kornia.augmentation" in fixes[1]
+    run_commands(d["commands"], tmp_path)
+
+
+@pytest.fixture(scope="module")
+def pickles(tmp_path_factory, photos):
+    """Samples pickled one per file (large arrays): a source dsconvert shard cannot make npy of."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("train_job", JOB)
+    train_job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_job)
+    root = tmp_path_factory.mktemp("pkl") / "train"
+    arrays = [np.asarray(photo.convert("RGB").resize((1600, 1200))) for _, photo in sorted(photos.items())[:3]]
+    train_job.write_pickles(str(root), [(arrays[i % 3], i % 3) for i in range(12)])
+    return str(root)
+
+
+@needs_pyspy
+@needs_torch
+def test_job_reading_pickles_gets_a_code_change(pickles, tmp_path):
+    report = diagnose_job("--data", pickles, "--pickles", "--workers", "0", "--batch", "4", "--compute-ms", "2")
+    d = report["diagnosis"]
+    assert (d["bottleneck"], d["bound_by"]) == ("no-workers", "unpickle"), (d["summary"], d["main"])
+    assert report["data"]["root"] == pickles
+    assert d["commands"] == []  # dsconvert shard refuses a folder of pickles for npy
+    assert any("np.save / np.savez" in f for f in d["fixes"])
+    assert any(f"does not take {pickles} as a source for --format npy" in n for n in d["notes"])
+
+
+@needs_pyspy
+@needs_torch
+def test_job_with_data_in_memory_gets_no_placeholder():
+    """No data file is open: diagnose names the cause and gives code changes, never SRC or OUT."""
+    report = diagnose_job("--in-memory", "8", "--augment", "numpy", "--workers", "1", "--batch", "4",
+                          "--compute-ms", "5")
+    d = report["diagnosis"]
+    assert (d["verdict"], d["bottleneck"]) == ("input-bound", "augment"), (d["summary"], d["workers"])
+    assert report["data"]["root"] is None and d["commands"] == []
+    assert any("augment on the GPU" in f for f in d["fixes"])
+    for text in d["fixes"] + d["notes"] + [d["summary"]] + d["evidence"]:
+        assert not re.search(r"\b(SRC|OUT)\b", text), text

@@ -30,7 +30,7 @@ from .classify import diagnose_stacks, worker_pids
 from .procs import FileWatcher, cmdline, descendants, guess_dataset_root, is_alive
 from .pyspy import record
 
-__all__ = ["diagnose", "launch", "stop", "REPORT_SCHEMA", "REPORT_VERSION"]
+__all__ = ["diagnose", "launch", "stop", "shard_formats", "REPORT_SCHEMA", "REPORT_VERSION"]
 
 REPORT_SCHEMA = "dsconvert.diagnose"
 REPORT_VERSION = 1
@@ -106,7 +106,10 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
 
         say(f"tracing read latency of {len(processes)} process(es) with strace for {syscalls:g} s")
         trace = strace(sorted(p for p in processes if is_alive(p)), syscalls)
-    diag = diagnose_stacks(wall, cpu, pid, available_cpus(), data_root=root, fast_decoder=jpeg_decoders()[0][0])
+    if root:
+        say(f"scanning {root} for the formats dsconvert shard takes it for")
+    diag = diagnose_stacks(wall, cpu, pid, available_cpus(), data_root=root, fast_decoder=jpeg_decoders()[0][0],
+                           shard_formats=shard_formats(root) if root else ())
     storage = storage_kind(root) if root else None
     if storage:
         diag.evidence.append(f"{len(files)} data file(s) seen open under {root}, on {storage['kind']} "
@@ -122,6 +125,33 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
         "syscalls": trace,
         "diagnosis": diag.to_dict(),
     }
+
+
+class _ScanTooLong(Exception):
+    pass
+
+
+def shard_formats(root: str, budget: float = 30.0) -> Optional[List[str]]:
+    """The formats ``dsconvert shard ROOT`` converts ROOT to, by the scanner and the check
+    :func:`dsconvert.convert.convert` makes: none when it cannot scan ROOT, None when the scan
+    takes over ``budget`` seconds (a guessed root can be a very large tree)."""
+    from ..convert import accepts
+    from ..formats import FORMATS
+    from ..source import scan
+
+    deadline = time.monotonic() + budget
+
+    def in_time(files: int) -> None:
+        if time.monotonic() > deadline:
+            raise _ScanTooLong
+
+    try:
+        source = scan(root, progress=in_time)
+    except _ScanTooLong:
+        return None
+    except (DsconvertError, OSError, ValueError):
+        return []
+    return [fmt for fmt in FORMATS if source.samples and accepts(fmt, source)]
 
 
 def _syscall_evidence(trace: Dict[str, Dict], evidence: List[str], notes: List[str]) -> None:

@@ -1,6 +1,6 @@
 """From sampled stacks to a diagnosis: who does what, whether the job is input-bound, why,
-and the dsconvert command that fixes it. Pure functions of the stacks (no I/O but reading
-a leaf frame's source line, which callers can replace), so they are tested on constructed
+and the fixes, in the order to try them. Pure functions of the stacks (no I/O but reading a
+leaf frame's source line, which callers can replace), so they are tested on constructed
 stacks.
 
 Roles. The *main* thread of the target process runs the training loop; DataLoader
@@ -15,30 +15,63 @@ its time getting data is input-bound.
 
 Worker categories: ``decode`` (Pillow, PyTurboJPEG, simplejpeg, OpenCV, torchvision.io),
 ``read`` (file reads, ``Image.open``, ``np.load``/``np.fromfile``, h5py, tar), ``remote``
-(sockets, HTTP, S3, fsspec), ``unpickle``, ``augment`` (Pillow/torchvision/albumentations
-transforms), ``collate``, ``ipc`` (sending batches), ``dataset`` (other Python code of the
-dataset), ``idle`` (waiting for work). A stack's category is decided by its leaf-most frame
-that a rule knows; C calls are invisible to py-spy, so the leaf frame's source line is read
-too (``np.fromfile(...)``, ``cv2.imdecode(...)``, ``f.read()``).
+(sockets, HTTP, S3, fsspec), ``unpickle``, ``augment`` (preprocessing, see below),
+``collate``, ``ipc`` (sending batches), ``dataset`` (the dataset's own Python: indexing,
+parsing, paths), ``idle`` (waiting for work). C calls are invisible to py-spy, so the leaf
+frame's source line is read too (``np.fromfile(...)``, ``cv2.imdecode(...)``, ``f.read()``).
+
+Where the dataset runs. The *dataset part* of a stack is what runs below the fetcher
+(``torch/utils/data/_utils/fetch.py``: in a worker, or in the main thread below
+``_SingleProcessDataLoaderIter``), or, in a training loop without a DataLoader, below the
+dataset's ``__getitem__``. There a sample is read, decoded and then transformed, and a stack
+of the dataset part is sorted by *where* its time goes, not by which library spends it:
+
+1. the leaf-most frame that a rule knows as reading, decoding, unpickling, remote storage,
+   collation or IPC (or the leaf's source line calling such a C function) names those;
+2. any other work is *preprocessing* (``augment``) when the stack passes through a transform
+   call: a frame whose function name contains ``transform`` or ``augment``, a callable
+   object's ``__call__``, an ``nn.Module`` called (``_call_impl``/``forward``), or a frame of
+   an array or image library doing compute (numpy, torch and torchvision, scipy, OpenCV,
+   scikit-image, kornia, albumentations, imgaug, MONAI, Pillow's transforms), or when the
+   leaf's line calls one (``cv2.GaussianBlur(...)``, ``torch.flip(...)``, ``np.clip(...)``);
+   a Pillow conversion to RGB or to an array inside a transform (``ToTensor``) is
+   preprocessing too, while the decode Pillow does lazily there stays ``decode``;
+3. what remains is the dataset's own Python code, ``dataset``.
+
+So a blur in ``scipy.ndimage``, a rotation in OpenCV, a custom ``Jitter.__call__`` doing numpy
+arithmetic and a torch op are all ``augment``; its time is on-CPU compute, not waiting.
 
 Off-CPU time (from the recording without ``--idle``) inside decode or unpickle is time spent
 waiting for the file's bytes (Pillow and pickle read lazily), so it is counted as ``read``.
+
+Verdicts. With workers, the bottleneck is the workers' largest category, or ``ipc`` when the
+workers are mostly idle or the loop spends more time receiving batches than waiting for
+them; a loop that spends ``IPC_SHARE`` (20 %) or more receiving batches gets the IPC finding
+and fixes even when IPC is not the bottleneck. Without workers, a loop that loads its own
+data is ``no-workers``: the first fix is ``DataLoader(..., num_workers=N)`` with N the CPUs
+available, then what the workers would still be bound by (``bound_by``: the category of the
+main thread's data work). A ``dsconvert shard`` command is suggested only for a dataset
+folder that was seen open and that ``dsconvert shard`` accepts for that format
+(``shard_formats``, from the real scanner); otherwise the fix is given as a code change.
 """
 
 from __future__ import annotations
 
 import linecache
+import os
 import re
+import shlex
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .pyspy import Frame, Stack
 
-__all__ = ["classify_stack", "diagnose_stacks", "Diagnosis", "INPUT_BOUND_SHARE", "DATA_CATEGORIES",
-           "worker_pids"]
+__all__ = ["classify_stack", "diagnose_stacks", "Diagnosis", "INPUT_BOUND_SHARE", "IPC_SHARE", "DATA_CATEGORIES",
+           "worker_pids", "out_for"]
 
 INPUT_BOUND_SHARE = 0.30
+IPC_SHARE = 0.20  # the loop's time receiving batches from which IPC is a finding
 DATA_CATEGORIES = ("decode", "read", "remote", "unpickle", "augment", "collate", "dataset", "ipc")
 LAZY_READERS = ("decode", "unpickle")  # categories whose off-CPU time is a file read
 
@@ -88,7 +121,7 @@ _LINE_RULES: List[Tuple[str, str, "re.Pattern[str]"]] = [
     (c, d, re.compile(p)) for c, d, p in (
         ("read", "np.fromfile", r"\bfromfile\("),
         ("decode", "OpenCV", r"\bcv2\.(imdecode|imread)\("),
-        ("augment", "OpenCV transforms", r"\bcv2\.(resize|warpAffine|warpPerspective|cvtColor|GaussianBlur|flip)\("),
+        ("augment", "OpenCV", r"\bcv2\.(?!imdecode|imread|imwrite)\w+\("),
         ("unpickle", "pickle.load", r"\b(pickle|cPickle|_pickle)\.loads?\(|\bloads?\(.*pickle"),
         ("remote", "socket recv", r"\.recv(_into|from)?\("),
         ("read", "file read", r"\.(read|readinto|readline|readlines)\(|\bopen\(|\bos\.(pread|read)\("),
@@ -107,28 +140,120 @@ _COMPUTE: List[Tuple[str, "re.Pattern[str]", Optional["re.Pattern[str]"]]] = [
 ]
 
 
+# Array and image libraries: their frames below the dataset's __getitem__ are preprocessing
+# (checked after the I/O rules above, which claim np.load, torch.load, torchvision.io...)
+_COMPUTE_LIBS: List[Tuple[str, "re.Pattern[str]"]] = [
+    (d, re.compile(f)) for d, f in (
+        ("scipy.ndimage", r"(^|/)scipy/ndimage/"),
+        ("scipy", r"(^|/)scipy/"),
+        ("scikit-image", r"(^|/)skimage/"),
+        ("kornia (CPU)", r"(^|/)kornia/"),
+        ("albumentations", r"(^|/)albumentations/"),
+        ("imgaug", r"(^|/)imgaug/"),
+        ("MONAI", r"(^|/)monai/"),
+        ("OpenCV", r"(^|/)cv2/"),
+        ("torchvision transforms", r"(^|/)torchvision/"),
+        ("torch CPU ops", r"(^|/)torch/(?!utils/data/)"),
+        ("numpy", r"(^|/)numpy/"),
+        ("Pillow transforms", r"(^|/)PIL/"),
+    )
+]
+
+# what the leaf's source line calls in an array/image library (C functions py-spy does not see)
+_COMPUTE_LINES: List[Tuple[str, "re.Pattern[str]"]] = [
+    (d, re.compile(p)) for d, p in (
+        ("OpenCV", r"\bcv2\.\w+\("),
+        ("scipy.ndimage", r"\bndimage\.\w+\("),
+        ("scipy", r"\bscipy\.[\w.]+\("),
+        ("scikit-image", r"\bskimage\.[\w.]+\("),
+        ("kornia (CPU)", r"\bkornia\.[\w.]+\("),
+        ("torch CPU ops", r"\btorch\.\w|\bF\.\w+\("),
+        ("numpy", r"\b(np|numpy)\.\w"),
+    )
+]
+
+_TRANSFORM_NAME = re.compile(r"transform|augment", re.IGNORECASE)
+_MODULE_FILE = "torch/nn/modules/module.py"
+_PIL_TO_ARRAY = "Pillow (to RGB / array)"
+
+
 def _source_line(file: str, line: int) -> str:
     return linecache.getline(file, line).strip() if file and line else ""
 
 
-def _data_rule(frames: Sequence[Frame], read_line: LineReader) -> Optional[Tuple[str, str]]:
-    """(category, detail) of the leaf-most frame a rule knows, or None."""
+def _path(frame: Frame) -> str:
+    return frame.file.replace("\\", "/")
+
+
+def _match(frames: Sequence[Frame], read_line: LineReader) -> Optional[Tuple[int, str, str]]:
+    """(index, category, detail) of the leaf-most frame a rule knows, or None."""
     for depth, frame in enumerate(reversed(frames)):
-        file = frame.file.replace("\\", "/")
+        file = _path(frame)
         for category, detail, fpat, fnpat in _RULES:
             if fpat.search(file) and (fnpat is None or fnpat.search(frame.func)):
-                return category, detail
+                return len(frames) - 1 - depth, category, detail
         if depth == 0:  # the leaf: what C function does its line call?
             text = read_line(frame.file, frame.line)
             for category, detail, pat in _LINE_RULES:
                 if pat.search(text):
-                    return category, detail
+                    return len(frames) - 1, category, detail
     return None
+
+
+def _data_rule(frames: Sequence[Frame], read_line: LineReader) -> Optional[Tuple[str, str]]:
+    """(category, detail) of the leaf-most frame a rule knows, or None."""
+    found = _match(frames, read_line)
+    return found[1:] if found else None
+
+
+def _transform_call(frames: Sequence[Frame]) -> Optional[int]:
+    """Index of the outermost transform call in the dataset part of a stack, or None: a function
+    named *transform*/*augment*, a callable object's ``__call__``, an ``nn.Module`` called."""
+    for i, frame in enumerate(frames):
+        func = frame.func.rsplit(".", 1)[-1]  # the function's own name, not its class's
+        if (_TRANSFORM_NAME.search(func) and func not in ("__getitem__", "__getitems__")) or func == "__call__" or \
+                (func in ("_call_impl", "_wrapped_call_impl", "forward") and _path(frame).endswith(_MODULE_FILE)):
+            return i
+    return None
+
+
+def _compute_library(frames: Sequence[Frame], read_line: LineReader) -> Optional[str]:
+    """The array/image library doing compute: the outermost frame of one (the call the dataset
+    made: scipy.ndimage rather than the numpy it calls), else what the leaf's line calls."""
+    for frame in frames:
+        file = _path(frame)
+        for detail, pat in _COMPUTE_LIBS:
+            if pat.search(file):
+                return detail
+    if frames:
+        text = read_line(frames[-1].file, frames[-1].line)
+        for detail, pat in _COMPUTE_LINES:
+            if pat.search(text):
+                return detail
+    return None
+
+
+def _dataset_part(frames: Sequence[Frame], read_line: LineReader) -> Tuple[str, str]:
+    """Category of a stack's dataset part (below the fetcher or the dataset's __getitem__);
+    see "Where the dataset runs" in the module doc."""
+    found = _match(frames, read_line)
+    transform = _transform_call(frames)
+    if found:
+        index, category, detail = found
+        if detail == _PIL_TO_ARRAY and transform is not None and transform < index:
+            return "augment", "Pillow (to array / tensor)"
+        return category, detail
+    library = _compute_library(frames, read_line)
+    if library:
+        return "augment", library
+    if transform is not None:
+        return "augment", f"custom transform ({frames[transform].func})"
+    return "dataset", "dataset code (Python)"
 
 
 def _index(frames: Sequence[Frame], func_suffix: str, file_suffix: str) -> Optional[int]:
     for i, f in enumerate(frames):
-        if f.func.endswith(func_suffix) and f.file.replace("\\", "/").endswith(file_suffix):
+        if f.func.endswith(func_suffix) and _path(f).endswith(file_suffix):
             return i
     return None
 
@@ -150,27 +275,48 @@ def _is_main_thread(stack: Stack) -> bool:
 
 
 _RESTART = "starting or stopping DataLoader workers"
+_WAIT = "waiting for a batch from the workers"
+
+
+def _fetched(frames: Sequence[Frame], read_line: LineReader) -> Optional[Tuple[str, str]]:
+    """Category of a stack below the DataLoader's fetcher (a worker's, or the main thread's
+    with num_workers=0), or None when it is not in the fetcher."""
+    fetch = next((i for i, f in enumerate(frames) if _path(f).endswith(_FETCH_FILE)), None)
+    if fetch is None:
+        return None
+    return _dataset_part(frames[fetch + 1:], read_line)
+
+
+def _getitem(frames: Sequence[Frame]) -> Optional[int]:
+    """The outermost dataset ``__getitem__`` called by a training loop without a DataLoader."""
+    for i, f in enumerate(frames):
+        if f.func.endswith(("__getitem__", "__getitems__")) and "torch/nn/" not in _path(f):
+            return i
+    return None
 
 
 def _main(frames: Sequence[Frame], read_line: LineReader) -> Tuple[str, str]:
-    loader = [f for f in frames if f.file.replace("\\", "/").endswith(_LOADER_FILE)]
+    loader = [f for f in frames if _path(f).endswith(_LOADER_FILE)]
     if any(f.func.endswith(("__iter__", "_shutdown_workers", "_get_iterator")) for f in loader):
         return "wait", _RESTART
     nxt = _index(frames, "__next__", _LOADER_FILE)
     if nxt is not None:
         below = frames[nxt + 1:]
-        if any("_SingleProcessDataLoaderIter" in f.func for f in below):
-            return _data_rule(below, read_line) or ("dataset", "dataset code (Python)")
+        if any("_SingleProcessDataLoaderIter" in f.func for f in below):  # num_workers=0
+            return _fetched(below, read_line) or _data_rule(below, read_line) or ("dataset", "dataset code (Python)")
         rule = _data_rule(below, read_line)
-        if rule and rule[0] in ("ipc", "pin"):
+        if rule and rule[0] in ("ipc", "pin", "collate"):
             return rule
-        return "wait", "waiting for a batch from the workers"
+        return "wait", _WAIT
+    item = _getitem(frames)
+    if item is not None:  # the loop indexes its dataset itself
+        return _dataset_part(frames[item + 1:], read_line)
     rule = _data_rule(frames, read_line)
     if rule and rule[0] in DATA_CATEGORIES and rule[0] != "ipc":
         return rule  # data work in the training loop itself
     for detail, fpat, fnpat in _COMPUTE:
         for frame in reversed(frames):
-            if fpat.search(frame.file.replace("\\", "/")) and (fnpat is None or fnpat.search(frame.func)):
+            if fpat.search(_path(frame)) and (fnpat is None or fnpat.search(frame.func)):
                 return "compute", detail
     return "compute", "training loop (Python)"
 
@@ -178,9 +324,9 @@ def _main(frames: Sequence[Frame], read_line: LineReader) -> Tuple[str, str]:
 def _worker(frames: Sequence[Frame], read_line: LineReader) -> Tuple[str, str]:
     loop = _index(frames, "_worker_loop", _LOOP_FILE)
     below = frames[loop + 1:] if loop is not None else frames
-    fetch = next((i for i, f in enumerate(below) if f.file.replace("\\", "/").endswith(_FETCH_FILE)), None)
-    if fetch is not None:
-        return _data_rule(below[fetch + 1:], read_line) or ("dataset", "dataset code (Python)")
+    fetched = _fetched(below, read_line)
+    if fetched is not None:
+        return fetched
     rule = _data_rule(below, read_line)
     if rule and rule[0] == "ipc":
         return rule
@@ -230,6 +376,9 @@ class Diagnosis:
     num_workers: int
     samples: Dict[str, int]
     top_stacks: List[Dict[str, object]] = field(default_factory=list)
+    fixes: List[str] = field(default_factory=list)  # in the order to try: commands and code changes
+    bound_by: Optional[str] = None  # no-workers: what the main thread's data work is
+    receive_share: float = 0.0  # the loop's time receiving batches from workers (ipc, pin, collate)
 
     def to_dict(self) -> Dict[str, object]:
         return asdict(self)
@@ -262,60 +411,139 @@ def _move_off_cpu_reads(wall: Dict[Tuple[str, str], float], cpu: Dict[Tuple[str,
                 cpu[(category, detail)] = on
 
 
-def _fixes(bottleneck: str, src: str, details: Dict[str, float], fast_decoder: Optional[str],
-           num_workers: int, cpus: int, worker_busy: float) -> Tuple[List[str], List[str]]:
-    commands: List[str] = []
-    notes: List[str] = []
-    more_workers = num_workers < cpus
-    if bottleneck == "decode":
-        commands.append(f"dsconvert shard {src} --format npy -o OUT --resize 256   # decoded once; "
-                        "training reads pixels from a memory map")
+def out_for(root: str, fmt: str) -> str:
+    """Where a suggested conversion writes: the source folder's sibling ``<name>-<fmt>``, as
+    ``dsconvert analyze`` suggests."""
+    parent, name = os.path.split(root.rstrip("/") or "/")
+    return os.path.join(parent, f"{name or 'data'}-{fmt}")
+
+
+class _Fixes:
+    """Fixes in the order to try them: shell commands (also in ``commands``) and code changes
+    (also in ``notes``); plain remarks go to ``notes`` only."""
+
+    def __init__(self, root: Optional[str], formats: Optional[Sequence[str]]) -> None:
+        self.root, self.formats = root, tuple(formats or ())
+        self.unchecked = formats is None  # the scan to check them did not finish
+        self.fixes: List[str] = []
+        self.commands: List[str] = []
+        self.notes: List[str] = []
+        self.refused: List[str] = []  # formats a fix would convert to that dsconvert shard refuses for root
+
+    def command(self, text: str) -> None:
+        self.fixes.append(text)
+        self.commands.append(text)
+
+    def change(self, text: str) -> None:
+        if text not in self.fixes:
+            self.fixes.append(text)
+            self.notes.append(text)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def shard(self, fmt: str, options: str, comment: str, otherwise: Optional[str]) -> bool:
+        """Suggest ``dsconvert shard ROOT --format FMT`` when ROOT is known and dsconvert takes it
+        for FMT; else the code change ``otherwise``. True when the command was suggested."""
+        if self.root and fmt in self.formats:
+            self.command(f"dsconvert shard {shlex.quote(self.root)} --format {fmt} -o "
+                         f"{shlex.quote(out_for(self.root, fmt))}{options}   # {comment}")
+            return True
+        if self.root and fmt not in self.refused:
+            self.refused.append(fmt)
+        if otherwise:
+            self.change(otherwise)
+        return False
+
+
+_IPC_FIXES = (
+    "return uint8 tensors from the dataset and convert them to float on the GPU: 4x less to pickle "
+    "and copy between processes than float32",
+    "DataLoader(..., pin_memory=True, persistent_workers=True): batches land in pinned memory for "
+    "an asynchronous copy to the GPU, and the workers are not restarted every epoch",
+    "fewer, larger batches, or batch fetching: a dataset __getitems__(indices) that returns one "
+    "contiguous batch tensor (with a collate_fn that passes it through) sends one buffer per batch "
+    "instead of one per sample",
+)
+
+
+def _category_fixes(category: str, fx: _Fixes, details: Dict[str, float], fast_decoder: Optional[str]) -> None:
+    top = max(details, key=details.get) if details else category
+    if category == "decode":
+        fx.shard("npy", " --resize 256", "decoded and resized once: training reads pixels from a memory map",
+                 "decode once ahead of training: store the decoded, resized images as arrays with np.save "
+                 "and read them with np.load(mmap_mode='r')")
         pillow = any("Pillow" in d for d in details)
         if pillow and fast_decoder and fast_decoder != "pil":
-            commands.append(f"dsconvert shard {src} --format wds -o OUT   # then open_dataset(OUT, decode=\"numpy\") "
-                            f"decodes JPEGs with {fast_decoder}")
+            out = out_for(fx.root, "wds") if fx.root else ""
+            fx.shard("wds", "", f"then open_dataset({out!r}, decode=\"numpy\") decodes JPEGs with {fast_decoder}",
+                     f"decode JPEGs with {fast_decoder} instead of Pillow (it loads here)")
         elif pillow:
-            notes.append("a faster JPEG decoder: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
-    elif bottleneck == "read":
-        commands.append(f"dsconvert shard {src} --format wds -o OUT   # many small reads become few large sequential ones")
-    elif bottleneck == "remote":
-        commands.append(f"dsconvert shard {src} --format wds -o /local/ssd/OUT   # the conversion is also the pre-cache "
-                        "to local SSD")
-        notes.append("or keep the shards in the object store and read them through a verified local copy: "
-                     "dsconvert shard SRC -o s3://.../train-wds, then open_dataset(URL, cache_dir=\"/local/ssd/cache\") "
-                     "(dsconvert cache URL /local/ssd/cache fetches them ahead)")
-    elif bottleneck == "unpickle":
-        commands.append(f"dsconvert shard {src} --format npy -o OUT   # arrays in a memory map, never unpickled")
-        notes.append("pickled samples: store arrays with np.save instead; dsconvert never unpickles data")
-    elif bottleneck == "augment":
-        notes.append("move augmentation to the GPU (torchvision.transforms.v2 on CUDA tensors, kornia, NVIDIA DALI)")
-        commands.append(f"dsconvert shard {src} --format npy -o OUT --resize 256   # fixed resizing done once, "
-                        "not every epoch")
-    elif bottleneck in ("ipc", "collate"):
-        notes.append("return uint8 tensors from the dataset and convert to float on the GPU (4x less to "
-                     "pickle and copy); pin_memory=True; persistent_workers=True")
-    elif bottleneck == "dataset":
-        notes.append("the time goes to the dataset's own Python code: profile __getitem__ "
-                     "(py-spy record --subprocesses) or move its work into the conversion")
-    if more_workers and worker_busy > 0.8 and bottleneck not in ("ipc",):
-        notes.append(f"the {num_workers} DataLoader workers are busy {worker_busy:.0%} of the time and "
-                     f"{cpus} CPUs are available: num_workers={cpus} helps until the CPUs are saturated")
-    if src != "SRC":
-        notes.append(f"`dsconvert analyze {src}` measures the data at rest and predicts each format's rate")
-    return commands, notes
+            fx.note("a faster JPEG decoder: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
+    elif category == "read":
+        fx.shard("wds", "", "many small reads become few large sequential ones",
+                 "pack the samples into a few large files read sequentially (tar shards, or arrays saved "
+                 "with np.save and read with np.load(mmap_mode='r')) instead of one small file per sample")
+    elif category == "remote":
+        fx.shard("wds", "", "with -o on local SSD the conversion is also the pre-cache",
+                 "copy the data to local SSD before training, packed into a few large files")
+        fx.note("or keep the data in the object store as dsconvert shards and read them through a verified "
+                "cache on local SSD: open_dataset(url, cache_dir=...), with `dsconvert cache` to fetch them ahead")
+    elif category == "unpickle":
+        fx.shard("npy", "", "arrays in a memory map, never unpickled",
+                 "store the arrays with np.save / np.savez instead of pickle and load them with "
+                 "np.load(mmap_mode='r'): nothing to unpickle, and only the pages touched are read")
+    elif category == "augment":
+        fx.shard("npy", " --resize 256", "when the transforms start with a fixed resize: it is done once "
+                 "here, not every epoch", "cheaper transforms: do the fixed part (resizing to the training "
+                 "size, colour conversion) once ahead of training and keep only the random part per sample")
+        fx.change(f"augment on the GPU, on whole batches, instead of {top} on the CPU: "
+                  "torchvision.transforms.v2 on CUDA tensors (v2.RandomResizedCrop, v2.ColorJitter on "
+                  "batch.cuda()), kornia.augmentation (RandomAffine, ColorJitter, RandomGaussianBlur on CUDA "
+                  "batches), or NVIDIA DALI (fn.decoders.image(device=\"mixed\"), fn.random_resized_crop, "
+                  "fn.rotate on the GPU)")
+    elif category in ("ipc", "collate"):
+        for text in _IPC_FIXES:
+            fx.change(text)
+    elif category == "dataset":
+        fx.note("the time goes to the dataset's own Python code: profile __getitem__ "
+                "(py-spy record --subprocesses) or move its work into the conversion")
+
+
+def _fixes(bottleneck: str, bound_by: Optional[str], fx: _Fixes, details: Dict[str, float],
+           fast_decoder: Optional[str], num_workers: int, cpus: int, worker_busy: float) -> None:
+    if bottleneck == "no-workers":
+        fx.change(f"DataLoader(..., num_workers={cpus}, persistent_workers=True): load in {cpus} worker "
+                  f"process(es) beside the training loop instead of inside it ({cpus} CPUs available)")
+    elif num_workers < cpus and bottleneck != "ipc" and (bottleneck == "augment" or worker_busy > 0.8):
+        fx.change(f"DataLoader(..., num_workers={cpus}): the {num_workers} DataLoader worker(s) are busy "
+                  f"{worker_busy:.0%} of the time and {cpus} CPUs are available; more workers help until "
+                  "the CPUs are saturated")
+    _category_fixes(bound_by or bottleneck, fx, details, fast_decoder)
+
+
+_NAMES = {"decode": "image decode", "read": "file reads", "remote": "remote storage reads",
+          "unpickle": "unpickling", "augment": "augmentation (preprocessing)", "collate": "collation",
+          "ipc": "moving batches between processes", "dataset": "the dataset's Python code"}
 
 
 def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], target: int, cpus: int,
                     data_root: Optional[str] = None, fast_decoder: Optional[str] = None,
-                    read_line: LineReader = _source_line) -> Diagnosis:
-    """Aggregate both recordings and decide; see the module doc."""
+                    read_line: LineReader = _source_line,
+                    shard_formats: Optional[Sequence[str]] = ()) -> Diagnosis:
+    """Aggregate both recordings and decide; see the module doc. ``shard_formats``: the formats
+    ``dsconvert shard`` accepts ``data_root`` for (checked by the caller with the scanner; None
+    when that check could not finish); a conversion command is suggested only for those."""
     workers = worker_pids(wall_stacks)
     memo: Dict[Tuple[int, int, str, Tuple[Frame, ...]], Tuple[str, str, str]] = {}
 
     def classify(stack: Stack) -> Tuple[str, str, str]:
         key = (stack.pid, stack.thread_id, stack.thread, stack.frames)
         if key not in memo:
-            memo[key] = classify_stack(stack, target, workers, read_line)
+            got = classify_stack(stack, target, workers, read_line)
+            if not workers and got[:2] == ("main", "wait"):  # the DataLoader's own code, in the loop
+                got = ("main", "dataset", "DataLoader (sampler, fetcher)")
+            memo[key] = got
         return memo[key]
 
     wall: Dict[str, Dict[Tuple[str, str], float]] = defaultdict(dict)
@@ -339,44 +567,66 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     worker_busy = 1.0 - work.get("idle", {}).get("share", 0.0) if work else 0.0
     top = [{"role": r, "category": c, "detail": d, "share": n / max(1, samples[r]), "frames": leaf}
            for (r, c, d, leaf), n in tops.most_common(40) if r in ("main", "worker")][:10]
+    # receiving batches from workers: unpickling their tensors, pinning, collating in the main process
+    receiving = ("ipc", "pin", "collate") if workers else ("ipc", "pin")
+    receive = sum(main.get(k, {}).get("share", 0.0) for k in receiving)
 
-    src = data_root or "SRC"
     evidence: List[str] = []
     if n_main < 20:
         return Diagnosis("unknown", None, "too few samples of the training loop's main thread to decide; "
                          "sample longer (--duration) once training has started", evidence, [], [], main, work,
-                         worker_busy, input_share, len(workers), dict(samples), top)
+                         worker_busy, input_share, len(workers), dict(samples), top, receive_share=receive)
     wait = main.get("wait", {}).get("share", 0.0)
     in_main = {k: v["share"] for k, v in main.items() if k in DATA_CATEGORIES}
-    evidence.append(f"main thread: {input_share:.0%} getting data ({wait:.0%} waiting for the workers"
-                    + "".join(f", {v:.0%} {k}" for k, v in in_main.items() if v >= 0.01)
-                    + f"), {main.get('compute', {}).get('share', 0.0):.0%} computing")
+    own = {k: v for k, v in in_main.items() if k not in receiving}  # data work the main thread does itself
+    parts = ([f"{wait:.0%} waiting for the workers"] if workers else []) + \
+        [f"{v:.0%} {k}" for k, v in in_main.items() if v >= 0.01]
+    evidence.append(f"main thread: {input_share:.0%} getting data ({', '.join(parts) or 'none'}), "
+                    f"{main.get('compute', {}).get('share', 0.0):.0%} computing")
     if workers:
         busy = ", ".join(f"{k} {v['share']:.0%}" for k, v in work.items() if k != "idle" and v["share"] >= 0.02)
         evidence.append(f"{len(workers)} DataLoader worker(s), busy {worker_busy:.0%} of the time: {busy or 'nothing'}")
     else:
         evidence.append("no DataLoader worker processes: the main process loads its own data (num_workers=0)")
+    ipc_finding = bool(workers) and receive >= IPC_SHARE
+    if ipc_finding:
+        received: Dict[str, float] = {}
+        for k in receiving:
+            for d, share in main.get(k, {}).get("details", {}).items():
+                received[d] = received.get(d, 0.0) + share
+        evidence.append(f"the training loop spends {receive:.0%} of its time receiving batches from the workers ("
+                        + ", ".join(f"{d} {v:.0%}" for d, v in sorted(received.items(), key=lambda kv: -kv[1])
+                                    if v >= 0.01)
+                        + ")")
 
+    bound_by: Optional[str] = None
     if input_share >= INPUT_BOUND_SHARE:
         verdict = "input-bound"
-        pool = {k: v["share"] for k, v in work.items() if k in DATA_CATEGORIES} if workers else {}
-        for k, v in in_main.items():
-            if k != "ipc":
-                pool[k] = pool.get(k, 0.0) + v
-        if (workers and worker_busy < 0.5) or not pool:
-            bottleneck = "ipc"  # workers wait for work while the loop waits for batches: the transfer
+        if not workers and own:
+            bottleneck = "no-workers"
+            bound_by = max(own, key=own.get)
         else:
-            bottleneck = max(pool, key=pool.get)
-        details = {}
-        for table in (work, main):
-            for d, share in table.get(bottleneck, {}).get("details", {}).items():
-                details[d] = details.get(d, 0.0) + share
-        top_detail = max(details, key=details.get) if details else bottleneck
-        names = {"decode": "image decode", "read": "file reads", "remote": "remote storage reads",
-                 "unpickle": "unpickling", "augment": "augmentation", "collate": "collation",
-                 "ipc": "moving batches between processes", "dataset": "the dataset's Python code"}
-        summary = (f"input-bound: the training loop waits for data {input_share:.0%} of the time; the loaders' "
-                   f"time goes mostly to {names.get(bottleneck, bottleneck)} ({top_detail})")
+            pool = {k: v["share"] for k, v in work.items() if k in DATA_CATEGORIES} if workers else {}
+            for k, v in own.items():
+                pool[k] = pool.get(k, 0.0) + v
+            if not pool or (workers and (worker_busy < 0.5 or receive > wait)):
+                bottleneck = "ipc"  # the transfer, not the workers' loading, holds the loop up
+            else:
+                bottleneck = max(pool, key=pool.get)
+        category = bound_by or bottleneck
+        details: Dict[str, float] = {}
+        for table in ((main,) if bound_by else (work, main)):
+            for k in (receiving if category == "ipc" else (category,)):
+                for d, share in table.get(k, {}).get("details", {}).items():
+                    details[d] = details.get(d, 0.0) + share
+        top_detail = max(details, key=details.get) if details else category
+        if bound_by:
+            summary = (f"input-bound: no DataLoader workers (num_workers=0 or no DataLoader), so loading runs in "
+                       f"the training loop itself, {sum(own.values()):.0%} of its time, mostly "
+                       f"{_NAMES.get(bound_by, bound_by)} ({top_detail})")
+        else:
+            summary = (f"input-bound: the training loop waits for data {input_share:.0%} of the time; the loaders' "
+                       f"time goes mostly to {_NAMES.get(bottleneck, bottleneck)} ({top_detail})")
     else:
         verdict = "compute-bound"
         bottleneck = None
@@ -385,13 +635,30 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
         top_detail = max(compute.get("details", {"the model": 1}).items(), key=lambda kv: kv[1])[0]
         summary = (f"compute-bound: the input pipeline keeps up (the training loop waits for data "
                    f"{input_share:.0%} of the time); most time goes to {top_detail}")
-    commands, notes = _fixes(bottleneck, src, details, fast_decoder, len(workers), cpus, worker_busy) \
-        if bottleneck else ([], [])
+    if ipc_finding and bottleneck != "ipc":
+        summary += f"; the loop also spends {receive:.0%} of its time receiving batches from the workers"
+
+    fx = _Fixes(data_root, shard_formats)
+    if bottleneck:
+        _fixes(bottleneck, bound_by, fx, details, fast_decoder, len(workers), cpus, worker_busy)
+    if ipc_finding and bottleneck != "ipc":
+        _category_fixes("ipc", fx, {}, fast_decoder)
     restart = main.get("wait", {}).get("details", {}).get(_RESTART, 0.0)
     if restart >= 0.05:
-        notes.append(f"{restart:.0%} of the loop's time goes to {_RESTART} at epoch boundaries: "
-                     "DataLoader(..., persistent_workers=True) keeps them")
-    if data_root is None and bottleneck:
-        notes.append("SRC: the dataset folder (no data files were seen open, so it could not be guessed)")
-    return Diagnosis(verdict, bottleneck, summary, evidence, commands, notes, main, work, worker_busy,
-                     input_share, len(workers), dict(samples), top)
+        fx.note(f"{restart:.0%} of the loop's time goes to {_RESTART} at epoch boundaries: "
+                "DataLoader(..., persistent_workers=True) keeps them")
+    if bottleneck and data_root is None:
+        fx.note("no data files were seen open (data in memory, or read in a way /proc does not show), "
+                "so no dsconvert command is suggested")
+    if fx.refused and fx.unchecked:
+        fx.note(f"{data_root} could not be scanned in time to check which formats `dsconvert shard` takes it "
+                "for, so those fixes are given as code changes")
+    for fmt in fx.refused if not fx.unchecked else ():
+        fx.note(f"`dsconvert shard` does not take {data_root} as a source for --format {fmt}, so that fix "
+                "is given as a code change")
+    if data_root and bottleneck:
+        fx.note(f"`dsconvert analyze {shlex.quote(data_root)}` measures the data at rest and predicts each "
+                "format's rate")
+    return Diagnosis(verdict, bottleneck, summary, evidence, fx.commands, fx.notes, main, work, worker_busy,
+                     input_share, len(workers), dict(samples), top, fixes=fx.fixes, bound_by=bound_by,
+                     receive_share=receive)

@@ -10,7 +10,15 @@ JSON schema ``dsconvert.diagnose`` version 1:
     diagnosis  {verdict (input-bound | compute-bound | unknown), bottleneck, summary, evidence[],
                 commands[], notes[], main{category: {share, cpu_share, details{detail: share}}},
                 workers{...same}, worker_busy_share, input_share, num_workers, samples{role: n},
-                top_stacks[{role, category, detail, share, frames}]}
+                top_stacks[{role, category, detail, share, frames}],
+                fixes[], bound_by, receive_share}
+
+Added in version 1 (no field renamed): ``diagnosis.fixes`` lists every fix in the order to try
+it, shell commands (each also in ``commands``, and runnable as printed) and code changes (each
+also in ``notes``); ``diagnosis.bound_by`` is, for the ``no-workers`` bottleneck (a loop that
+loads its own data), the category of that data work, else null; ``diagnosis.receive_share`` is
+the training loop's share of time receiving batches from the workers (ipc, pin, collate).
+``bottleneck`` may be ``no-workers`` besides the categories.
 """
 
 from __future__ import annotations
@@ -53,12 +61,14 @@ def render_text(report: Dict[str, Any], tty: Optional[bool] = None) -> str:
     add(_style(f"verdict: {d['summary']}", colour, tty))
     for e in d["evidence"]:
         add(f"  - {e}")
-    if d["commands"]:
-        add(_style("fix:", "1", tty))
-        for c in d["commands"]:
-            add(f"  {c}")
+    fixes = d.get("fixes") or d["commands"]
+    if fixes:
+        add(_style("fix (in this order):", "1", tty))
+        for i, c in enumerate(fixes, 1):
+            add(f"  {i}. {c}")
     for n in d["notes"]:
-        add(f"  note: {n}")
+        if n not in fixes:
+            add(f"  note: {n}")
     add("")
     if d["main"]:
         _table("main thread (the training loop)", d["main"], add)
