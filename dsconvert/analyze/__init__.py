@@ -184,7 +184,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         if geometry and geometry["short_side_median"] > SUGGESTED_SHORT_SIDE:
             resize = SUGGESTED_SHORT_SIDE
         fast = jpeg_decoders()[0][0]
-        options = candidates(source.sample_type == "classification", fast if "jpeg" in costs else "pil", resize)
+        options = candidates(source, fast if "jpeg" in costs else "pil", resize)
         trial_budget = 2 << 30  # a full-size decoded trial of very large images is left out
         if geometry and geometry.get("decoded_bytes_mean", 0) * len(source.samples) > trial_budget:
             options = [c for c in options if not (c.fmt == "npy" and not c.options)]

@@ -50,11 +50,11 @@ class Candidate:
         return f"Candidate({self.name!r})"
 
 
-def candidates(classification: bool, fast_decoder: str, resize: Optional[int]) -> List[Candidate]:
+def candidates(source: Source, fast_decoder: str, resize: Optional[int]) -> List[Candidate]:
     """The outputs worth predicting for a source: shards of the encoded bytes (decoded with
     Pillow, and with the fast JPEG decoder when one loads), HDF5, and the decoded npy cache,
     full size and resized; for dict samples only the formats that hold them."""
-    from ..formats import get
+    from ..convert import accepts
 
     out = [Candidate("wds", "wds")]
     if fast_decoder != "pil":
@@ -63,7 +63,7 @@ def candidates(classification: bool, fast_decoder: str, resize: Optional[int]) -
     out.append(Candidate("npy", "npy"))
     if resize:
         out.append(Candidate(f"npy --resize {resize}", "npy", resize=resize))
-    return [c for c in out if classification or get(c.fmt).any_samples]
+    return [c for c in out if accepts(c.fmt, source)]
 
 
 def sample_source(src: str, listings: Sequence[FolderListing], picked: Sequence[str], layout: str,
