@@ -8,11 +8,12 @@ The diagnosis flow of the mission: GPU utilisation drops -> Python stacks -> sys
    workers were doing and decides whether the job is input-bound, why, and which dsconvert
    command removes the cause;
 3. optionally (``syscalls=SECONDS``) :mod:`dsconvert.diagnose.syscalls` traces the read
-   latency of every process with strace;
+   latency of every process with perf trace (strace where perf is missing or refused), and
+   the block layer where perf may, to tell network storage from a slow local disk;
 4. the data files the processes hold open (from /proc) name the dataset folder, so the
    suggested commands are ready to run, and the storage it lives on.
 
-The report is a plain dict, schema ``dsconvert.diagnose`` version 1, rendered by
+The report is a plain dict, schema ``dsconvert.diagnose`` version 2, rendered by
 :mod:`dsconvert.diagnose.report`.
 """
 
@@ -33,7 +34,7 @@ from .pyspy import record
 __all__ = ["diagnose", "launch", "stop", "REPORT_SCHEMA", "REPORT_VERSION"]
 
 REPORT_SCHEMA = "dsconvert.diagnose"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: syscalls became {tracer, groups, processes, block, ...}; gpu added
 DATA_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".npy", ".npz",
                    ".tar", ".h5", ".hdf5", ".pkl", ".pickle", ".pt", ".bin", ".json", ".txt", ".cls", ".mdb",
                    ".parquet", ".arrow", ".tfrecord", ".record", ".lmdb")
@@ -82,7 +83,7 @@ def _data_files(seen: Dict[str, int]) -> List[str]:
 
 
 def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Optional[float] = None,
-             log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+             log: Optional[Callable[[str], None]] = None, tracer: str = "auto") -> Dict[str, Any]:
     """Sample process ``pid`` (a training job) and its subprocesses; return the report."""
     from ..codecs import jpeg_decoders
     from ..processes import available_cpus
@@ -102,10 +103,10 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
     processes = {p: cmdline(p) for p in [pid] + descendants(pid)}
     trace = None
     if syscalls:
-        from .syscalls import trace as strace
+        from .syscalls import trace as trace_syscalls
 
-        say(f"tracing read latency of {len(processes)} process(es) with strace for {syscalls:g} s")
-        trace = strace(sorted(p for p in processes if is_alive(p)), syscalls)
+        say(f"tracing read latency of {len(processes)} process(es) for {syscalls:g} s (tracer: {tracer})")
+        trace = trace_syscalls(sorted(p for p in processes if is_alive(p)), syscalls, tracer)
     diag = diagnose_stacks(wall, cpu, pid, available_cpus(), data_root=root, fast_decoder=jpeg_decoders()[0][0])
     storage = storage_kind(root) if root else None
     if storage:
@@ -124,19 +125,42 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
     }
 
 
-def _syscall_evidence(trace: Dict[str, Dict], evidence: List[str], notes: List[str]) -> None:
-    reads = trace.get("file read")
+def _syscall_evidence(trace: Dict[str, Any], evidence: List[str], notes: List[str]) -> None:
+    groups, how = trace["groups"], trace["tracer"]
+    reads = groups.get("file read")
+    slow = False
     if reads:
-        evidence.append(f"file reads (strace): {reads['count']:,} calls, p50 {reads['ms']['p50']:.3f} ms, "
+        evidence.append(f"file reads ({how}): {reads['count']:,} calls, p50 {reads['ms']['p50']:.3f} ms, "
                         f"p99 {reads['ms']['p99']:.2f} ms, {reads['over_10ms']:.1%} over 10 ms")
-        if reads["over_10ms"] >= 0.01 or reads["ms"]["p99"] >= 10:
-            notes.append("reads over 10 ms are network-storage latency: copy the data to local SSD "
-                         "(the wds/npy conversion does that)")
-    opens = trace.get("open")
+        slow = reads["over_10ms"] >= 0.01 or reads["ms"]["p99"] >= 10
+    opens = groups.get("open")
     if opens:
-        evidence.append(f"file opens (strace): {opens['count']:,} calls, p50 {opens['ms']['p50']:.3f} ms, "
+        evidence.append(f"file opens ({how}): {opens['count']:,} calls, p50 {opens['ms']['p50']:.3f} ms, "
                         f"p99 {opens['ms']['p99']:.2f} ms")
-    sockets = trace.get("socket read")
+        slow = slow or opens["ms"]["p50"] >= 10
+    sockets = groups.get("socket read")
     if sockets:
-        evidence.append(f"socket reads (strace): {sockets['count']:,} calls, p99 {sockets['ms']['p99']:.2f} ms, "
+        evidence.append(f"socket reads ({how}): {sockets['count']:,} calls, p99 {sockets['ms']['p99']:.2f} ms, "
                         f"{sockets['bytes'] / 1e6:,.1f} MB")
+    block = trace.get("block") or {}
+    if not slow:
+        return
+    notes.append("reads or opens over 10 ms are network-storage latency: pre-cache a dsconvert output on local SSD "
+                 "with `dsconvert cache URL CACHE_DIR`, or convert a source to shards on local SSD "
+                 "(`dsconvert shard SRC --format wds -o /local/ssd/OUT`)")
+    if block.get("permitted"):
+        file_bytes = reads["bytes"] if reads else 0
+        lat = block.get("ms")
+        if block["read_requests"] == 0 or (file_bytes and block["read_bytes"] < 0.1 * file_bytes):
+            evidence.append(f"block layer (system-wide, same seconds): {block['read_requests']:,} read request(s), "
+                            f"{block['read_bytes'] / 1e6:,.1f} MB against {file_bytes / 1e6:,.1f} MB read by the job: "
+                            "the slow reads did not wait for a local disk (network storage or FUSE)")
+        elif lat and lat["p99"] >= 10:
+            evidence.append(f"block layer: {block['read_requests']:,} read requests, p99 {lat['p99']:.1f} ms from issue "
+                            "to completion: the local disk itself is slow")
+        else:
+            evidence.append(f"block layer: {block['read_requests']:,} read requests ({block['read_bytes'] / 1e6:,.1f} MB)"
+                            + (f", p99 {lat['p99']:.2f} ms" if lat else "") + ": the disk answers quickly")
+    else:
+        evidence.append(f"block layer not traced ({block.get('reason', 'not asked for')}): disk and network "
+                        "storage cannot be told apart here")
