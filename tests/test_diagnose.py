@@ -17,9 +17,10 @@ from dsconvert.diagnose import classify, pyspy, syscalls
 from dsconvert.diagnose.classify import classify_stack, diagnose_stacks
 from dsconvert.diagnose.procs import guess_dataset_root
 from dsconvert.diagnose.pyspy import Frame, Stack, parse_raw
+from dsconvert.diagnose.report import render_text
 from dsconvert.errors import MissingDependencyError
 
-from conftest import ROOT, encode, make_image_folder, write
+from conftest import ROOT, encode, make_image_folder, write, write_fake_nvidia_smi
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
@@ -359,9 +360,9 @@ class Job:
             time.sleep(0.02)
 
 
-def run_diagnose(*args):
+def run_diagnose(*args, env=None):
     run = subprocess.run([sys.executable, "-m", "dsconvert", "diagnose", "--json", "-q", *args],
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=180, env=env)
     if run.returncode != 0 and "need to read the process's memory" in run.stderr:  # PtraceError's hint
         pytest.skip(f"py-spy or strace may not attach here (ptrace is restricted): {run.stderr.strip()[-200:]}")
     assert run.returncode == 0, run.stderr
@@ -381,15 +382,25 @@ def big_jpegs(tmp_path_factory, photos):
 
 @needs_pyspy
 @needs_torch
-def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs):
+def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
+    # no NVIDIA GPU: no nvidia-smi on PATH, and an nvidia-ml-py that cannot be imported
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "pynvml.py").write_text("raise ImportError('hidden by the test')\n")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable),
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "shadow"), ROOT, os.environ.get("PYTHONPATH", "")]))
     report = run_diagnose("--wait", "8", "--duration", "3", "--", sys.executable, JOB, "--data", big_jpegs,
-                          "--workers", "1", "--batch", "4", "--compute-ms", "5")
+                          "--workers", "1", "--batch", "4", "--compute-ms", "5", env=env)
     d = report["diagnosis"]
     assert d["verdict"] == "input-bound", d["summary"]
     assert d["bottleneck"] == "decode", d["workers"]
     assert d["num_workers"] == 1 and len(report["target"]["workers"]) == 1
     assert report["data"]["root"] == big_jpegs
     assert d["commands"][0].startswith(f"dsconvert shard {big_jpegs} --format npy")
+    gpu = report["gpu"]
+    assert gpu["available"] is False and gpu["gpus"] == {}
+    assert gpu["reason"] == "no NVIDIA GPU: nvidia-ml-py is not installed; nvidia-smi is not on PATH"
+    text = render_text(report, tty=False)
+    assert [line for line in text.splitlines() if "GPU" in line] == [f"GPU: not sampled ({gpu['reason']})"]
     # the launched job and its worker were stopped
     assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
                    for p in report["target"]["processes"])
@@ -401,14 +412,28 @@ def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path)
     out = str(tmp_path / "npy")
     convert(big_jpegs, out, "npy", size=(64, 64), workers=1)
     job = Job("--data", out, "--converted", "--workers", "1", "--batch", "4", "--compute-ms", "30")
+    # a GPU through the fake nvidia-smi: GPU 0 busy three samples in four, the job's process on GPU 0
+    fake = write_fake_nvidia_smi(str(tmp_path / "bin"))
+    env = dict(os.environ, PATH=fake + os.pathsep + os.environ["PATH"], FAKE_SMI_PATTERN="95,95,95,0",
+               FAKE_SMI_APPS=f"{job.proc.pid}, GPU-aaaa-0000")
     try:
-        report = run_diagnose("--pid", str(job.proc.pid), "--duration", "3")
+        report = run_diagnose("--pid", str(job.proc.pid), "--duration", "3", env=env)
     finally:
         job.stop()
     d = report["diagnosis"]
     assert d["verdict"] == "compute-bound", d["summary"]
     assert d["main"]["compute"]["share"] > 0.7 and d["worker_busy_share"] < 0.3
     assert report["data"]["root"] == out
+    gpu = report["gpu"]
+    if gpu["backend"] == "nvml":
+        pytest.skip("this machine has NVML and a GPU: the fake nvidia-smi was not used")
+    assert gpu["available"] and gpu["backend"] == "nvidia-smi" and gpu["job_gpus"] == [0]
+    g0 = gpu["gpus"]["0"]
+    assert g0["samples"] >= 8 and g0["low_share"] == pytest.approx(0.25, abs=0.13)
+    assert gpu["wait_share"] == d["main"].get("wait", {}).get("share")
+    assert gpu["comparison"].startswith("GPU 0 below 10 % in ") and "no timestamps" in gpu["comparison"]
+    text = render_text(report, tty=False)
+    assert "GPU 0 (used by the job): mean utilisation" in text and "GPU 1: mean utilisation 50 %" in text
 
 
 @needs_pyspy

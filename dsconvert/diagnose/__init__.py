@@ -2,6 +2,8 @@
 
 The diagnosis flow of the mission: GPU utilisation drops -> Python stacks -> system calls.
 
+0. :class:`dsconvert.gpu.GpuSampler` samples GPU utilisation over the same seconds as py-spy
+   (one line saying so where there is no NVIDIA GPU);
 1. :func:`dsconvert.diagnose.pyspy.record` samples the job and its DataLoader workers with
    py-spy for a few seconds (wall time with ``--idle`` and CPU time without it, side by side);
 2. :mod:`dsconvert.diagnose.classify` sorts every sample into what the training loop and the
@@ -27,6 +29,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import DsconvertError, OptionError
+from ..gpu import GpuSampler
 from .classify import diagnose_stacks, worker_pids
 from .procs import FileWatcher, cmdline, descendants, guess_dataset_root, is_alive
 from .pyspy import record
@@ -96,7 +99,8 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
         raise DsconvertError(f"no running process with pid {pid}", str(pid))
     started = time.perf_counter()
     say(f"sampling pid {pid} and its subprocesses with py-spy for {duration:g} s at {rate} Hz")
-    with FileWatcher(pid) as watcher:
+    gpu_sampler = GpuSampler(pids=[pid] + descendants(pid))
+    with FileWatcher(pid) as watcher, gpu_sampler:
         wall, cpu = record(pid, duration, rate)
     files = _data_files(watcher.seen)
     root = guess_dataset_root(files)
@@ -114,15 +118,35 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
                              f"({storage['fstype']} at {storage['mount']})")
     if trace:
         _syscall_evidence(trace, diag.evidence, diag.notes)
+    gpu = _gpu_report(gpu_sampler, diag.main)
     return {
         "schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION,
         "target": {"pid": pid, "cmdline": processes.get(pid, ""), "workers": worker_pids(wall),
                    "processes": processes},
         "duration_s": duration, "rate_hz": rate, "seconds": time.perf_counter() - started,
         "data": {"files_seen": len(files), "examples": files[:5], "root": root, "storage": storage},
+        "gpu": gpu,
         "syscalls": trace,
         "diagnosis": diag.to_dict(),
     }
+
+
+def _gpu_report(sampler: GpuSampler, main: Dict[str, Dict]) -> Dict[str, Any]:
+    """The sampler's summary, with the main thread's wait share beside each used GPU's idle share.
+    py-spy's wall samples carry no timestamps, so the two can only be compared as shares of the
+    same seconds, not sample by sample."""
+    out = sampler.summary()
+    wait = main.get("wait", {}).get("share") if main else None
+    out["wait_share"] = wait
+    if out["available"] and wait is not None:
+        parts = [f"GPU {i} below 10 % in {out['gpus'][i]['low_share']:.0%} of samples" for i in out["job_gpus"]
+                 if i in out["gpus"]]
+        out["comparison"] = (
+            f"{'; '.join(parts)}; the training loop waited for a batch in {wait:.0%} of py-spy's wall samples over "
+            "the same seconds. py-spy's samples carry no timestamps, so these are shares of the period compared, "
+            "not samples lined up: similar shares fit a GPU idling while the loop waits for data; an idle share "
+            "well above the wait share points elsewhere (synchronisation, CPU work in the loop, another job)")
+    return out
 
 
 def _syscall_evidence(trace: Dict[str, Any], evidence: List[str], notes: List[str]) -> None:
