@@ -288,6 +288,10 @@ def test_slow_reads_without_block_requests_are_not_the_local_disk():
         _syscall_evidence(_trace(slow, block), evidence, notes)
         assert expected in evidence[-1], evidence
         assert any("dsconvert cache" in n for n in notes)
+    lat_ok = dict(cases[1][0], ms={"p50": 0.1, "p99": 0.3})  # many requests, answered quickly
+    evidence, notes = [], []
+    _syscall_evidence(_trace(slow, lat_ok), evidence, notes)
+    assert "not the local disk" in evidence[-1]
     fast = {"file read": dict(slow["file read"], ms={"p50": 0.1, "p90": 0.2, "p99": 0.5}, over_10ms=0.0)}
     evidence, notes = [], []
     _syscall_evidence(_trace(fast, cases[0][0]), evidence, notes)

@@ -183,8 +183,10 @@ def _syscall_evidence(trace: Dict[str, Any], evidence: List[str], notes: List[st
             evidence.append(f"block layer: {block['read_requests']:,} read requests, p99 {lat['p99']:.1f} ms from issue "
                             "to completion: the local disk itself is slow")
         else:
-            evidence.append(f"block layer: {block['read_requests']:,} read requests ({block['read_bytes'] / 1e6:,.1f} MB)"
-                            + (f", p99 {lat['p99']:.2f} ms" if lat else "") + ": the disk answers quickly")
+            evidence.append(f"block layer (system-wide): {block['read_requests']:,} read requests "
+                            f"({block['read_bytes'] / 1e6:,.1f} MB)" + (f", p99 {lat['p99']:.2f} ms" if lat else "")
+                            + ": the disk answers quickly, so the slow reads waited for something else "
+                            "(network storage or FUSE), not the local disk")
     else:
         evidence.append(f"block layer not traced ({block.get('reason', 'not asked for')}): disk and network "
                         "storage cannot be told apart here")

@@ -106,8 +106,8 @@ def _syscalls(sc: Dict[str, Any], processes: Dict, workers: List[int], main: int
     head = f"{'calls':>9s}{'p50 ms':>9s}{'p90 ms':>9s}{'p99 ms':>9s}{'max ms':>9s}{'>10 ms':>8s}{'MB':>9s}"
     add(f"  {'':14s}{head}")
 
-    def row(label: str, g: Dict[str, Any]) -> str:
-        return (f"{label:14s}{g['count']:9,d}{g['ms']['p50']:9.3f}{g['ms']['p90']:9.3f}{g['ms']['p99']:9.3f}"
+    def row(label: str, g: Dict[str, Any], width: int = 14) -> str:
+        return (f"{label:{width}s}{g['count']:9,d}{g['ms']['p50']:9.3f}{g['ms']['p90']:9.3f}{g['ms']['p99']:9.3f}"
                 f"{g['max_ms']:9.2f}{g['over_10ms']:8.1%}{g['bytes'] / 1e6:9.1f}")
 
     for group, g in sc["groups"].items():
@@ -118,7 +118,7 @@ def _syscalls(sc: Dict[str, Any], processes: Dict, workers: List[int], main: int
             role = "main" if int(pid) == main else ("worker" if int(pid) in workers else "other")
             add(f"    pid {pid} ({role})")
             for group, g in groups.items():
-                add("      " + row(group, g))
+                add("      " + row(group, g, 10))
     block = sc.get("block") or {}
     if block.get("permitted"):
         lat = block.get("ms")
