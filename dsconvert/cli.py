@@ -276,15 +276,18 @@ def build_parser() -> argparse.ArgumentParser:
         "np.load, remote storage, unpickling, augmentation, IPC, model compute), say whether the job "
         "is input-bound and which dsconvert command fixes it. With -- COMMAND, run the command, "
         "sample it after --wait seconds, then stop it (unless --keep-running).",
-        parents=[_json("the report", "dsconvert.diagnose/1"), quiet])
+        parents=[_json("the report", "dsconvert.diagnose/2"), quiet])
     p.add_argument("--pid", type=_positive_int, help="the training process (the one running the loop)")
     p.add_argument("--duration", type=float, default=10.0, metavar="S",
                    help="seconds to sample (default: %(default)s)")
     p.add_argument("--rate", type=_positive_int, default=100, metavar="HZ",
                    help="samples per second (default: %(default)s)")
     p.add_argument("--syscalls", type=float, nargs="?", const=5.0, default=None, metavar="S",
-                   help="also trace read/openat latency with strace for S seconds (default 5; the job runs "
-                   "slower while traced)")
+                   help="also trace read/openat latency for S seconds (default 5), per process, and the "
+                   "block layer where perf may (the job runs slower while traced)")
+    p.add_argument("--tracer", choices=("auto", "perf", "strace"), default="auto",
+                   help="with --syscalls: perf trace (light), strace, or auto: perf, strace where perf is "
+                   "missing or refused (default: %(default)s)")
     p.add_argument("--wait", type=float, default=10.0, metavar="S",
                    help="with COMMAND: seconds to let it reach its training loop first (default: %(default)s)")
     p.add_argument("--keep-running", action="store_true",
@@ -466,7 +469,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     proc = launch(command, args.wait, log or (lambda msg: None)) if command else None
     try:
         report = diagnose(proc.pid if proc else args.pid, duration=args.duration, rate=args.rate,
-                          syscalls=args.syscalls, log=log)
+                          syscalls=args.syscalls, log=log, tracer=args.tracer)
         print(render_json(report) if args.json else render_text(report), flush=True)
     finally:
         if proc is not None and not args.keep_running:

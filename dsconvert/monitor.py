@@ -6,6 +6,12 @@ next one is requested (forward, backward, optimizer, logging). When load is a la
 the step, the GPU idles and the job is input-bound; that is the symptom "GPU utilisation
 drops to 0 % and back" looks like from the host.
 
+With ``gpu=True`` (or a :class:`dsconvert.gpu.GpuSampler`), GPU utilisation is sampled in a
+background thread while ``wrap`` runs, and ``summary()["gpu"]`` says per GPU the job uses: mean
+utilisation, the share of samples below 10 %, and the share of those low samples that fell
+inside the loop's waits for a batch (beside the share of time the waits covered: what chance
+alone would give). Without an NVIDIA GPU it says so in ``summary()["gpu"]["reason"]``.
+
 Only the consumer side is timed, so it works with any number of DataLoader workers (or any
 iterable). With CUDA, kernels run asynchronously: pass ``sync=torch.cuda.synchronize`` so the
 compute time ends when the GPU's work has, not when it was queued.
@@ -28,7 +34,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
@@ -72,6 +78,8 @@ class DataLoadingMonitor:
     ``on_alert`` is called (and a warning logged). ``warmup``: first steps left out of the
     statistics (the first batch includes starting the workers; see ``startup_s``).
     ``batch_size``: samples per batch, for samples/s. ``clock``: a monotonic clock in seconds.
+    ``gpu``: True to sample GPU utilisation while ``wrap`` runs (a :class:`~dsconvert.gpu.GpuSampler`
+    of this process), or a sampler of your own (sharing ``clock``); :meth:`close` stops it.
     """
 
     def __init__(
@@ -86,6 +94,7 @@ class DataLoadingMonitor:
         log_every: int = 0,
         batch_size: Optional[int] = None,
         clock: Callable[[], float] = time.perf_counter,
+        gpu: Union[bool, Any] = False,
     ):
         if window < 1 or patience < 1:
             raise ValueError("window and patience must be >= 1")
@@ -103,6 +112,13 @@ class DataLoadingMonitor:
         self.log_every = int(log_every)
         self.batch_size = batch_size
         self.clock = clock
+        if gpu is True:
+            import os
+
+            from .gpu import GpuSampler
+
+            gpu = GpuSampler(pids=[os.getpid()], clock=clock)
+        self.gpu = gpu or None
         self.reset()
 
     def reset(self) -> None:
@@ -117,6 +133,7 @@ class DataLoadingMonitor:
         self.startup_s: Optional[float] = None  # the first batch's wait (worker start-up)
         self.total_load_s = 0.0  # after warm-up, over the whole run
         self.total_compute_s = 0.0
+        self._waits: Deque[Tuple[float, float]] = deque(maxlen=200_000)  # (requested, received), with gpu
 
     # -- recording ------------------------------------------------------------------------
 
@@ -170,6 +187,9 @@ class DataLoadingMonitor:
         """
         bar, own_bar = self._bar(progress, iterable)
         clock, sync, record = self.clock, self.sync, self.record
+        waits = self._waits if self.gpu is not None else None
+        if self.gpu is not None:
+            self.gpu.start()
         requested = clock()
         it = iter(iterable)  # a DataLoader starts its workers here: part of the first wait
         try:
@@ -179,6 +199,8 @@ class DataLoadingMonitor:
                 except StopIteration:
                     break
                 received = clock()
+                if waits is not None:
+                    waits.append((requested, received))
                 yield item
                 if sync is not None:
                     sync()
@@ -192,6 +214,17 @@ class DataLoadingMonitor:
         finally:
             if own_bar:
                 bar.close()
+
+    def close(self) -> None:
+        """Stop the GPU sampler (its samples stay for :meth:`summary`)."""
+        if self.gpu is not None:
+            self.gpu.stop()
+
+    def __enter__(self) -> "DataLoadingMonitor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _bar(self, progress: Any, iterable: Any) -> Tuple[Any, bool]:
         if progress is None or progress is False:
@@ -214,11 +247,12 @@ class DataLoadingMonitor:
         arr = np.asarray(self._steps, dtype=float)
         return arr[:, 0], arr[:, 1]
 
-    def summary(self) -> Dict[str, Any]:
+    def summary(self, gpu: bool = True) -> Dict[str, Any]:
         """Statistics over the window (``load_ms``, ``compute_ms``: mean, p50, p99, max), the
         load share and the fraction of steps where loading took longer than computing, the
         verdict (``input-bound``, ``compute-bound``, or ``unknown`` before any step), and
-        totals over the whole run."""
+        totals over the whole run; with a GPU sampler (and ``gpu``), ``gpu``: its summary
+        lined up with the waits of the steps ``wrap`` timed (see :mod:`dsconvert.gpu`)."""
         load, compute = self._arrays()
         n = len(load)
 
@@ -253,6 +287,8 @@ class DataLoadingMonitor:
         }
         if self.batch_size:
             out["samples_per_s"] = out["steps_per_s"] * self.batch_size
+        if gpu and self.gpu is not None:
+            out["gpu"] = self.gpu.summary(waits=list(self._waits))
         return out
 
     def postfix(self) -> Dict[str, str]:
@@ -266,7 +302,7 @@ class DataLoadingMonitor:
 
     def describe(self) -> str:
         """One line for a log."""
-        s = self.summary()
+        s = self.summary(gpu=False)  # a log line needs no GPU query
         if not s["window"]:
             return "no steps yet"
         return (f"load p50 {s['load_ms']['p50']:.1f} ms, p99 {s['load_ms']['p99']:.1f} ms; compute p50 "

@@ -171,3 +171,56 @@ def rehash_parts(out: str) -> None:
             data = open(os.path.join(out, name), "rb").read()
             shard["parts"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     json.dump(manifest, open(path, "w"))
+
+
+# nvidia-smi as the sampler calls it: --query-gpu=index,utilization.gpu,memory.used ... -lms MS prints
+# one line per GPU every MS ms until it is stopped; --query-compute-apps and --query-gpu=index,uuid
+# answer once. FAKE_SMI_PATTERN: GPU 0's utilisation, line after line (GPU 1 is always at 50 %),
+# FAKE_SMI_COUNT rounds then silence; FAKE_SMI_STATE: a file whose word ("wait" or "compute") sets
+# GPU 0 at 0 % or 95 %; FAKE_SMI_APPS: "pid, uuid" lines separated by ";"; FAKE_SMI_FAIL: a message
+# printed before exiting with status 6, as nvidia-smi does on a machine without a device.
+FAKE_SMI = """\
+import os, sys, time
+args = sys.argv[1:]
+env = os.environ
+if env.get("FAKE_SMI_FAIL"):
+    print(env["FAKE_SMI_FAIL"], flush=True)
+    sys.exit(6)
+if any(a.startswith("--query-compute-apps=pid,gpu_uuid") for a in args):
+    for line in env.get("FAKE_SMI_APPS", "").split(";"):
+        if line:
+            print(line)
+    sys.exit(0)
+if "--query-gpu=index,uuid" in args:
+    print("0, GPU-aaaa-0000")
+    print("1, GPU-bbbb-1111")
+    sys.exit(0)
+assert "--query-gpu=index,utilization.gpu,memory.used" in args, args
+assert "--format=csv,noheader,nounits" in args, args
+interval = int(args[args.index("-lms") + 1]) / 1000
+pattern = [int(v) for v in env.get("FAKE_SMI_PATTERN", "0,95").split(",")]
+count = int(env.get("FAKE_SMI_COUNT", "0"))
+state = env.get("FAKE_SMI_STATE")
+i = 0
+while not count or i < count:
+    if state:
+        with open(state) as f:
+            util = 0 if f.read().strip() == "wait" else 95
+    else:
+        util = pattern[i % len(pattern)]
+    print(f"0, {util}, {1000 + i}", flush=True)
+    print(f"1, 50, 200", flush=True)
+    i += 1
+    time.sleep(interval)
+time.sleep(600)
+"""
+
+
+def write_fake_nvidia_smi(bin_dir) -> str:
+    """An executable ``nvidia-smi`` (FAKE_SMI) in ``bin_dir``, which is returned."""
+    os.makedirs(bin_dir, exist_ok=True)
+    exe = os.path.join(bin_dir, "nvidia-smi")
+    with open(exe, "w") as f:
+        f.write(f"#!{sys.executable}\n{FAKE_SMI}")
+    os.chmod(exe, 0o755)
+    return bin_dir

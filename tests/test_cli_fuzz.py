@@ -65,7 +65,8 @@ VALUES = {
 }
 # diagnose and bench: only what argparse refuses (exit 2), so nothing is launched or timed
 REFUSED = {
-    "diagnose": [["--pid", "0"], ["--pid", "abc"], ["--rate", "-1"], ["--duration", "x"], ["--bogus"]],
+    "diagnose": [["--pid", "0"], ["--pid", "abc"], ["--rate", "-1"], ["--duration", "x"], ["--bogus"],
+                 ["--pid", "1", "--tracer", "ltrace"]],
     "bench": [[], ["p", "--workers", "-1"], ["p", "--batch-size", "0"], ["p", "--max-samples", "0"],
               ["p", "--decode", "gif"], ["p", "--cache", "hot"], ["p", "--size", "x"], ["p", "--bogus"]],
 }

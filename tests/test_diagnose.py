@@ -1,10 +1,12 @@
-"""dsconvert diagnose: py-spy output parsing, stack classification, strace parsing, and real
-training jobs diagnosed as decode-bound, read-bound (slow FUSE mount) and compute-bound."""
+"""dsconvert diagnose: py-spy output parsing, stack classification, strace and perf trace parsing,
+real training jobs diagnosed as decode-bound, read-bound (slow FUSE mount) and compute-bound, and
+real jobs traced with perf trace and with strace where perf is missing or refused."""
 
 import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -17,9 +19,10 @@ from dsconvert.diagnose import classify, pyspy, syscalls
 from dsconvert.diagnose.classify import classify_stack, diagnose_stacks
 from dsconvert.diagnose.procs import guess_dataset_root
 from dsconvert.diagnose.pyspy import Frame, Stack, parse_raw
+from dsconvert.diagnose.report import render_text
 from dsconvert.errors import MissingDependencyError
 
-from conftest import ROOT, encode, make_image_folder, write
+from conftest import ROOT, encode, make_image_folder, write, write_fake_nvidia_smi
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
@@ -455,6 +458,105 @@ def test_strace_parsing_follows_descriptors_over_time():
     assert sum(b["count"] for b in files["histogram_us"]) == 3
 
 
+# recorded from `perf trace -p PID -e openat,read,... -o FILE` of two threads reading a slow FUSE mount
+PERF_LOG = """\
+         ? (         ): python/5516  ... [continued]: openat())                                           = 4
+    11.780 (         ): python/5516 read(fd: 4, buf: 0x7f4c4c001c30, count: 20001)                     ...
+         ? (         ): python/5515  ... [continued]: openat())                                           = 3
+    15.298 (         ): python/5515 read(fd: 3, buf: 0x7f4c54001c30, count: 20001)                     ...
+    11.780 (15.414 ms): python/5516  ... [continued]: read())                                             = 20000
+    27.222 ( 0.011 ms): python/5516 read(fd: 4, buf: 0x7f4c4c006a50, count: 1)                            = 0
+    27.443 (         ): python/5516 openat(dfd: CWD, filename: 0x5a4aec30, flags: RDONLY|CLOEXEC)      ...
+    28.572 ( 3.160 ms): python/5513 clock_nanosleep(which_clock: 1, flags: 1, rqtp: 0x7fff03ce9770)       = 0
+    15.298 (17.258 ms): python/5515  ... [continued]: read())                                             = 20000
+    32.598 ( 0.012 ms): python/5515 read(fd: 3, buf: 0x7f4c54006a50, count: 1)                            = 0
+    27.443 (15.453 ms): python/5516  ... [continued]: openat())                                           = 4
+    33.000 ( 0.020 ms): python/5513 read(fd: 9</proc/5513/status>, buf: 0x7f4c54006a50, count: 100)       = 100
+    34.000 ( 0.020 ms): python/5513 read(fd: 7, buf: 0x7f4c54006a50, count: 8)                            = 8
+    35.000 ( 0.005 ms): python/5513 openat(dfd: CWD, filename: 0x5a4ad820, flags: RDONLY|CLOEXEC)         = -1 ENOENT (No such file or directory)
+    36.000 ( 0.300 ms): python/5513 recvfrom(fd: 12, ubuf: 0x7f4c54006a50, size: 65536)                   = 1000
+LOST 17 events!
+"""
+
+
+def test_perf_trace_parsing_joins_continued_calls_and_follows_descriptors():
+    calls, lost = syscalls.parse_perf(PERF_LOG)
+    assert lost == 17
+    assert [(c[0], c[1], c[3], c[4]) for c in calls] == [
+        (5516, "openat", None, 4), (5515, "openat", None, 3), (5516, "read", pytest.approx(0.015414), 20000),
+        (5516, "read", pytest.approx(0.000011), 0), (5515, "read", pytest.approx(0.017258), 20000),
+        (5515, "read", pytest.approx(0.000012), 0), (5516, "openat", pytest.approx(0.015453), 4),
+        (5513, "read", pytest.approx(0.00002), 100), (5513, "read", pytest.approx(0.00002), 8),
+        (5513, "openat", pytest.approx(0.000005), -1), (5513, "recvfrom", pytest.approx(0.0003), 1000)]
+    # threads 5515 and 5516 are workers of process 20; 5513 is the main process 10
+    pid_of = {5513: 10, 5515: 20, 5516: 20}
+    calls = [(pid_of[c[0]], *c[1:]) for c in calls]
+    groups = syscalls.summarize(calls, {(10, 7): "pipe:[77]"})
+    # descriptors returned by openat count as files although perf shows no file name
+    assert groups["file read"]["count"] == 4 and groups["file read"]["bytes"] == 40000
+    assert groups["file read"]["ms"]["p50"] == pytest.approx((0.012 + 15.414) / 2)
+    assert groups["file read"]["over_10ms"] == pytest.approx(0.5)
+    assert groups["open"]["count"] == 4  # two began before tracing: counted, without a duration
+    assert groups["open"]["ms"]["p50"] == pytest.approx((0.005 + 15.453) / 2)
+    assert groups["device read"]["count"] == 1  # perf named the file: fd 9 -> /proc/...
+    assert groups["pipe read"]["count"] == 1 and groups["socket read"]["bytes"] == 1000
+    per = syscalls.summarize_processes(calls, {(10, 7): "pipe:[77]"})
+    assert set(per) == {10, 20}
+    assert per[20]["file read"]["count"] == 4 and "file read" not in per[10]
+    assert per[10]["open"]["count"] == 1 and "histogram_us" not in per[20]["open"]
+
+
+BLOCK_SCRIPT = """\
+ 5202 13666.326879:    block:block_rq_issue: 254,0 RM 4096 () 174850056 + 8 0x2,0,4 [python]
+ 5202 13666.329931:    block:block_rq_issue: 254,0 RS 1044480 () 68685840 + 2040 0x2,0,4 [dd]
+    0 13666.330000: block:block_rq_complete: 254,0 RM () 174850056 + 8 0x2,0,4 [0]
+   46 13666.331000:    block:block_rq_issue: 254,0 WS 4096 () 100 + 8 0x2,0,4 [kworker/1:1H]
+    0 13666.349931: block:block_rq_complete: 254,0 RS () 68685840 + 2040 0x2,0,4 [0]
+ 5202 13666.350000:    block:block_rq_issue: 259,1 R 4096 () 5 + 8 0x2,0,4 [python]
+"""
+
+
+def test_block_layer_parsing_pairs_issue_and_completion():
+    events = syscalls.parse_block(BLOCK_SCRIPT)
+    assert len(events) == 6 and events[1][1:] == ("issue", "254:0", "RS", 68685840, 2040)
+    b = syscalls.block_summary(events)
+    assert b["read_requests"] == 3 and b["read_bytes"] == (8 + 2040 + 8) * 512  # the write is left out
+    assert b["completed"] == 2 and b["max_ms"] == pytest.approx(20.0, abs=1e-3)
+    assert b["ms"]["p50"] == pytest.approx((3.121 + 20.0) / 2, abs=1e-3)
+    assert b["devices"] == {"254:0": {"read_requests": 2, "read_bytes": 2048 * 512},
+                            "259:1": {"read_requests": 1, "read_bytes": 4096}}
+
+
+def _trace(groups, block):
+    return {"tracer": "perf", "seconds": 2, "groups": groups, "processes": {}, "lost_events": 0, "block": block,
+            "notes": []}
+
+
+def test_slow_reads_without_block_requests_are_not_the_local_disk():
+    from dsconvert.diagnose import _syscall_evidence
+
+    slow = {"file read": {"count": 100, "bytes": 50_000_000, "ms": {"p50": 12.0, "p90": 15.0, "p99": 20.0},
+                          "max_ms": 25.0, "mean_ms": 12.0, "over_10ms": 0.6}}
+    cases = [({"permitted": True, "scope": "system-wide", "read_requests": 3, "read_bytes": 12288,
+               "completed": 3, "ms": {"p50": 0.2, "p99": 0.4}, "max_ms": 0.4, "devices": {}}, "did not wait for a local disk"),
+             ({"permitted": True, "scope": "system-wide", "read_requests": 900, "read_bytes": 50_000_000,
+               "completed": 900, "ms": {"p50": 11.0, "p99": 30.0}, "max_ms": 40.0, "devices": {}}, "local disk itself is slow"),
+             ({"permitted": False, "reason": "perf is not installed"}, "cannot be told apart")]
+    for block, expected in cases:
+        evidence, notes = [], []
+        _syscall_evidence(_trace(slow, block), evidence, notes)
+        assert expected in evidence[-1], evidence
+        assert any("dsconvert cache" in n for n in notes)
+    lat_ok = dict(cases[1][0], ms={"p50": 0.1, "p99": 0.3})  # many requests, answered quickly
+    evidence, notes = [], []
+    _syscall_evidence(_trace(slow, lat_ok), evidence, notes)
+    assert "not the local disk" in evidence[-1]
+    fast = {"file read": dict(slow["file read"], ms={"p50": 0.1, "p90": 0.2, "p99": 0.5}, over_10ms=0.0)}
+    evidence, notes = [], []
+    _syscall_evidence(_trace(fast, cases[0][0]), evidence, notes)
+    assert len(evidence) == 1 and notes == []
+
+
 def test_dataset_root_guess(tmp_path):
     for cls in ("cat", "dog", "emu"):
         write(str(tmp_path / "train" / cls / "x.jpg"), b"x")
@@ -521,9 +623,9 @@ class Job:
             time.sleep(0.02)
 
 
-def run_diagnose(*args):
+def run_diagnose(*args, env=None):
     run = subprocess.run([sys.executable, "-m", "dsconvert", "diagnose", "--json", "-q", *args],
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=180, env=env)
     if run.returncode != 0 and "need to read the process's memory" in run.stderr:  # PtraceError's hint
         pytest.skip(f"py-spy or strace may not attach here (ptrace is restricted): {run.stderr.strip()[-200:]}")
     assert run.returncode == 0, run.stderr
@@ -544,8 +646,13 @@ def big_jpegs(tmp_path_factory, photos):
 @needs_pyspy
 @needs_torch
 def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
+    # no NVIDIA GPU: no nvidia-smi on PATH, and an nvidia-ml-py that cannot be imported
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "pynvml.py").write_text("raise ImportError('hidden by the test')\n")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable),
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "shadow"), ROOT, os.environ.get("PYTHONPATH", "")]))
     report = run_diagnose("--wait", "8", "--duration", "3", "--", sys.executable, JOB, "--data", big_jpegs,
-                          "--workers", "1", "--batch", "4", "--compute-ms", "5")
+                          "--workers", "1", "--batch", "4", "--compute-ms", "5", env=env)
     d = report["diagnosis"]
     assert d["verdict"] == "input-bound", d["summary"]
     assert d["bottleneck"] == "decode", d["workers"]
@@ -553,6 +660,11 @@ def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
     assert report["data"]["root"] == big_jpegs
     assert d["commands"][0].startswith(f"dsconvert shard {big_jpegs} --format npy")
     run_commands(d["commands"], tmp_path)
+    gpu = report["gpu"]
+    assert gpu["available"] is False and gpu["gpus"] == {}
+    assert gpu["reason"] == "no NVIDIA GPU: nvidia-ml-py is not installed; nvidia-smi is not on PATH"
+    text = render_text(report, tty=False)
+    assert [line for line in text.splitlines() if "GPU" in line] == [f"GPU: not sampled ({gpu['reason']})"]
     # the launched job and its worker were stopped
     assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
                    for p in report["target"]["processes"])
@@ -564,14 +676,28 @@ def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path)
     out = str(tmp_path / "npy")
     convert(big_jpegs, out, "npy", size=(64, 64), workers=1)
     job = Job("--data", out, "--converted", "--workers", "1", "--batch", "4", "--compute-ms", "30")
+    # a GPU through the fake nvidia-smi: GPU 0 busy three samples in four, the job's process on GPU 0
+    fake = write_fake_nvidia_smi(str(tmp_path / "bin"))
+    env = dict(os.environ, PATH=fake + os.pathsep + os.environ["PATH"], FAKE_SMI_PATTERN="95,95,95,0",
+               FAKE_SMI_APPS=f"{job.proc.pid}, GPU-aaaa-0000")
     try:
-        report = run_diagnose("--pid", str(job.proc.pid), "--duration", "3")
+        report = run_diagnose("--pid", str(job.proc.pid), "--duration", "3", env=env)
     finally:
         job.stop()
     d = report["diagnosis"]
     assert d["verdict"] == "compute-bound", d["summary"]
     assert d["main"]["compute"]["share"] > 0.7 and d["worker_busy_share"] < 0.3
     assert report["data"]["root"] == out
+    gpu = report["gpu"]
+    if gpu["backend"] == "nvml":
+        pytest.skip("this machine has NVML and a GPU: the fake nvidia-smi was not used")
+    assert gpu["available"] and gpu["backend"] == "nvidia-smi" and gpu["job_gpus"] == [0]
+    g0 = gpu["gpus"]["0"]
+    assert g0["samples"] >= 8 and g0["low_share"] == pytest.approx(0.25, abs=0.13)
+    assert gpu["wait_share"] == d["main"].get("wait", {}).get("share")
+    assert gpu["comparison"].startswith("GPU 0 below 10 % in ") and "no timestamps" in gpu["comparison"]
+    text = render_text(report, tty=False)
+    assert "GPU 0 (used by the job): mean utilisation" in text and "GPU 1: mean utilisation 50 %" in text
 
 
 @needs_pyspy
@@ -586,14 +712,22 @@ def test_job_on_slow_storage_is_read_bound_with_syscall_latency(slow_mount, phot
     job = Job("--data", str(mnt), "--workers", "2", "--batch", "4", "--compute-ms", "2")
     try:
         report = run_diagnose("--pid", str(job.proc.pid), "--duration", "3", "--syscalls", "2")
+        text = subprocess.run([sys.executable, "-m", "dsconvert", "diagnose", "-q", "--pid", str(job.proc.pid),
+                               "--duration", "1", "--syscalls", "1", "--tracer", "strace"],
+                              capture_output=True, text=True, timeout=120).stdout
     finally:
         job.stop()
     d = report["diagnosis"]
     assert d["verdict"] == "input-bound" and d["bottleneck"] == "read", (d["summary"], d["workers"])
     assert d["workers"]["read"]["cpu_share"] < 0.5  # waiting on storage, not computing
     assert report["data"]["root"] == str(mnt) and report["data"]["storage"]["kind"] == "fuse"
-    opens = report["syscalls"]["open"]
-    assert opens["ms"]["p50"] >= 14.0  # the mount sleeps 15 ms in every open
+    assert report["schema_version"] == 2
+    sc = report["syscalls"]
+    assert sc["tracer"] in ("perf", "strace")  # auto: perf, strace where perf may not trace
+    assert sc["groups"]["open"]["ms"]["p50"] >= 14.0  # the mount sleeps 15 ms in every open
+    assert set(sc["processes"]) >= {str(p) for p in report["target"]["workers"]}
+    assert any("dsconvert cache" in n for n in d["notes"])
+    assert "system calls over 1 s (strace;" in text and "per process:" in text, text
     assert d["commands"][0].startswith(f"dsconvert shard {mnt} --format wds")
     run_commands(d["commands"], tmp_path / "converted")
 
@@ -710,3 +844,110 @@ def test_job_with_data_in_memory_gets_no_placeholder():
     assert any("augment on the GPU" in f for f in d["fixes"])
     for text in d["fixes"] + d["notes"] + [d["summary"]] + d["evidence"]:
         assert not re.search(r"\b(SRC|OUT)\b", text), text
+
+
+# --- system call tracers on a real job ---------------------------------------------------------
+
+# a job of two processes (as a training loop and a DataLoader worker) reading every file of a folder
+READER = """
+import os, sys
+root = sys.argv[1]
+names = sorted(os.listdir(root))
+child = os.fork()
+if child:
+    print("ready", child, flush=True)
+else:
+    names = names[::-1]
+while True:
+    for n in names:
+        with open(os.path.join(root, n), "rb") as f:
+            f.read()
+"""
+
+
+class Reader:
+    def __init__(self, folder):
+        self.proc = subprocess.Popen([sys.executable, "-c", READER, str(folder)], stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        word, child = self.proc.stdout.readline().split()
+        assert word == "ready"
+        self.pids = [self.proc.pid, int(child)]
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+def _files(folder, n=6, size=30_000):
+    os.makedirs(folder, exist_ok=True)
+    for i in range(n):
+        with open(os.path.join(folder, f"{i}.bin"), "wb") as f:
+            f.write(os.urandom(size))
+
+
+@pytest.mark.parametrize("slow_mount", [15], indirect=True)
+def test_perf_trace_of_a_job_on_slow_storage(slow_mount):
+    backing, mnt = slow_mount
+    _files(str(backing))
+    job = Reader(mnt)
+    try:
+        try:
+            report = syscalls.trace(job.pids, 1.5, "perf")
+        except syscalls.PerfUnavailable as exc:  # perf missing, or perf_event_paranoid / tracefs refuse it
+            pytest.skip(f"perf trace cannot trace here: {exc}")
+    finally:
+        job.stop()
+    assert report["tracer"] == "perf" and report["notes"] == [] and report["lost_events"] == 0
+    groups = report["groups"]
+    assert groups["open"]["ms"]["p50"] >= 14.0  # the mount sleeps 15 ms in every open and read
+    assert groups["file read"]["bytes"] >= 30_000 and groups["file read"]["max_ms"] >= 14.0
+    # both processes, apart
+    assert set(report["processes"]) == {str(p) for p in job.pids}
+    for pid in job.pids:
+        assert report["processes"][str(pid)]["open"]["ms"]["p50"] >= 14.0
+    block = report["block"]
+    assert block["permitted"] or "refused" in block["reason"], block
+    if block["permitted"]:
+        assert block["scope"] == "system-wide" and isinstance(block["devices"], dict)
+
+
+@pytest.mark.parametrize("perf", ["missing", "refused"])
+def test_strace_when_perf_is_missing_or_refused(tmp_path, perf):
+    strace = shutil.which("strace")
+    if not strace:
+        pytest.skip("strace is not installed (apt-get install -y strace)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(strace, bin_dir / "strace")
+    if perf == "refused":  # what perf prints where perf_event_paranoid or tracefs' mode forbid it
+        fake = bin_dir / "perf"
+        fake.write_text("#!/bin/sh\necho 'Error:\tNo permissions to read /sys/kernel/tracing/events/raw_syscalls"
+                        "/sys_(enter|exit)' >&2\necho \"Hint:\tTry 'sudo mount -o remount,mode=755 "
+                        "/sys/kernel/tracing/'\" >&2\nexit 1\n")
+        fake.chmod(0o755)
+    _files(str(tmp_path / "data"))
+    job = Reader(tmp_path / "data")
+    try:
+        env_path = os.environ["PATH"]
+        os.environ["PATH"] = str(bin_dir)  # tracers are found on PATH
+        try:
+            try:
+                report = syscalls.trace(job.pids, 1.0)
+            except pyspy.PtraceError as exc:
+                pytest.skip(f"strace may not attach here: {exc}")
+            with pytest.raises(syscalls.PerfUnavailable, match="not installed" if perf == "missing" else "refused"):
+                syscalls.trace(job.pids, 0.2, "perf")
+        finally:
+            os.environ["PATH"] = env_path
+    finally:
+        job.stop()
+    assert report["tracer"] == "strace"
+    expected = "perf is not installed" if perf == "missing" else "perf trace refused: Error:\tNo permissions"
+    assert report["notes"][0].startswith(expected), report["notes"]
+    assert report["block"]["permitted"] is False
+    assert ("not installed" if perf == "missing" else "refused") in report["block"]["reason"]
+    assert report["groups"]["file read"]["bytes"] >= 30_000 and report["groups"]["open"]["count"] >= 1
+    assert set(report["processes"]) == {str(p) for p in job.pids}

@@ -2,17 +2,20 @@
 
 The diagnosis flow of the mission: GPU utilisation drops -> Python stacks -> system calls.
 
+0. :class:`dsconvert.gpu.GpuSampler` samples GPU utilisation over the same seconds as py-spy
+   (one line saying so where there is no NVIDIA GPU);
 1. :func:`dsconvert.diagnose.pyspy.record` samples the job and its DataLoader workers with
    py-spy for a few seconds (wall time with ``--idle`` and CPU time without it, side by side);
 2. :mod:`dsconvert.diagnose.classify` sorts every sample into what the training loop and the
    workers were doing and decides whether the job is input-bound, why, and which dsconvert
    command removes the cause;
 3. optionally (``syscalls=SECONDS``) :mod:`dsconvert.diagnose.syscalls` traces the read
-   latency of every process with strace;
+   latency of every process with perf trace (strace where perf is missing or refused), and
+   the block layer where perf may, to tell network storage from a slow local disk;
 4. the data files the processes hold open (from /proc) name the dataset folder, so the
    suggested commands are ready to run, and the storage it lives on.
 
-The report is a plain dict, schema ``dsconvert.diagnose`` version 1, rendered by
+The report is a plain dict, schema ``dsconvert.diagnose`` version 2, rendered by
 :mod:`dsconvert.diagnose.report`.
 """
 
@@ -26,6 +29,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import DsconvertError, OptionError
+from ..gpu import GpuSampler
 from .classify import diagnose_stacks, worker_pids
 from .procs import FileWatcher, cmdline, descendants, guess_dataset_root, is_alive
 from .pyspy import record
@@ -33,7 +37,7 @@ from .pyspy import record
 __all__ = ["diagnose", "launch", "stop", "shard_formats", "REPORT_SCHEMA", "REPORT_VERSION"]
 
 REPORT_SCHEMA = "dsconvert.diagnose"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: syscalls became {tracer, groups, processes, block, ...}; gpu added
 DATA_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".npy", ".npz",
                    ".tar", ".h5", ".hdf5", ".pkl", ".pickle", ".pt", ".bin", ".json", ".txt", ".cls", ".mdb",
                    ".parquet", ".arrow", ".tfrecord", ".record", ".lmdb")
@@ -82,7 +86,7 @@ def _data_files(seen: Dict[str, int]) -> List[str]:
 
 
 def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Optional[float] = None,
-             log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+             log: Optional[Callable[[str], None]] = None, tracer: str = "auto") -> Dict[str, Any]:
     """Sample process ``pid`` (a training job) and its subprocesses; return the report."""
     from ..codecs import jpeg_decoders
     from ..processes import available_cpus
@@ -95,17 +99,18 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
         raise DsconvertError(f"no running process with pid {pid}", str(pid))
     started = time.perf_counter()
     say(f"sampling pid {pid} and its subprocesses with py-spy for {duration:g} s at {rate} Hz")
-    with FileWatcher(pid) as watcher:
+    gpu_sampler = GpuSampler(pids=[pid] + descendants(pid))
+    with FileWatcher(pid) as watcher, gpu_sampler:
         wall, cpu = record(pid, duration, rate)
     files = _data_files(watcher.seen)
     root = guess_dataset_root(files)
     processes = {p: cmdline(p) for p in [pid] + descendants(pid)}
     trace = None
     if syscalls:
-        from .syscalls import trace as strace
+        from .syscalls import trace as trace_syscalls
 
-        say(f"tracing read latency of {len(processes)} process(es) with strace for {syscalls:g} s")
-        trace = strace(sorted(p for p in processes if is_alive(p)), syscalls)
+        say(f"tracing read latency of {len(processes)} process(es) for {syscalls:g} s (tracer: {tracer})")
+        trace = trace_syscalls(sorted(p for p in processes if is_alive(p)), syscalls, tracer)
     if root:
         say(f"scanning {root} for the formats dsconvert shard takes it for")
     diag = diagnose_stacks(wall, cpu, pid, available_cpus(), data_root=root, fast_decoder=jpeg_decoders()[0][0],
@@ -116,12 +121,14 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
                              f"({storage['fstype']} at {storage['mount']})")
     if trace:
         _syscall_evidence(trace, diag.evidence, diag.notes)
+    gpu = _gpu_report(gpu_sampler, diag.main)
     return {
         "schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION,
         "target": {"pid": pid, "cmdline": processes.get(pid, ""), "workers": worker_pids(wall),
                    "processes": processes},
         "duration_s": duration, "rate_hz": rate, "seconds": time.perf_counter() - started,
         "data": {"files_seen": len(files), "examples": files[:5], "root": root, "storage": storage},
+        "gpu": gpu,
         "syscalls": trace,
         "diagnosis": diag.to_dict(),
     }
@@ -154,19 +161,62 @@ def shard_formats(root: str, budget: float = 30.0) -> Optional[List[str]]:
     return [fmt for fmt in FORMATS if source.samples and accepts(fmt, source)]
 
 
-def _syscall_evidence(trace: Dict[str, Dict], evidence: List[str], notes: List[str]) -> None:
-    reads = trace.get("file read")
+def _gpu_report(sampler: GpuSampler, main: Dict[str, Dict]) -> Dict[str, Any]:
+    """The sampler's summary, with the main thread's wait share beside each used GPU's idle share.
+    py-spy's wall samples carry no timestamps, so the two can only be compared as shares of the
+    same seconds, not sample by sample."""
+    out = sampler.summary()
+    wait = main.get("wait", {}).get("share") if main else None
+    out["wait_share"] = wait
+    if out["available"] and wait is not None:
+        parts = [f"GPU {i} below 10 % in {out['gpus'][i]['low_share']:.0%} of samples" for i in out["job_gpus"]
+                 if i in out["gpus"]]
+        out["comparison"] = (
+            f"{'; '.join(parts)}; the training loop waited for a batch in {wait:.0%} of py-spy's wall samples over "
+            "the same seconds. py-spy's samples carry no timestamps, so these are shares of the period compared, "
+            "not samples lined up: similar shares fit a GPU idling while the loop waits for data; an idle share "
+            "well above the wait share points elsewhere (synchronisation, CPU work in the loop, another job)")
+    return out
+
+
+def _syscall_evidence(trace: Dict[str, Any], evidence: List[str], notes: List[str]) -> None:
+    groups, how = trace["groups"], trace["tracer"]
+    reads = groups.get("file read")
+    slow = False
     if reads:
-        evidence.append(f"file reads (strace): {reads['count']:,} calls, p50 {reads['ms']['p50']:.3f} ms, "
+        evidence.append(f"file reads ({how}): {reads['count']:,} calls, p50 {reads['ms']['p50']:.3f} ms, "
                         f"p99 {reads['ms']['p99']:.2f} ms, {reads['over_10ms']:.1%} over 10 ms")
-        if reads["over_10ms"] >= 0.01 or reads["ms"]["p99"] >= 10:
-            notes.append("reads over 10 ms are network-storage latency: copy the data to local SSD "
-                         "(the wds/npy conversion does that)")
-    opens = trace.get("open")
+        slow = reads["over_10ms"] >= 0.01 or reads["ms"]["p99"] >= 10
+    opens = groups.get("open")
     if opens:
-        evidence.append(f"file opens (strace): {opens['count']:,} calls, p50 {opens['ms']['p50']:.3f} ms, "
+        evidence.append(f"file opens ({how}): {opens['count']:,} calls, p50 {opens['ms']['p50']:.3f} ms, "
                         f"p99 {opens['ms']['p99']:.2f} ms")
-    sockets = trace.get("socket read")
+        slow = slow or opens["ms"]["p50"] >= 10
+    sockets = groups.get("socket read")
     if sockets:
-        evidence.append(f"socket reads (strace): {sockets['count']:,} calls, p99 {sockets['ms']['p99']:.2f} ms, "
+        evidence.append(f"socket reads ({how}): {sockets['count']:,} calls, p99 {sockets['ms']['p99']:.2f} ms, "
                         f"{sockets['bytes'] / 1e6:,.1f} MB")
+    block = trace.get("block") or {}
+    if not slow:
+        return
+    notes.append("reads or opens over 10 ms are network-storage latency: pre-cache a dsconvert output on local SSD "
+                 "with `dsconvert cache URL CACHE_DIR`, or convert a source to shards on local SSD "
+                 "(`dsconvert shard SRC --format wds -o /local/ssd/OUT`)")
+    if block.get("permitted"):
+        file_bytes = reads["bytes"] if reads else 0
+        lat = block.get("ms")
+        if block["read_requests"] == 0 or (file_bytes and block["read_bytes"] < 0.1 * file_bytes):
+            evidence.append(f"block layer (system-wide, same seconds): {block['read_requests']:,} read request(s), "
+                            f"{block['read_bytes'] / 1e6:,.1f} MB against {file_bytes / 1e6:,.1f} MB read by the job: "
+                            "the slow reads did not wait for a local disk (network storage or FUSE)")
+        elif lat and lat["p99"] >= 10:
+            evidence.append(f"block layer: {block['read_requests']:,} read requests, p99 {lat['p99']:.1f} ms from issue "
+                            "to completion: the local disk itself is slow")
+        else:
+            evidence.append(f"block layer (system-wide): {block['read_requests']:,} read requests "
+                            f"({block['read_bytes'] / 1e6:,.1f} MB)" + (f", p99 {lat['p99']:.2f} ms" if lat else "")
+                            + ": the disk answers quickly, so the slow reads waited for something else "
+                            "(network storage or FUSE), not the local disk")
+    else:
+        evidence.append(f"block layer not traced ({block.get('reason', 'not asked for')}): disk and network "
+                        "storage cannot be told apart here")

@@ -1,0 +1,105 @@
+"""Benchmark: what each of diagnose's recorders costs the job it watches. One real training-like
+job (scripts/train_job.py on large JPEGs, DataLoader workers, a numpy "model", --print-rate)
+runs throughout; its steps per second are measured untraced, under py-spy (the two recordings
+`dsconvert diagnose` runs, wall and CPU), under perf trace (`--syscalls --tracer perf`, with the
+block-layer recording beside it) and under strace (`--tracer strace`), in interleaved rounds so
+that a drifting machine affects every phase alike. Each phase's figure is the median of the
+job's per-second rates inside it (its first second left out: attaching); medians and ranges
+over the rounds are reported.
+
+    python scripts/bench_tracers.py --rounds 3 --seconds 6 --json bench_tracers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from bench_diagnose import RateReader, make_data  # noqa: E402
+
+from dsconvert.diagnose import syscalls  # noqa: E402
+from dsconvert.diagnose.procs import descendants  # noqa: E402
+from dsconvert.diagnose.pyspy import record  # noqa: E402
+
+PHASES = ("untraced", "pyspy", "perf", "strace")
+
+
+def run_phase(name: str, job: subprocess.Popen, seconds: float) -> dict:
+    pids = [job.pid] + descendants(job.pid)
+    t0 = time.monotonic()
+    info: dict = {}
+    if name == "untraced":
+        time.sleep(seconds)
+    elif name == "pyspy":
+        wall, _ = record(job.pid, seconds, 100)
+        info["stacks"] = len(wall)
+    else:
+        report = syscalls.trace(pids, seconds, name)
+        info["tracer"] = report["tracer"]
+        info["calls"] = sum(g["count"] for g in report["groups"].values())
+        info["lost_events"] = report["lost_events"]
+    info["window"] = (t0 + 1, t0 + seconds)
+    return info
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=6)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-diagnose"))
+    p.add_argument("--json")
+    args = p.parse_args()
+    data = make_data(os.path.join(args.work, "train"))
+    job = subprocess.Popen([sys.executable, os.path.join(HERE, "train_job.py"), "--data", data, "--workers",
+                            str(args.workers), "--batch", "4", "--compute-ms", "5", "--print-rate"],
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    per_round = {name: [] for name in PHASES}
+    infos = {name: [] for name in PHASES}
+    started = time.monotonic()
+    try:
+        assert job.stdout.readline().strip() == "ready"
+        reader = RateReader(job)
+        reader.start()
+        time.sleep(2)  # past start-up
+        for r in range(args.rounds):
+            order = PHASES if r % 2 == 0 else PHASES[::-1]  # alternate the order: no phase always follows another
+            for name in order:
+                info = run_phase(name, job, args.seconds)
+                time.sleep(1.2)  # the last rate line of the window arrives
+                rates = reader.between(*info.pop("window"))
+                per_round[name].append(statistics.median(rates) if rates else 0.0)
+                infos[name].append(info)
+                print(f"round {r + 1} {name:9s} {per_round[name][-1]:6.1f} steps/s {info}", flush=True)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    base = statistics.median(per_round["untraced"])
+    res = {"rounds": args.rounds, "seconds_per_phase": args.seconds, "workers": args.workers,
+           "wall_s": time.monotonic() - started, "phases": {}}
+    for name in PHASES:
+        vals = per_round[name]
+        med = statistics.median(vals)
+        res["phases"][name] = {"steps_per_s_per_round": vals, "median": med, "min": min(vals), "max": max(vals),
+                               "slowdown_vs_untraced": 1 - med / base if base else None, "runs": infos[name]}
+    print(f"\n{'phase':10s}{'median':>9s}{'range':>16s}{'slowdown':>10s}   (steps/s, {args.rounds} rounds)")
+    for name, r in res["phases"].items():
+        print(f"{name:10s}{r['median']:9.1f}{r['min']:8.1f}-{r['max']:<7.1f}{r['slowdown_vs_untraced']:10.1%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
