@@ -28,7 +28,7 @@ from dsconvert.demo import make_demo_dataset  # noqa: E402
 from dsconvert.processes import available_cpus  # noqa: E402
 
 
-def large_jpegs(root: str, count: int = 160) -> str:
+def large_jpegs(root: str, count: int = 192) -> str:
     """Decode-heavy: 2400x1800 JPEGs of quality 92 (about 1 MB each)."""
     from PIL import Image
 
@@ -45,11 +45,12 @@ def large_jpegs(root: str, count: int = 160) -> str:
     return root
 
 
-def one_dataset(name: str, src: str, scratch: str, workers: int, rounds: int, sample: int, max_samples: int) -> dict:
+def one_dataset(name: str, src: str, scratch: str, workers: int, rounds: int, sample: int, max_samples: int,
+                batch: int) -> dict:
     rows = {}
     outputs = {}
     for r in range(rounds):
-        report = analyze(src, sample=sample, workers=workers, seed=r, output_dir=scratch)
+        report = analyze(src, sample=sample, workers=workers, seed=r, output_dir=scratch, batch_size=batch)
         cache = report["loader"]["cache"]
         passes = report["loader"]["passes"]
         for option, row in passes.items():
@@ -62,8 +63,8 @@ def one_dataset(name: str, src: str, scratch: str, workers: int, rounds: int, sa
         paths = {"source": (src, "pil")}
         paths.update(outputs)
         for option, (path, decode) in paths.items():
-            measured = bench([path], workers=[workers], decode=decode, max_samples=max_samples, transform="eval",
-                             seed=r)
+            measured = bench([path], workers=[workers], batch_sizes=[batch], decode=decode, max_samples=max_samples,
+                             transform="eval", seed=r)
             for run in measured["runs"]:
                 key = (option, run["cache"])
                 entry = rows.setdefault(key, {"predicted": [], "measured": []})
@@ -77,7 +78,7 @@ def one_dataset(name: str, src: str, scratch: str, workers: int, rounds: int, sa
                       "measured": statistics.median(entry["measured"]),
                       "ratio_median": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
                       "rounds": len(ratios)})
-    return {"dataset": name, "source": src, "rows": table}
+    return {"dataset": name, "source": src, "batch_size": batch, "max_samples": max_samples, "rows": table}
 
 
 def main() -> None:
@@ -92,10 +93,11 @@ def main() -> None:
         demo = os.path.join(tmp, "photos")
         make_demo_dataset(demo)
         big = large_jpegs(os.path.join(tmp, "large"))
-        for name, src, max_samples in (("demo", demo, 1200), ("large-jpegs", big, 160)):
+        # bench reads every sample of the small sets; batches small enough for a steady state
+        for name, src, max_samples, batch in (("demo", demo, 1200, 64), ("large-jpegs", big, 192, 8)):
             scratch = os.path.join(tmp, f"out-{name}")
             os.makedirs(scratch)
-            results.append(one_dataset(name, src, scratch, args.workers, args.rounds, 256, max_samples))
+            results.append(one_dataset(name, src, scratch, args.workers, args.rounds, 256, max_samples, batch))
     doc = {"date": time.strftime("%Y-%m-%d"), "dsconvert": __version__, "python": platform.python_version(),
            "machine": platform.machine(), "cpus": available_cpus(), "workers": args.workers,
            "command": "python scripts/bench_predictions.py " + " ".join(sys.argv[1:]),

@@ -26,7 +26,7 @@ from ..io.localfs import free_bytes, storage_kind
 from .detect import Detected
 from .detect import detect as what_is  # the name detect stays the module's
 from .inventory import Inventory, take_inventory
-from .loader import (SOURCE, candidates, decoded_sample, loader_passes, page_cache_bytes,
+from .loader import (SOURCE, candidates, decoded_sample, loader_passes, page_cache_bytes, run_passes,
                      sample_source, transform_cost)
 from .measure import (LOCAL, Reader, concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
                       memory_bandwidth, read_pass)
@@ -59,26 +59,19 @@ def _expected_cache(total_bytes: float) -> str:
     return "warm" if total_bytes <= page_cache_bytes() / 2 else "cold"
 
 
-def _passes_budget(prep_per_s: float, workers: int, seconds: float, samples: int) -> int:
-    """A batch size that gives each worker at least eight batches of the sample, and eight
-    batches within a pass's time budget: a steady state to measure."""
-    rate = max(1.0, prep_per_s * workers)
-    return int(max(1, min(64, rate * seconds / 8, samples / (8 * max(1, workers)))))
-
-
 def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: int = 0,
             time_budget: float = 30.0, output_dir: Optional[str] = None,
             sweep_levels: Optional[List[int]] = None, progress: bool = False,
             log: Optional[Callable[[str], None]] = None,
             storage_options: Optional[Dict[str, Any]] = None, transform: Any = "eval",
             workers: Optional[int] = None, decode: str = "pil", pass_seconds: float = 6.0,
-            cache: str = "auto") -> Dict[str, Any]:
+            cache: str = "auto", batch_size: int = 64) -> Dict[str, Any]:
     """Measure ``src`` (a path, or a URL fsspec reaches, with ``storage_options``) and return
     the report (see the module doc and the README's schema). ``transform`` is what each
     sample goes through in the DataLoader passes (``eval``, ``train``, ``none``,
     ``module:callable`` or a callable), ``workers`` their worker count (default: the CPUs),
     ``cache`` which passes the predictions use (``auto``: warm when the whole dataset fits in
-    half the page cache, else cold).
+    half the page cache, else cold), ``batch_size`` the training loop's (as bench's, 64).
     On object stores every read is a request: "cold" is the first request for a file and
     "warm" a repeated one."""
     from ..transforms import load_transform
@@ -172,7 +165,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     convertible = False
     if found.kind == "dsconvert":
         loader, transform_ms, num_samples, decode_extra = _output_passes(
-            src, transform_fn, cores, sample, seed, decode, pass_seconds, storage_options, say)
+            src, transform_fn, cores, sample, seed, decode, pass_seconds, batch_size, storage_options, say)
         mix = mix or decode_extra
     elif measured_as == "files":
         source = listed or _sampled_source(src, inv, picked, seed)
@@ -189,12 +182,10 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         if geometry and geometry.get("decoded_bytes_mean", 0) * len(source.samples) > trial_budget:
             options = [c for c in options if not (c.fmt == "npy" and not c.options)]
             notes.append("npy at full size: not measured, its trial on the sample alone would need more than 2 GB")
-        per_s = 1000 / max(1e-3, mix.get("pil", 1.0) + transform_ms)
-        batch = _passes_budget(per_s, cores, pass_seconds, len(source.samples))
-        say(f"DataLoader passes ({cores} workers, batch {batch}, transform {spec}): the source, from memory, "
+        say(f"DataLoader passes ({cores} workers, transform {spec}): the source, from memory, "
             f"and {len(options)} outputs made from the {len(source.samples)}-sample sample")
-        loader, trial_notes = loader_passes(source, output_dir, transform_fn, options, cores, batch, pass_seconds,
-                                            storage_options, say)
+        loader, trial_notes = loader_passes(source, output_dir, transform_fn, options, cores, pass_seconds,
+                                            batch_size, storage_options, say)
         notes += trial_notes
     mean_sample_bytes = data_bytes / max(1, num_samples)
     total = {k: v.get("bytes_per_sample", mean_sample_bytes) * num_samples for k, v in loader.items()}
@@ -247,11 +238,11 @@ def _sampled_source(src: str, inv: Inventory, picked: List[Tuple[str, int]], see
 
 
 def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: int, decode: str,
-                   pass_seconds: float, storage_options: Optional[Dict[str, Any]],
+                   pass_seconds: float, batch_size: int, storage_options: Optional[Dict[str, Any]],
                    say: Callable[[str], None]) -> Tuple[Dict[str, Dict[str, Any]], float, int, Dict[str, float]]:
     """A dsconvert output read as training reads it: open_dataset with the transform, cold and
     warm; also the transform's and the decode's cost on a few of its samples."""
-    from ..bench import _as_list, _default_collate, _open, _one_pass
+    from ..bench import _as_list, _default_collate, _open
     from ..codecs import decode_image
     from ..readers.open import open_dataset
 
@@ -281,26 +272,19 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
     transform_ms = transform_cost(images, transform)
     ds, target = _open(path, decode, transform, sample, seed, storage_options)
     collate = _default_collate() if transform is not None else _as_list
-    batch = _passes_budget(1000 / max(1e-3, decode_ms.get("pil", 0.0) + transform_ms + 0.05), workers, pass_seconds,
-                           min(sample, target.num_samples))
-    row: Dict[str, Any] = {"bytes_per_sample": target.bytes_per_sample, "samples": min(sample, target.num_samples),
-                           "format": target.kind, "decode": decode}
-    passes = {SOURCE: row}
+    n = min(sample, target.num_samples)
+    runs = [(SOURCE, ds, decode)]
     fast = jpeg_decoders()[0][0]
     if not stores_pixels and decode == "pil" and fast != "pil":  # the same shards, the fast JPEG decoder
-        ds_fast, _ = _open(path, "numpy", transform, sample, seed, storage_options)
-        passes[f"decode={fast}"] = {"bytes_per_sample": target.bytes_per_sample, "samples": row["samples"],
-                                    "format": target.kind, "decode": "numpy", "same_data": True}
-        runs = [(SOURCE, ds), (f"decode={fast}", ds_fast)]
-    else:
-        runs = [(SOURCE, ds)]
-    for name, dataset in runs:
-        for cache in ("cold", "warm"):
-            r = _one_pass(dataset, target, workers, batch, collate, cache, sample, pass_seconds)
-            passes[name][cache] = r["samples_per_s"]
-            passes[name][f"{cache}_startup_s"] = r["startup_s"]
-            passes[name][f"{cache}_whole"] = r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
-            say(f"{target.label} ({name}), {cache}: {r['samples_per_s']:,.0f} samples/s")
+        runs.append((f"decode={fast}", _open(path, "numpy", transform, sample, seed, storage_options)[0], "numpy"))
+    passes: Dict[str, Dict[str, Any]] = {}
+    for name, dataset, mode in runs:
+        row = run_passes(dataset, target, workers, collate, ("cold", "warm"), n, pass_seconds, batch_size,
+                         log=lambda m, name=name: say(f"{target.label} ({name}), {m}"))
+        row.update(bytes_per_sample=target.bytes_per_sample, format=target.kind, decode=mode)
+        if name != SOURCE:
+            row["same_data"] = True
+        passes[name] = row
     return passes, transform_ms, target.num_samples, decode_ms
 
 

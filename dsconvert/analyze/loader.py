@@ -29,7 +29,7 @@ from ..errors import DsconvertError
 from ..source import FolderListing, Source
 from ..source.samples import source_of_listings
 
-__all__ = ["Candidate", "candidates", "sample_source", "loader_passes", "transform_cost", "decoded_sample",
+__all__ = ["Candidate", "candidates", "sample_source", "loader_passes", "run_passes", "transform_cost", "decoded_sample",
            "page_cache_bytes", "MEMORY", "SOURCE"]
 
 MEMORY = "from memory"  # the prep-only pass's name
@@ -116,7 +116,7 @@ def _memory_dataset(source: Source, transform: Optional[Callable], storage_optio
 
 
 def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Callable],
-                  options: Sequence[Candidate], workers: int, batch_size: int, max_seconds: float,
+                  options: Sequence[Candidate], workers: int, max_seconds: float, batch_size: int = 64,
                   storage_options: Optional[Dict[str, Any]] = None,
                   log: Callable[[str], None] = lambda m: None) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
     """Read the sample as it is, from memory, and as each candidate output, through a
@@ -124,7 +124,7 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     steady-state rates (after every worker's first batch), ``cold_whole``/``warm_whole`` the
     whole pass's (a shard reader's reads come in bursts the steady state can miss). A candidate that
     cannot be made from this source is left out with the reason in the notes."""
-    from ..bench import BenchTarget, _as_list, _default_collate, _one_pass
+    from ..bench import BenchTarget, _as_list, _default_collate
     from ..io.location import Location
     from ..readers.open import open_dataset
     from ..source.dataset import SourceDataset
@@ -136,14 +136,13 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     results: Dict[str, Dict[str, Any]] = {}
     notes: List[str] = []
 
+    rate_hint: List[float] = []
+
     def measure(name: str, ds: Any, target: BenchTarget, caches: Sequence[str]) -> Dict[str, Any]:
-        row: Dict[str, Any] = {"bytes_per_sample": target.bytes_per_sample, "samples": n}
-        for cache in caches:
-            r = _one_pass(ds, target, workers, batch_size, collate, cache, n, max_seconds)
-            row[cache] = r["samples_per_s"]
-            row[f"{cache}_startup_s"] = r["startup_s"]
-            row[f"{cache}_whole"] = r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
-            log(f"{name}, {cache}: {r['samples_per_s']:,.0f} samples/s ({r['samples']} samples, {workers} workers)")
+        row = run_passes(ds, target, workers, collate, caches, n, max_seconds, batch_size,
+                         rate_hint[0] if rate_hint else None, lambda m: log(f"{name}, {m}"))
+        rate_hint[:] = [row.get("cold") or row.get("warm") or 0.0]
+        row["bytes_per_sample"] = target.bytes_per_sample
         return row
 
     location = Location(source.root, storage_options, flat=False)
@@ -152,6 +151,7 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     per_sample = source.nbytes / max(1, n)
     target = BenchTarget(source.root, "source", source.sample_type, n, per_sample, False, files)
     results[SOURCE] = measure(SOURCE, ds, target, ("cold", "warm"))
+    rate_hint[:] = [results[SOURCE].get("warm", 0.0)]
     results[MEMORY] = measure(MEMORY, _memory_dataset(source, transform, storage_options),
                               BenchTarget(source.root, "memory", source.sample_type, n, per_sample, False, []), ("warm",))
     if not options:
@@ -190,6 +190,65 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return results, notes
+
+
+class _Repeat:
+    """An IterableDataset read ``times`` over (each DataLoader worker repeats its own slice)."""
+
+    def __new__(cls, inner: Any, times: int) -> Any:
+        from torch.utils.data import IterableDataset
+
+        class Repeat(IterableDataset):
+            def __iter__(self) -> Any:
+                for _ in range(times):
+                    yield from inner
+
+            def __len__(self) -> int:
+                return len(inner) * times
+
+        return Repeat()
+
+
+def repeated(ds: Any, times: int) -> Any:
+    """``ds`` read ``times`` over in one pass: a warm pass long enough for the batch size."""
+    from torch.utils.data import IterableDataset, Subset
+
+    if times <= 1:
+        return ds
+    if isinstance(ds, IterableDataset):
+        return _Repeat(ds, times)
+    return Subset(ds, list(range(len(ds))) * times)
+
+
+def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Sequence[str], n: int,
+               max_seconds: float, batch_size: int = 64, rate_hint: Optional[float] = None,
+               log: Callable[[str], None] = lambda m: None) -> Dict[str, Any]:
+    """Cold and/or warm DataLoader passes over ``ds`` (``n`` samples), as ``dsconvert bench``
+    runs them, within about ``max_seconds`` each. A cold pass reads the sample once, in
+    batches small enough for eight per worker; a warm pass reads it as many times over as
+    eight batches of ``batch_size`` per worker need (the per-batch costs, collate and IPC,
+    weigh on fast loaders), with batches no larger than the rate seen so far allows in time."""
+    from ..bench import _one_pass
+
+    row: Dict[str, Any] = {"samples": n}
+    w = max(1, workers)
+    for cache in caches:
+        if cache == "cold":
+            batch = max(1, min(batch_size, n // (8 * w)))
+            data, count = ds, n
+        else:
+            hint = rate_hint or row.get("cold")
+            batch = batch_size if not hint else int(max(1, min(batch_size, hint * max_seconds / (8 * w))))
+            times = max(1, -(-8 * w * batch // max(1, n)))
+            data, count = repeated(ds, times), n * times
+        r = _one_pass(data, target, workers, batch, collate, cache, count, max_seconds)
+        row[cache] = r["samples_per_s"]
+        row[f"{cache}_startup_s"] = r["startup_s"]
+        row[f"{cache}_whole"] = r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
+        row[f"{cache}_batch"] = batch
+        log(f"{cache}: {r['samples_per_s']:,.0f} samples/s ({r['samples']} samples in batches of {batch}, "
+            f"{workers} workers)")
+    return row
 
 
 def decoded_sample(source: Source, count: int = 16, storage_options: Optional[Dict[str, Any]] = None) -> List[Any]:
