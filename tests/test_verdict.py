@@ -33,7 +33,7 @@ def make(**kw):
         mean_sample_bytes=38_000, mean_file_bytes=38_000, cold_latency_ms=0.26, fixed_ms=0.17, bandwidth_mb_s=116.0,
         sweep=[(1, 2600.0), (2, 3100.0), (4, 3500.0), (16, 3400.0)],
         loader=passes(**{k: v for k, v in DEMO_OUTPUTS.items()}),
-        decode_ms={"pil": 2.1, "turbojpeg": 1.3}, transform_ms=0.97, cores=2, expected_cache="warm",
+        decode_ms={"pil": 2.1, "turbojpeg": 1.3}, transform_ms=0.97, cores=2, cache="warm",
         numpy_decoder="turbojpeg", suggested_resize=256, free_bytes=10**12, output_dir="/ssd",
     )
     base.update(kw)
@@ -55,7 +55,7 @@ def test_decode_bound_recommends_the_fastest_measured_output_that_fits():
 
 
 def test_cold_predictions_when_the_data_does_not_fit_in_the_page_cache():
-    v = decide(make(expected_cache="cold"))
+    v = decide(make(cache="cold"))
     assert v.loader_per_s == 620.0 and v.predicted_per_s["wds"] == 475.0 and v.cache == "cold"
 
 
@@ -153,9 +153,34 @@ def test_undetermined_fixed_cost_is_said():
     assert any("not determined" in e for e in v.evidence)
 
 
-def test_list_source_outputs_go_beside_it_without_the_suffix():
-    v = decide(make(source="/data/train.csv", output_dir="OUT"))
+def test_list_source_outputs_are_named_without_the_suffix():
+    v = decide(make(source="/data/train.csv", output_dir="/data"))
     assert v.commands == ["dsconvert shard /data/train.csv --format npy -o /data/train-npy --resize 256"]
+
+
+def test_commands_quote_paths_as_the_shell_and_python_need():
+    v = decide(make(source="/data/my images", output_dir="/ssd/it's here"))
+    assert v.commands == ["dsconvert shard '/data/my images' --format npy -o '/ssd/it'\"'\"'s here/my images-npy' "
+                          "--resize 256"]
+    assert "open_dataset(\"/ssd/it's here/my images-wds\", decode=\"numpy\")" in v.alternative[0]
+
+
+def test_each_output_is_predicted_from_the_pass_its_size_allows():
+    # 20 GB of page cache: the source (3.8 GB) stays cached, full-size npy (57 GB) does not
+    v = decide(make(cache="auto", page_cache_bytes=20 * 10**9))
+    assert v.cache == "warm" and v.loader_per_s == 600.0
+    assert v.predicted_per_s["npy"] == 883.0 and v.predicted_per_s["wds"] == 661.0  # npy cold, wds warm
+    assert any("npy" in n and "cold pass" in n for n in v.notes)
+
+
+def test_large_remote_files_get_no_shard_alternative():
+    v = decide(make(source="s3://bucket/train", remote=True, storage_kind="s3", mean_sample_bytes=32e6,
+                    mean_file_bytes=32e6, cold_latency_ms=215.0, fixed_ms=None, bandwidth_mb_s=150.0,
+                    sweep=[(1, 4.6), (4, 4.7), (16, 4.6)], output_dir="/work",
+                    loader=passes(source=(4.5, 4.6), memory=40.0, wds=(30.0, 31.0, 32e6, "wds", {}))))
+    assert v.bottleneck == "storage-bandwidth"
+    assert not any("dsconvert shard" in c for c in v.commands + v.alternative)
+    assert any("aws s3 sync" in n for n in v.notes) and not any("rsync -a s3://" in n for n in v.notes)
 
 
 def test_a_source_that_is_not_convertible_gets_no_command():

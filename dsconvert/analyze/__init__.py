@@ -17,7 +17,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..codecs import field_kind, jpeg_decoders
-from ..errors import OptionError
+from ..errors import DsconvertError, OptionError
+from ..io.location import Location
+from ..manifest import MANIFEST_NAME, Manifest
+from ..optional import require
 from ..processes import available_cpus
 from ..progress import progress_bar
 from ..io.location import filesystem, is_remote, protocol_of
@@ -26,12 +29,10 @@ from ..io.localfs import free_bytes, storage_kind
 from .detect import Detected
 from .detect import detect as what_is  # the name detect stays the module's
 from .inventory import Inventory, take_inventory
-from .loader import (SOURCE, candidates, decoded_sample, loader_passes, page_cache_bytes, run_passes,
-                     sample_source, transform_cost)
 from .measure import (LOCAL, Reader, concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
                       memory_bandwidth, read_pass)
 from .sampling import stratified_sample
-from .verdict import Measurements, Verdict, decide
+from .verdict import SOURCE, Measurements, Verdict, decide
 
 __all__ = ["analyze", "REPORT_SCHEMA", "REPORT_VERSION", "Measurements", "Verdict", "decide"]
 
@@ -54,9 +55,16 @@ def _remote_storage(url: str) -> Dict[str, Any]:
     return {"kind": proto, "fstype": proto, "mount": f"{proto}://{endpoint}", "latency_bound": True}
 
 
-def _expected_cache(total_bytes: float) -> str:
-    """Epochs after the first read from the page cache when the data fills at most half of it."""
-    return "warm" if total_bytes <= page_cache_bytes() / 2 else "cold"
+def _output_dir(src: str, given: Optional[str], storage: Dict[str, Any], remote: bool) -> str:
+    """Where outputs go, are measured, and their free space is checked: ``given``; else beside
+    a local source on storage that is not latency-bound, where its parent is writable; else the
+    current folder (a remote or network source's outputs belong on local disk)."""
+    if given:
+        return os.path.abspath(given)
+    parent = os.path.dirname(src.rstrip("/"))
+    if not remote and not storage.get("latency_bound") and os.access(parent, os.W_OK):
+        return parent
+    return os.getcwd()
 
 
 def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: int = 0,
@@ -78,6 +86,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
 
     if cache not in ("auto", "cold", "warm"):
         raise OptionError(f"cache must be auto, cold or warm, not {cache!r}")
+    require("torch", "dsconvert analyze (it measures through a real DataLoader)")
+    from .loader import candidates, loader_passes, page_cache_bytes, sample_source, transform_cost
     say = log or (lambda msg: None)
     started = time.perf_counter()
     fs = None
@@ -87,7 +97,10 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         storage = _remote_storage(src)
         reader = Reader(fs)
     else:
-        src = root = os.path.abspath(src)
+        src = os.path.abspath(src)
+        if os.path.basename(src) == MANIFEST_NAME:  # a dsconvert output named by its manifest
+            src = os.path.dirname(src)
+        root = src
         storage = storage_kind(src)
         reader = LOCAL
     spec = transform if isinstance(transform, str) else getattr(transform, "__name__", repr(transform))
@@ -95,7 +108,10 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     cores = workers or available_cpus()
     found = what_is(root if fs is not None else src, fs=fs)
     say(f"{src}: {found.description}")
-    measured_as = "files" if found.kind in ("files", "npy", "npz") else found.kind
+    # a folder of arrays is read file by file, as a source is; one array file is not a dataset here
+    folder = fs.isdir(root) if fs is not None else os.path.isdir(root)
+    measured_as = "files" if found.kind == "files" or (found.kind in ("npy", "npz") and folder) else found.kind
+    has_manifest = Location(src, storage_options).exists(MANIFEST_NAME) if found.kind == "dsconvert" else False
     say(f"inventory of {src} ({storage['kind']}, {storage['fstype']} at {storage['mount']})")
     with progress_bar(progress, "inventory", unit=" files") as bar:
         inv = take_inventory(root, time_budget=time_budget, progress=bar.update, fs=fs)
@@ -149,8 +165,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     measured = {c: per for c, per in costs.items() if "pil" in per}
     for lib in sorted({lib for per in measured.values() for lib in per}):
         mix[lib] = sum(per["pil"]["share"] * per.get(lib, per["pil"])["ms"] for per in measured.values())
-    out_dir = output_dir or os.getcwd()
-    free = free_bytes(out_dir)
+    out_dir = _output_dir(src, output_dir, storage, fs is not None)
+    free = free_bytes(out_dir) if os.path.isdir(out_dir) else None
 
     fps = _files_per_sample(inv)
     num_samples = int(inv.estimated_files / fps) if fps else 0
@@ -163,17 +179,25 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     transform_ms = 0.0
     resize = None
     convertible = False
-    if found.kind == "dsconvert":
-        loader, transform_ms, num_samples, decode_extra = _output_passes(
-            src, transform_fn, cores, sample, seed, decode, pass_seconds, batch_size, storage_options, say)
-        mix = mix or decode_extra
+    unmeasured = None
+    if found.kind == "dsconvert" and not has_manifest:
+        unmeasured = (f"{found.description}; analyze each output on its own (dsconvert analyze FOLDER, the folder "
+                      "that holds dsconvert.json)")
+    elif found.kind == "dsconvert":
+        try:
+            loader, transform_ms, num_samples, decode_extra = _output_passes(
+                src, transform_fn, cores, sample, seed, decode, pass_seconds, batch_size, storage_options, say)
+        except (DsconvertError, OSError, ValueError) as exc:
+            unmeasured = (f"{found.description}; it could not be read ({type(exc).__name__}: {str(exc)[:200]}): "
+                          f"dsconvert verify {src} says what is wrong")
+        else:
+            mix = mix or decode_extra
     elif measured_as == "files":
-        source = listed or _sampled_source(src, inv, picked, seed)
+        source = listed or _sampled_source(src, inv, picked, seed, sample_source)
         convertible = True
-        decoded = decoded_sample(source, storage_options=storage_options)
         if source.sample_type != "classification":
             transform_fn, spec = None, "none"
-        transform_ms = transform_cost(decoded, transform_fn)
+        transform_ms = transform_cost(source, transform_fn, storage_options=storage_options)
         if geometry and geometry["short_side_median"] > SUGGESTED_SHORT_SIDE:
             resize = SUGGESTED_SHORT_SIDE
         fast = jpeg_decoders()[0][0]
@@ -184,27 +208,24 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
             notes.append("npy at full size: not measured, its trial on the sample alone would need more than 2 GB")
         say(f"DataLoader passes ({cores} workers, transform {spec}): the source, from memory, "
             f"and {len(options)} outputs made from the {len(source.samples)}-sample sample")
-        loader, trial_notes = loader_passes(source, output_dir, transform_fn, options, cores, pass_seconds,
+        loader, trial_notes = loader_passes(source, out_dir, transform_fn, options, cores, pass_seconds,
                                             batch_size, storage_options, say)
         notes += trial_notes
     mean_sample_bytes = data_bytes / max(1, num_samples)
-    total = {k: v.get("bytes_per_sample", mean_sample_bytes) * num_samples for k, v in loader.items()}
-    if cache == "auto":
-        cache = _expected_cache(total.get(SOURCE, data_bytes)) if fs is None else "cold"
+    cache_bytes = page_cache_bytes()
     m = Measurements(
         source=src, storage_kind=storage["kind"], num_samples=num_samples, files_per_sample=fps,
         mean_sample_bytes=mean_sample_bytes, mean_file_bytes=sum(s for _, s in entries) / max(1, len(entries)),
         cold_latency_ms=cold["latency_ms"].get("p50", 0.0), fixed_ms=fixed_ms,
         bandwidth_mb_s=max(r["mb_per_s"] for r in sweep) if sweep else fit_mb_s,
         sweep=[(r["readers"], r["files_per_s"]) for r in sweep], loader=loader, decode_ms=mix,
-        transform_ms=transform_ms, cores=cores, expected_cache=cache, transform=spec, kind=found.kind,
+        transform_ms=transform_ms, cores=cores, cache=cache, page_cache_bytes=cache_bytes, transform=spec,
+        kind=found.kind,
         page_cache_works=fs is None and warm["mb_per_s"] >= 1.5 * cold["mb_per_s"],
         convertible=convertible, numpy_decoder=jpeg_decoders()[0][0], suggested_resize=resize,
-        # outputs go beside a local source, or (a remote one) to local disk, where they were measured
-        free_bytes=free, output_dir=out_dir if output_dir or fs is not None else "OUT", target=target,
-        remote=fs is not None,
+        free_bytes=free, output_dir=out_dir, target=target, remote=fs is not None,
     )
-    verdict = decide(m) if loader else _unmeasured(m, found)
+    verdict = decide(m) if loader else _unmeasured(m, found, unmeasured)
     verdict.notes[:0] = notes
     return {
         "schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION, "source": src,
@@ -217,7 +238,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
                  "fixed_ms_per_file": fixed_ms, "fit_bandwidth_mb_s": fit_mb_s},
         "sweep": sweep,
         "decode": {"per_codec": costs, "per_sample_ms": mix, "images": geometry, **other},
-        "loader": {"workers": cores, "transform": spec, "cache": cache, "passes": loader},
+        "loader": {"workers": cores, "transform": spec, "cache": verdict.cache, "batch_size": batch_size,
+                   "passes": loader},
         "memory_bandwidth_mb_s": mem_mb_s,
         "disk": {"output_dir": out_dir, "free_bytes": free},
         "measurements": m.__dict__,
@@ -232,7 +254,7 @@ def _detected_dict(found: Detected) -> Dict[str, Any]:
     return d
 
 
-def _sampled_source(src: str, inv: Inventory, picked: List[Tuple[str, int]], seed: int) -> Any:
+def _sampled_source(src: str, inv: Inventory, picked: List[Tuple[str, int]], seed: int, sample_source: Callable) -> Any:
     """The measured sample as a Source, from the inventory's listings."""
     return sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
 
@@ -245,31 +267,30 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
     from ..bench import _as_list, _default_collate, _open
     from ..codecs import decode_image
     from ..readers.open import open_dataset
-
-    from ..io.location import Location
-    from ..manifest import Manifest
+    from .loader import run_passes
 
     manifest = Manifest.load(Location(path, storage_options))
     stores_pixels = bool(manifest.options.get("decode"))
     classification = manifest.sample_type == "classification"
     plain = open_dataset(path, decode="numpy" if stores_pixels else "raw", storage_options=storage_options)
-    raw: List[Any] = []
-    for i, item in enumerate(plain):
-        raw.append(item[0] if isinstance(item, tuple) else item)
-        if i >= 15:
-            break
-    images = []
-    decode_ms: Dict[str, float] = {}
-    encoded = [r for r in raw if isinstance(r, (bytes, bytearray, memoryview))]
-    if encoded:
-        t = time.perf_counter()
-        images = [decode_image(bytes(r), "pil") for r in encoded]
-        decode_ms["pil"] = (time.perf_counter() - t) / len(encoded) * 1000
-    else:
-        images = [decode_image(r, "pil") if not hasattr(r, "shape") else r for r in raw]
     if not classification:
         transform = None
-    transform_ms = transform_cost(images, transform)
+    decode_s = transform_s = 0.0
+    decoded = 0
+    for i, item in enumerate(plain):  # a few samples, decoded and transformed one at a time
+        if i >= 16:
+            break
+        data = item[0] if isinstance(item, tuple) else item
+        t = time.perf_counter()
+        image = decode_image(bytes(data), "pil") if isinstance(data, (bytes, bytearray, memoryview)) else data
+        decode_s += time.perf_counter() - t
+        decoded += 1
+        if transform is not None:
+            t = time.perf_counter()
+            transform(image)
+            transform_s += time.perf_counter() - t
+    decode_ms: Dict[str, float] = {"pil": decode_s / decoded * 1000} if decoded and not stores_pixels else {}
+    transform_ms = transform_s / decoded * 1000 if decoded else 0.0
     ds, target = _open(path, decode, transform, sample, seed, storage_options)
     collate = _default_collate() if transform is not None else _as_list
     n = min(sample, target.num_samples)
@@ -288,13 +309,14 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
     return passes, transform_ms, target.num_samples, decode_ms
 
 
-def _unmeasured(m: Measurements, found: Detected) -> Verdict:
-    """A format dsconvert recognises but does not read: what it is, and what to do with it."""
+def _unmeasured(m: Measurements, found: Detected, why: Optional[str] = None) -> Verdict:
+    """Data analyze recognises but cannot read through a loader: what it is, and what to do."""
     return Verdict(
-        bottleneck="unknown", summary=f"{found.description}; dsconvert does not read it, so the loader was not measured",
+        bottleneck="unknown",
+        summary=why or f"{found.description}; dsconvert does not read it, so the loader was not measured",
         evidence=[f"read with {found.reader} in training"] if getattr(found, "reader", None) else [],
         commands=[], alternative=[],
         per_worker_ms={"read": 0.0, "overhead": 0.0, "decode": 0.0, "transform": 0.0, "other": 0.0, "total": 0.0},
         workers=m.cores, loader_per_s=0.0, predicted_per_s={}, output_bytes={}, fits={}, recommended=None,
-        predicted_speedup=1.0, keeps_up=None, cache=m.expected_cache,
+        predicted_speedup=1.0, keeps_up=None, cache=m.cache,
         notes=[found.advice] if getattr(found, "advice", None) else [])

@@ -25,15 +25,14 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import DsconvertError
+from ..readers.base import TorchDataset, TorchIterableDataset
 from ..source import FolderListing, Source
+from ..source.dataset import SourceDataset
 from ..source.samples import source_of_listings
+from .verdict import MEMORY, SOURCE
 
-__all__ = ["Candidate", "candidates", "sample_source", "loader_passes", "run_passes", "transform_cost", "decoded_sample",
-           "page_cache_bytes", "MEMORY", "SOURCE"]
-
-MEMORY = "from memory"  # the prep-only pass's name
-SOURCE = "source"
+__all__ = ["Candidate", "candidates", "sample_source", "loader_passes", "run_passes", "transform_cost",
+           "page_cache_bytes", "repeated"]
 
 
 class Candidate:
@@ -41,10 +40,6 @@ class Candidate:
 
     def __init__(self, name: str, fmt: str, decode: str = "pil", **options: Any):
         self.name, self.fmt, self.decode, self.options = name, fmt, decode, options
-
-    def command(self, src: str, out: str) -> str:
-        extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in self.options.items() if v is not None)
-        return f"dsconvert shard {src} --format {self.fmt} -o {out}{extra}"
 
     def __repr__(self) -> str:
         return f"Candidate({self.name!r})"
@@ -87,32 +82,62 @@ def sample_source(src: str, listings: Sequence[FolderListing], picked: Sequence[
     return source
 
 
-def transform_cost(images: Sequence[Any], transform: Optional[Callable], repeats: int = 2) -> float:
-    """ms per image of ``transform`` on decoded images, in this process (best of ``repeats``)."""
-    if transform is None or not images:
+def transform_cost(source: Source, transform: Optional[Callable], count: int = 16,
+                   storage_options: Optional[Dict[str, Any]] = None) -> float:
+    """ms per image of ``transform`` on up to ``count`` decoded images of the sample, in this
+    process; each image is decoded, timed and let go (huge images are not held together)."""
+    if transform is None or source.sample_type != "classification":
         return 0.0
-    best = float("inf")
-    for _ in range(repeats):
+    ds = SourceDataset(source, storage_options=storage_options)
+    seconds, timed = 0.0, 0
+    for i in range(min(count, len(ds))):
+        try:
+            image = ds[i][0]
+        except Exception:  # a file that does not decode is the conversion's to skip, not ours
+            continue
         t = time.perf_counter()
-        for image in images:
-            transform(image)
-        best = min(best, (time.perf_counter() - t) / len(images) * 1000)
-    return best
+        transform(image)
+        seconds += time.perf_counter() - t
+        timed += 1
+    return seconds / timed * 1000 if timed else 0.0
 
 
-def _memory_dataset(source: Source, transform: Optional[Callable], storage_options: Optional[Dict[str, Any]]) -> Any:
+class InMemory(SourceDataset):
     """The sample with its bytes preloaded: the loader's work without the storage."""
-    from ..source.dataset import SourceDataset
 
-    class InMemory(SourceDataset):
-        def __init__(self) -> None:
-            super().__init__(source, transform=transform, storage_options=storage_options)
-            self.blobs = {f.path: SourceDataset._read(self, f.path) for s in source.samples for f in s.files}
+    def __init__(self, source: Source, transform: Optional[Callable], storage_options: Optional[Dict[str, Any]]):
+        super().__init__(source, transform=transform, storage_options=storage_options)
+        self.blobs = {f.path: SourceDataset._read(self, f.path) for s in source.samples for f in s.files}
 
-        def _read(self, rel: str) -> bytes:
-            return self.blobs[rel]
+    def _read(self, rel: str) -> bytes:
+        return self.blobs[rel]
 
-    return InMemory()
+
+class Skipping(TorchDataset):
+    """A map-style dataset whose samples that fail to load are None (dropped by the collate):
+    one corrupt file in the sample must not end the measurement."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.inner[index]
+        except Exception:
+            return None
+
+
+class DropNone:
+    """A collate that leaves out the samples :class:`Skipping` gave up on."""
+
+    def __init__(self, collate: Callable):
+        self.collate = collate
+
+    def __call__(self, batch: List[Any]) -> Any:
+        return self.collate([b for b in batch if b is not None])
 
 
 def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Callable],
@@ -127,9 +152,9 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     from ..bench import BenchTarget, _as_list, _default_collate
     from ..io.location import Location
     from ..readers.open import open_dataset
-    from ..source.dataset import SourceDataset
 
-    collate = _default_collate() if transform is not None and source.sample_type == "classification" else _as_list
+    collate = DropNone(_default_collate() if transform is not None and source.sample_type == "classification"
+                       else _as_list)
     if source.sample_type != "classification":
         transform = None
     n = len(source.samples)
@@ -141,50 +166,57 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     def measure(name: str, ds: Any, target: BenchTarget, caches: Sequence[str]) -> Dict[str, Any]:
         row = run_passes(ds, target, workers, collate, caches, n, max_seconds, batch_size,
                          rate_hint[0] if rate_hint else None, lambda m: log(f"{name}, {m}"))
-        rate_hint[:] = [row.get("cold") or row.get("warm") or 0.0]
         row["bytes_per_sample"] = target.bytes_per_sample
         return row
 
     location = Location(source.root, storage_options, flat=False)
-    ds = SourceDataset(source, transform=transform, storage_options=storage_options)
-    files = [] if location.remote else [p for i in range(n) for p in ds.paths(i)]
+    plain = SourceDataset(source, transform=transform, storage_options=storage_options)
+    files = [] if location.remote else [p for i in range(n) for p in plain.paths(i)]
+    ds = Skipping(plain)
     per_sample = source.nbytes / max(1, n)
     target = BenchTarget(source.root, "source", source.sample_type, n, per_sample, False, files)
     results[SOURCE] = measure(SOURCE, ds, target, ("cold", "warm"))
     rate_hint[:] = [results[SOURCE].get("warm", 0.0)]
-    results[MEMORY] = measure(MEMORY, _memory_dataset(source, transform, storage_options),
+    results[MEMORY] = measure(MEMORY, Skipping(InMemory(source, transform, storage_options)),
                               BenchTarget(source.root, "memory", source.sample_type, n, per_sample, False, []), ("warm",))
     if not options:
         return results, notes
     from ..convert import convert
     from ..manifest import Manifest
 
-    parent = out_dir if out_dir and os.path.isdir(out_dir) else None
-    scratch = tempfile.mkdtemp(prefix=".dsconvert-analyze-", dir=parent)
+    try:
+        scratch = tempfile.mkdtemp(prefix=".dsconvert-analyze-", dir=out_dir)
+    except OSError as exc:  # a read-only or missing output folder: measured in the system's temporary folder
+        scratch = tempfile.mkdtemp(prefix=".dsconvert-analyze-")
+        notes.append(f"outputs measured in {os.path.dirname(scratch)}, not {out_dir} ({exc.strerror or exc})")
     try:
         made: Dict[Tuple[str, Tuple], str] = {}
         for c in options:
-            key = (c.fmt, tuple(sorted(c.options.items())))
-            path = made.get(key)
-            if path is None:
-                path = os.path.join(scratch, f"{c.fmt}-{len(made)}")
-                try:
+            try:
+                key = (c.fmt, tuple(sorted(c.options.items())))
+                path = made.get(key)
+                if path is None:
+                    path = os.path.join(scratch, f"{c.fmt}-{len(made)}")
                     convert(source.root, path, c.fmt, scanned=source, verify=False, force=True,
                             workers=workers, storage_options=storage_options, **c.options)
-                except (DsconvertError, ValueError) as exc:
-                    notes.append(f"{c.name}: not measured, the sample does not convert: {exc}")
+                    made[key] = path
+                manifest = Manifest.load(Location(path))
+                written = manifest.num_samples
+                if not written:
+                    notes.append(f"{c.name}: not measured, no sample of the sample converted")
                     continue
-                made[key] = path
-            manifest = Manifest.load(Location(path))
-            written = manifest.num_samples
-            if not written:
-                notes.append(f"{c.name}: not measured, no sample of the sample converted")
+                if manifest.skipped and c is options[0]:
+                    first = manifest.skipped[0]
+                    notes.append(f"{len(manifest.skipped)} of the {n} sampled samples do not convert (e.g. "
+                                 f"{first.get('path')}: {first.get('reason')}); the passes leave them out")
+                out_files = [os.path.join(path, f) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f))]
+                out_bytes = sum(s.bytes for s in manifest.shards)
+                ds = open_dataset(path, transform=transform, decode=c.decode)
+                row = measure(c.name, ds, BenchTarget(path, c.fmt, manifest.sample_type, written, out_bytes / written,
+                                                      manifest.format == "wds", out_files), ("cold", "warm"))
+            except Exception as exc:  # one candidate that cannot be made or read is a note, not the end
+                notes.append(f"{c.name}: not measured: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
-            out_files = [os.path.join(path, f) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f))]
-            out_bytes = sum(s.bytes for s in manifest.shards)
-            ds = open_dataset(path, transform=transform, decode=c.decode)
-            row = measure(c.name, ds, BenchTarget(path, c.fmt, manifest.sample_type, written, out_bytes / written,
-                                                  manifest.format == "wds", out_files), ("cold", "warm"))
             row.update(format=c.fmt, decode=c.decode, options=dict(c.options))
             results[c.name] = row
     finally:
@@ -192,31 +224,32 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     return results, notes
 
 
-class _Repeat:
-    """An IterableDataset read ``times`` over (each DataLoader worker repeats its own slice)."""
+class Repeat(TorchIterableDataset):
+    """An IterableDataset whose workers each read the first ``limit`` samples of the pass
+    (their share of them; all with None), ``times`` over: a warm pass over the sample, long
+    enough for the batch size."""
 
-    def __new__(cls, inner: Any, times: int) -> Any:
-        from torch.utils.data import IterableDataset
+    def __init__(self, inner: Any, times: int, limit: Optional[int] = None):
+        self.inner, self.times, self.limit = inner, times, limit
 
-        class Repeat(IterableDataset):
-            def __iter__(self) -> Any:
-                for _ in range(times):
-                    yield from inner
+    def __iter__(self) -> Any:
+        import itertools
 
-            def __len__(self) -> int:
-                return len(inner) * times
+        from ..distributed import worker_info
 
-        return Repeat()
+        each = None if self.limit is None else -(-self.limit // max(1, worker_info()[1]))
+        for _ in range(self.times):
+            yield from itertools.islice(iter(self.inner), each)
 
 
-def repeated(ds: Any, times: int) -> Any:
-    """``ds`` read ``times`` over in one pass: a warm pass long enough for the batch size."""
+def repeated(ds: Any, times: int, limit: Optional[int] = None) -> Any:
+    """``ds`` read ``times`` over in one pass (an iterable one: its first ``limit`` samples)."""
     from torch.utils.data import IterableDataset, Subset
 
+    if isinstance(ds, IterableDataset):
+        return Repeat(ds, times, limit) if times > 1 or limit is not None else ds
     if times <= 1:
         return ds
-    if isinstance(ds, IterableDataset):
-        return _Repeat(ds, times)
     return Subset(ds, list(range(len(ds))) * times)
 
 
@@ -237,10 +270,10 @@ def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Se
             batch = max(1, min(batch_size, n // (8 * w)))
             data, count = ds, n
         else:
-            hint = rate_hint or row.get("cold")
+            hint = row.get("cold") or rate_hint
             batch = batch_size if not hint else int(max(1, min(batch_size, hint * max_seconds / (8 * w))))
             times = max(1, -(-8 * w * batch // max(1, n)))
-            data, count = repeated(ds, times), n * times
+            data, count = repeated(ds, times, n), n * times
         r = _one_pass(data, target, workers, batch, collate, cache, count, max_seconds)
         row[cache] = r["samples_per_s"]
         row[f"{cache}_startup_s"] = r["startup_s"]
@@ -249,22 +282,6 @@ def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Se
         log(f"{cache}: {r['samples_per_s']:,.0f} samples/s ({r['samples']} samples in batches of {batch}, "
             f"{workers} workers)")
     return row
-
-
-def decoded_sample(source: Source, count: int = 16, storage_options: Optional[Dict[str, Any]] = None) -> List[Any]:
-    """Up to ``count`` decoded images of the sample (PIL), to time the transform on."""
-    from ..source.dataset import SourceDataset
-
-    if source.sample_type != "classification":
-        return []
-    ds = SourceDataset(source, storage_options=storage_options)
-    out = []
-    for i in range(min(count, len(ds))):
-        try:
-            out.append(ds[i][0])
-        except Exception:  # a file that does not decode is the conversion's to skip, not ours
-            continue
-    return out
 
 
 def page_cache_bytes() -> int:

@@ -1,7 +1,7 @@
 """Measurements on the sample: read latency and throughput (cold and warm, sequential and
-random, 1..N concurrent readers), decode cost per codec and library, and the differential
-stall measurement of DS-Analyzer/CoorDL (VLDB '21): prep with no I/O, fetch with no prep,
-and both together, so read stall and prep stall come from measurement, not a guess.
+random, 1..N concurrent readers), and decode cost per codec and library. (The
+differential stall measurement of DS-Analyzer/CoorDL, prep with no I/O against both, is made
+through a real DataLoader in :mod:`.loader`.)
 
 Cold reads evict each file's pages with posix_fadvise(DONTNEED) first (see
 dsconvert.io.localfs): the host's own cache may still serve some of them, so cold figures are
@@ -23,7 +23,7 @@ from ..codecs import IMAGE_EXTENSIONS, decode_rgb, field_kind, jpeg_decoders
 from ..io.localfs import evict_page_cache
 from .inventory import quantiles
 
-__all__ = ["read_pass", "concurrency_sweep", "fit_fixed_cost", "decode_costs", "stall_rates",
+__all__ = ["read_pass", "concurrency_sweep", "fit_fixed_cost", "decode_costs",
            "memory_bandwidth", "image_geometry", "Reader", "LOCAL"]
 
 
@@ -257,46 +257,6 @@ def image_geometry(paths: Sequence[str], reader: Reader = LOCAL) -> Dict:
             "megapixels": quantiles(mp, (0.1, 0.5, 0.9)),
             "decoded_bytes_mean": sum(w * h * 3 for w, h in zip(ws, hs)) / len(ws),
             "short_side_median": float(np.median([min(w, h) for w, h in zip(ws, hs)]))}
-
-
-def stall_rates(paths: Sequence[str], decoder: str = "pil", reader: Reader = LOCAL) -> Dict[str, float]:
-    """Samples/s of one worker: prep only (decode from memory), fetch only (cold reads, no
-    decode), and both (cold read then decode), over the same image files."""
-    images = [p for p in paths if field_kind(p) == "image"]
-    if not images:
-        return {}
-    blobs = [reader.read(p) for p in images]
-
-    def prep(data: bytes) -> None:
-        try:
-            decode_rgb(data, decoder)
-        except Exception:
-            pass
-
-    def best(run, repeats: int, cold: bool) -> float:
-        """Fastest of a few passes: a shared machine's noise only ever slows a pass down."""
-        rates = []
-        for _ in range(repeats):
-            if cold:
-                reader.evict(images)
-            t = time.perf_counter()
-            run()
-            rates.append(len(images) / (time.perf_counter() - t))
-        return max(rates)
-
-    def prep_all() -> None:
-        for data in blobs:
-            prep(data)
-
-    def both_all() -> None:
-        for p in images:
-            prep(reader.read(p))
-
-    prep_only = best(prep_all, 3, cold=False)
-    fetch_only = max(read_pass(images, cold=True, reader=reader)["files_per_s"] for _ in range(2))
-    both = best(both_all, 2, cold=True)
-    return {"decoder": decoder, "images": len(images), "prep_only_per_s": prep_only,
-            "fetch_only_per_s": fetch_only, "both_per_s": both}
 
 
 def memory_bandwidth(mb: int = 64, repeats: int = 3) -> float:

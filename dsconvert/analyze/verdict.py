@@ -13,10 +13,12 @@ made from the sample. The decision reads them in this order:
    cold (or where nothing caches) whenever the storage's best measured MB/s, in samples, is
    within 1.4x of the loader's rate (that rate is then capped by it: a shard reader fetching
    ahead can run faster at its start than an epoch allows). Which storage limit is decided from the measurements,
-   never from the mount type: files of 4 MB or more are *bandwidth* (sharding cannot reduce
-   their requests; a copy on faster storage can); throughput that grows 2x or more with
-   concurrent readers at >= 2 ms per cold file is *latency*; small files (< 256 kB) that do
-   not scale are *per-file overhead*; the rest is bandwidth;
+   never from the mount type, in this order: files of 4 MB or more are *bandwidth* (sharding
+   cannot reduce their requests; a copy on faster storage can); throughput that grows 2x or
+   more with concurrent readers at >= 2 ms per cold file is *latency*; files under 256 kB are
+   *per-file overhead* (small files); the rest is *latency* when it scales 2x with readers and
+   *bandwidth* when it does not. Which pass predicts is chosen per output: warm when that
+   output (or the data as it is) fills at most half the page cache, cold otherwise;
 3. otherwise the CPU: ``decode`` when an output measured >= 1.3x faster (it removes or
    speeds up decoding); when none is, ``none`` (the data's form is not what limits the
    loader), or with an unmet target the larger of decode and ``transform``.
@@ -28,6 +30,7 @@ converted in the measurement, into a real path.
 from __future__ import annotations
 
 import posixpath
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -62,7 +65,8 @@ class Measurements:
     decode_ms: Dict[str, float]  # library -> ms per sample, one thread, the sample's codec mix
     transform_ms: float  # the reference transform on a decoded image, one thread
     cores: int  # the workers of every DataLoader pass
-    expected_cache: str = "warm"  # "warm" when the data fits in the page cache (epochs after the first)
+    cache: str = "auto"  # which passes predict: warm, cold, or auto (warm for data that fits in half the page cache)
+    page_cache_bytes: Optional[int] = None  # memory the page cache may use (None: assume room)
     page_cache_works: bool = True  # warm reads measured 1.5x faster than cold (FUSE and object stores: not)
     transform: str = "eval"
     kind: str = "files"  # what the path holds (dsconvert.analyze.detect)
@@ -91,7 +95,7 @@ class Verdict:
     recommended: Optional[str]
     predicted_speedup: float
     keeps_up: Optional[bool] = None
-    cache: str = "warm"  # which pass the predictions are (see Measurements.expected_cache)
+    cache: str = "warm"  # the pass the data as it is was predicted from (outputs: see the notes)
     read_share: float = 0.0
     notes: List[str] = field(default_factory=list)
 
@@ -112,6 +116,16 @@ def _rate_at(sweep: List[Tuple[int, float]], readers: int) -> float:
     return pts[-1][1]
 
 
+def _cache_for(m: Measurements, total_bytes: float) -> str:
+    """The pass that predicts training on ``total_bytes`` of data: epochs after the first read it
+    from the page cache when it fills at most half of it and the storage lets pages be cached."""
+    if m.cache != "auto":
+        return m.cache
+    if m.remote or not m.page_cache_works:
+        return "cold"
+    return "warm" if m.page_cache_bytes is None or total_bytes <= m.page_cache_bytes / 2 else "cold"
+
+
 def _storage_kind(m: Measurements, scaling: float) -> str:
     if m.mean_file_bytes >= LARGE_FILE_BYTES:
         return "storage-bandwidth"
@@ -125,20 +139,22 @@ def _storage_kind(m: Measurements, scaling: float) -> str:
 def decide(m: Measurements) -> Verdict:
     """Name what limits loading ``m.source`` as it is, and the fastest measured fix that fits."""
     n = max(1, m.cores)
-    cache = m.expected_cache
-    as_is = m.loader.get(SOURCE, {}).get(cache, 0.0)
+    src_row = m.loader.get(SOURCE, {})
+    cache = _cache_for(m, m.mean_sample_bytes * m.num_samples)
+    as_is = src_row.get(cache, 0.0)
     memory = m.loader.get(MEMORY, {}).get("warm", 0.0)
-    outputs = {k: v for k, v in m.loader.items() if k not in (SOURCE, MEMORY) and v.get(cache)}
-    predicted = {k: float(v[cache]) for k, v in outputs.items()}
-    sizes = {k: float(v.get("bytes_per_sample", 0.0)) * m.num_samples for k, v in outputs.items()}
+    sizes = {k: float(v.get("bytes_per_sample", 0.0)) * m.num_samples for k, v in m.loader.items()
+             if k not in (SOURCE, MEMORY)}
+    caches = {k: _cache_for(m, size) for k, size in sizes.items()}  # a 10x larger npy cache may not stay cached
+    outputs = {k: v for k, v in m.loader.items() if k in sizes and v.get(caches[k])}
+    predicted = {k: float(v[caches[k]]) for k, v in outputs.items()}
+    sizes = {k: sizes[k] for k in outputs}
     fits = {k: m.free_bytes is None or v <= m.free_bytes for k, v in sizes.items()}
     fitting = [k for k in predicted if fits[k]]
     best = max(fitting, key=lambda k: predicted[k]) if fitting else None
-    speedup = predicted[best] / as_is if best and as_is > 0 else 1.0
 
     # one worker's time per sample: n workers each deliver as_is / n samples/s
     t_total = n / as_is * 1000 if as_is > 0 else 0.0
-    src_row = m.loader.get(SOURCE, {})
     whole = src_row.get(f"{cache}_whole") or as_is  # the whole pass: a shard reader's reads come in bursts
     reference = memory
     if memory > 0:
@@ -159,7 +175,7 @@ def decide(m: Measurements) -> Verdict:
     scaling = (max(r for _, r in m.sweep) / m.sweep[0][1]) if len(m.sweep) > 1 and m.sweep[0][1] > 0 else 1.0
     storage_files_s = _rate_at(m.sweep, n)
     loader_mb_s = whole * m.mean_sample_bytes / 1e6
-    per_file = whole * m.files_per_sample / storage_files_s if storage_files_s and m.kind == "files" else 0.0
+    per_file = whole * m.files_per_sample / storage_files_s if storage_files_s and m.convertible else 0.0
     storage_use = max(per_file, loader_mb_s / m.bandwidth_mb_s if m.bandwidth_mb_s > 0 else 0.0)
     # a loader moving about what the storage gave cold is held by it; far more means a cache serves it
     # over a whole epoch read cold every byte crosses the storage: at best its measured MB/s
@@ -174,6 +190,7 @@ def decide(m: Measurements) -> Verdict:
         t_read = max(0.0, t_total - t_cpu)
         read_share = t_read / t_total
         as_is = storage_samples_s
+    speedup = predicted[best] / as_is if best and as_is > 0 else 1.0
     keeps_up = None if m.target is None else as_is >= m.target
 
     evidence = [f"through a DataLoader with {n} workers and the {m.transform} transform ({cache} page cache): "
@@ -212,21 +229,20 @@ def decide(m: Measurements) -> Verdict:
     if stem.lower().endswith((".csv", ".tsv", ".jsonl", ".txt")):  # a list file: beside it, without the suffix
         stem = posixpath.splitext(stem)[0]
 
-    def out_for(suffix: str) -> str:  # beside the source unless an output folder was given
-        if m.output_dir == "OUT":
-            return f"{stem}-{suffix}"
+    def out_for(suffix: str) -> str:  # in the output folder (by default beside the source), named after it
         return posixpath.join(m.output_dir, f"{posixpath.basename(stem) or 'data'}-{suffix}")
+
+    q = shlex.quote  # paths go into shell commands as they are, spaces and all
 
     def command(name: str) -> str:
         row = outputs[name]
         if row.get("same_data"):  # the data as it is, read another way
-            return f'open_dataset("{src}", decode="{row.get("decode", "numpy")}")   # decodes JPEGs with {m.numpy_decoder}'
-
+            return f'open_dataset({src!r}, decode="{row.get("decode", "numpy")}")   # decodes JPEGs with {m.numpy_decoder}'
         fmt = row.get("format", name.split(",")[0].split()[0])
         opts = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (row.get("options") or {}).items())
-        line = f"dsconvert shard {src} --format {fmt} -o {out_for(fmt)}{opts}"
+        line = f"dsconvert shard {q(src)} --format {fmt} -o {q(out_for(fmt))}{opts}"
         if row.get("decode") == "numpy":
-            line += f'   # then open_dataset("{out_for(fmt)}", decode="numpy") decodes JPEGs with {m.numpy_decoder}'
+            line += f'   # then open_dataset({out_for(fmt)!r}, decode="numpy") decodes JPEGs with {m.numpy_decoder}'
         return line
 
     commands: List[str] = []
@@ -247,20 +263,27 @@ def decide(m: Measurements) -> Verdict:
         if large:
             notes.append(f"the files are already large ({m.mean_file_bytes / 1e6:,.0f} MB each): sharding cannot "
                          "reduce the number of requests; the storage's bandwidth is the limit")
+        cache_dir = posixpath.join(m.output_dir, "dsconvert-cache")
         if m.kind == "dsconvert":
-            notes.append(f"read a verified local copy: dsconvert cache {src} /local/ssd/cache, then "
-                         f"open_dataset(\"{src}\", cache_dir=\"/local/ssd/cache\")")
+            notes.append(f"read a verified local copy: dsconvert cache {q(src)} {q(cache_dir)}, then "
+                         f"open_dataset({src!r}, cache_dir={cache_dir!r})")
+        elif m.remote:
+            notes.append("copy the data to local SSD (or a faster tier) before training, with the store's own tool "
+                         "(aws s3 sync, gsutil rsync, azcopy)")
+        elif stem != src.rstrip("/"):
+            notes.append("copy the files the list names to local SSD (or a faster tier) before training")
         else:
-            notes.append("copy the data to local SSD (or a faster tier) before training, e.g. rsync -a "
-                         f"{src}/ /local/ssd/{posixpath.basename(src.rstrip('/')) or 'data'}/")
+            notes.append(f"copy the data to local SSD (or a faster tier) before training, e.g. rsync -a {q(src)}/ "
+                         f"{q(posixpath.join('/local/ssd', posixpath.basename(stem) or 'data'))}/")
     if bottleneck == "storage-latency":
         notes.append("write the output to local SSD: the conversion is then also the pre-cache")
-    if m.remote and m.convertible and bottleneck in ("storage-latency", "small-files", "storage-bandwidth"):
-        shards = f"{src.rstrip('/')}-wds"  # shards kept in the store, read through a local verified copy
-        local = posixpath.join(m.output_dir, "dsconvert-cache") if m.output_dir != "OUT" else "/local/ssd/cache"
-        alternative = [f"dsconvert shard {src} --format wds -o {shards}",
-                       f"dsconvert cache {shards} {local}   # then open_dataset(\"{shards}\", "
-                       f"cache_dir=\"{local}\") reads verified local copies"]
+    if m.remote and m.convertible and bottleneck in ("storage-latency", "small-files") or (
+            m.remote and m.convertible and bottleneck == "storage-bandwidth" and not large):
+        shards = f"{stem}-wds"  # shards kept in the store, read through a local verified copy
+        local = posixpath.join(m.output_dir, "dsconvert-cache")
+        alternative = [f"dsconvert shard {q(src)} --format wds -o {q(shards)}",
+                       f"dsconvert cache {q(shards)} {q(local)}   # then open_dataset({shards!r}, "
+                       f"cache_dir={local!r}) reads verified local copies"]
     if bottleneck in ("storage-latency", "small-files") and not m.convertible:
         notes.append(f"{m.kind} data: pack it into fewer, larger files (dsconvert shard takes folders of files)")
     if bottleneck == "transform" or (t_transform >= 0.5 * t_cpu and t_cpu > 0):
@@ -277,9 +300,13 @@ def decide(m: Measurements) -> Verdict:
         if not ok:
             notes.append(f"{k} would need {format_size(sizes[k])}, more than the {format_size(m.free_bytes or 0)} "
                          f"free at {m.output_dir}")
-    if m.expected_cache == "warm":
-        notes.append("the data fits in the page cache: predictions are warm passes (epochs after the first); "
+    if m.cache == "auto" and cache == "warm":
+        notes.append("the data fits in half the page cache: predictions are warm passes (epochs after the first); "
                      "the report lists cold ones too")
+    cold_outputs = [k for k in outputs if caches[k] != cache]
+    if cold_outputs:
+        notes.append(f"{', '.join(cold_outputs)}: predicted from the {caches[cold_outputs[0]]} pass (too large to stay "
+                     "in the page cache)")
 
     names = {
         "storage-latency": lambda: f"loading is bound by storage latency ({m.cold_latency_ms:.1f} ms per file, "
