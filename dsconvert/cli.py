@@ -234,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=_seconds, default=30.0, metavar="S",
                    help="seconds for the inventory walk; beyond it the rest is estimated (default: %(default)s)")
     p.add_argument("--output-dir", type=_path, metavar="DIR",
-                   help="where a conversion would go: its free space decides which formats fit "
-                   "(default: the current folder)")
+                   help="where a conversion would go: the outputs are measured there, its free space decides "
+                   "which fit, and the commands write there (default: beside a local source; the current "
+                   "folder for a remote source or one on network storage)")
     p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser(
