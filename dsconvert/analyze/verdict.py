@@ -9,8 +9,8 @@ made from the sample. The decision reads them in this order:
 1. a ``target`` the loader meets: ``none``;
 2. storage: the loader loses half its rate to reading (as-is vs from memory; without a
    from-memory pass, vs the warm pass where the page cache works), or, with no such reference,
-   moves about what the storage gave cold (0.7-1.4x its measured MB/s or files/s); and read
-   cold (or where nothing caches) whenever the storage's best measured MB/s, in samples, is
+   moves about what the storage gave cold (0.7-1.4x its measured MB/s or files/s) when read
+   cold; and read cold (or where nothing caches) whenever the storage's best measured MB/s, in samples, is
    within 1.4x of the loader's rate (that rate is then capped by it: a shard reader fetching
    ahead can run faster at its start than an epoch allows). Which storage limit is decided from the measurements,
    never from the mount type, in this order: files of 4 MB or more are *bandwidth* (sharding
@@ -183,7 +183,9 @@ def decide(m: Measurements) -> Verdict:
     storage_samples_s = (m.bandwidth_mb_s * 1e6 / m.mean_sample_bytes
                          if m.bandwidth_mb_s > 0 and m.mean_sample_bytes > 0 else float("inf"))
     capped = cold_like and storage_samples_s < as_is
-    storage_bound = (read_share >= READ_SHARE or (reference <= 0 and STORAGE_USE <= storage_use <= 1 / STORAGE_USE)
+    # read warm from a page cache that works, the storage is out of the loop: only a measured loss counts
+    storage_bound = (read_share >= READ_SHARE
+                     or (cold_like and reference <= 0 and STORAGE_USE <= storage_use <= 1 / STORAGE_USE)
                      or (cold_like and storage_samples_s * STORAGE_USE <= as_is))
     if capped:
         t_total = n / storage_samples_s * 1000
