@@ -193,7 +193,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         else:
             mix = mix or decode_extra
     elif measured_as == "files":
-        source = listed or _sampled_source(src, inv, picked, seed, sample_source)
+        source = listed or sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
         convertible = True
         if source.sample_type != "classification":
             transform_fn, spec = None, "none"
@@ -253,11 +253,6 @@ def _detected_dict(found: Detected) -> Dict[str, Any]:
     d["files"] = len(found.files)
     d["damaged"] = found.damaged[:20]
     return d
-
-
-def _sampled_source(src: str, inv: Inventory, picked: List[Tuple[str, int]], seed: int, sample_source: Callable) -> Any:
-    """The measured sample as a Source, from the inventory's listings."""
-    return sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
 
 
 def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: int, decode: str,

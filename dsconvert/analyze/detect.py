@@ -1069,15 +1069,22 @@ def _describe_npy(d: Detected, mine: List[_Entry], good: List[Tuple[_Entry, _Sni
                     "make reading faster")
 
 
-def _describe_hdf5(store: _Store, d: Detected, mine: List[_Entry], good: List[Tuple[_Entry, _Sniff]],
-                   nfiles: str, single: bool) -> None:
-    summaries = []
+def _read_details(store: _Store, d: Detected, good: List[Tuple[_Entry, _Sniff]], read: Any) -> List[Dict[str, Any]]:
+    """What ``read(store, path)`` -> (details, why not) gives for the first few good files; a
+    file it cannot read is noted as damaged."""
+    found = []
     for e, _ in good[:MAX_DETAIL]:
-        summary, why = _h5_summary(store, e.path)
+        details, why = read(store, e.path)
         if why:
             d.damaged.append(f"{e.rel}: {why}")
-        elif summary:
-            summaries.append(summary)
+        elif details:
+            found.append(details)
+    return found
+
+
+def _describe_hdf5(store: _Store, d: Detected, mine: List[_Entry], good: List[Tuple[_Entry, _Sniff]],
+                   nfiles: str, single: bool) -> None:
+    summaries = _read_details(store, d, good, _h5_summary)
     head = "an HDF5 file" if single else f"HDF5: {nfiles}"
     if not summaries:
         d.description = head + (f", damaged ({d.damaged[0].split(': ', 1)[1]})" if d.damaged else "")
@@ -1151,14 +1158,8 @@ def _describe_tar(store: _Store, d: Detected, mine: List[_Entry], good: List[Tup
 
 def _describe_table(store: _Store, d: Detected, mine: List[_Entry], good: List[Tuple[_Entry, _Sniff]],
                     nfiles: str, name: str, meta_of: Any) -> None:
-    metas = []
     unavailable = optional_import("pyarrow") is None
-    for e, _ in good[:MAX_DETAIL]:
-        meta, why = meta_of(store, e.path)
-        if why:
-            d.damaged.append(f"{e.rel}: {why}")
-        elif meta:
-            metas.append(meta)
+    metas = _read_details(store, d, good, meta_of)
     desc = f"{name}: {nfiles}"
     if metas:
         rows = [m.get("rows") for m in metas]

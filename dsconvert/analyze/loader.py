@@ -161,11 +161,10 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     results: Dict[str, Dict[str, Any]] = {}
     notes: List[str] = []
 
-    rate_hint: List[float] = []
-
-    def measure(name: str, ds: Any, target: BenchTarget, caches: Sequence[str]) -> Dict[str, Any]:
-        row = run_passes(ds, target, workers, collate, caches, n, max_seconds, batch_size,
-                         rate_hint[0] if rate_hint else None, lambda m: log(f"{name}, {m}"))
+    def measure(name: str, ds: Any, target: BenchTarget, caches: Sequence[str],
+                hint: Optional[float] = None) -> Dict[str, Any]:
+        row = run_passes(ds, target, workers, collate, caches, n, max_seconds, batch_size, hint,
+                         lambda m: log(f"{name}, {m}"))
         row["bytes_per_sample"] = target.bytes_per_sample
         return row
 
@@ -176,9 +175,9 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     per_sample = source.nbytes / max(1, n)
     target = BenchTarget(source.root, "source", source.sample_type, n, per_sample, False, files)
     results[SOURCE] = measure(SOURCE, ds, target, ("cold", "warm"))
-    rate_hint[:] = [results[SOURCE].get("warm", 0.0)]
     results[MEMORY] = measure(MEMORY, Skipping(InMemory(source, transform, storage_options)),
-                              BenchTarget(source.root, "memory", source.sample_type, n, per_sample, False, []), ("warm",))
+                              BenchTarget(source.root, "memory", source.sample_type, n, per_sample, False, []), ("warm",),
+                              hint=results[SOURCE].get("warm"))  # no cold pass of its own to size the batches
     if not options:
         return results, notes
     from ..convert import convert
