@@ -202,3 +202,13 @@ def test_an_output_read_warm_at_about_the_disks_speed_is_not_storage_bound():
                     page_cache_works=False, sweep=[(1, 46.0), (2, 47.0)],
                     loader={SOURCE: {"cold": 2500.0, "warm": 2700.0, "bytes_per_sample": 196_608}}))
     assert v.bottleneck == "storage-bandwidth", v.summary
+
+
+def test_reading_an_output_with_another_decoder_needs_no_disk():
+    row = {"cold": 900.0, "warm": 950.0, "bytes_per_sample": 39_840, "format": "wds", "decode": "numpy",
+           "same_data": True}
+    v = decide(make(kind="dsconvert", convertible=False, free_bytes=0,
+                    loader={SOURCE: {"cold": 580.0, "warm": 600.0, "bytes_per_sample": 39_840},
+                            "decode=turbojpeg": row}))
+    assert v.fits["decode=turbojpeg"] and v.recommended == "decode=turbojpeg"
+    assert v.commands == ["open_dataset('/data/train', decode=\"numpy\")   # decodes JPEGs with turbojpeg"]

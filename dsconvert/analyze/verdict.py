@@ -149,7 +149,8 @@ def decide(m: Measurements) -> Verdict:
     outputs = {k: v for k, v in m.loader.items() if k in sizes and v.get(caches[k])}
     predicted = {k: float(v[caches[k]]) for k, v in outputs.items()}
     sizes = {k: sizes[k] for k in outputs}
-    fits = {k: m.free_bytes is None or v <= m.free_bytes for k, v in sizes.items()}
+    # reading the same data another way (a decoder) writes nothing: only new outputs need the room
+    fits = {k: m.free_bytes is None or v <= m.free_bytes or bool(outputs[k].get("same_data")) for k, v in sizes.items()}
     fitting = [k for k in predicted if fits[k]]
     best = max(fitting, key=lambda k: predicted[k]) if fitting else None
 
