@@ -3,6 +3,8 @@
 import json
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 from PIL import Image
@@ -191,3 +193,18 @@ def test_formats_dsconvert_does_not_read_are_named_not_measured(tmp_path):
     assert report["detected"]["kind"] == "hdf5"
     assert v["bottleneck"] == "unknown" and "HDF5" in v["summary"] and v["commands"] == []
     assert report["loader"]["passes"] == {}
+
+
+def test_scratch_folders_of_a_killed_analyze_are_removed_by_the_next(tmp_path):
+    from dsconvert.analyze.loader import SCRATCH_PREFIX, remove_abandoned
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-abc" / "npy-0").mkdir(parents=True)  # its process is gone
+    (tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def").mkdir()  # a running analyze's (ours)
+    (tmp_path / f"{SCRATCH_PREFIX}notapid").mkdir()  # not one of ours: left alone
+    (tmp_path / "data").mkdir()
+    assert remove_abandoned(str(tmp_path)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{SCRATCH_PREFIX}{os.getpid()}-def", f"{SCRATCH_PREFIX}notapid", "data"])
+    assert remove_abandoned(str(tmp_path / "missing")) == 0

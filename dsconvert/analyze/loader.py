@@ -183,10 +183,13 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     from ..convert import convert
     from ..manifest import Manifest
 
+    prefix = f"{SCRATCH_PREFIX}{os.getpid()}-"
     try:
-        scratch = tempfile.mkdtemp(prefix=".dsconvert-analyze-", dir=out_dir)
+        remove_abandoned(out_dir)
+        scratch = tempfile.mkdtemp(prefix=prefix, dir=out_dir)
     except OSError as exc:  # a read-only or missing output folder: measured in the system's temporary folder
-        scratch = tempfile.mkdtemp(prefix=".dsconvert-analyze-")
+        remove_abandoned(tempfile.gettempdir())
+        scratch = tempfile.mkdtemp(prefix=prefix)
         notes.append(f"outputs measured in {os.path.dirname(scratch)}, not {out_dir} ({exc.strerror or exc})")
     try:
         made: Dict[Tuple[str, Tuple], str] = {}
@@ -221,6 +224,27 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return results, notes
+
+
+SCRATCH_PREFIX = ".dsconvert-analyze-"  # + the pid of the analyze that made it + a random part
+
+
+def remove_abandoned(folder: str) -> int:
+    """Remove the scratch folders that an analyze killed before it could clean up left in
+    ``folder`` (their process is gone); return how many."""
+    from ..diagnose.procs import is_alive
+
+    removed = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if name.startswith(SCRATCH_PREFIX) and pid.isdigit() and not is_alive(int(pid)):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            removed += 1
+    return removed
 
 
 class Repeat(TorchIterableDataset):
