@@ -57,7 +57,7 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "w
 CLASS_EXTENSIONS = ("cls", "cls2", "class", "label", "index")
 TEXT_EXTENSIONS = ("txt", "text")
 PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")  # unpickled only with allow_pickle=True: it runs code
-DECODE_MODES = ("pil", "numpy", "raw", "buffer")
+DECODE_MODES = ("pil", "numpy", "raw", "buffer", "fused")  # fused: decoding fused with the transform (fused.py)
 ENCODED_MODES = ("raw", "buffer")  # modes that hand out the encoded bytes themselves
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -206,10 +206,11 @@ class FastJpeg:
     (a truncated file raises there; extraneous bytes do not)."""
 
     def __init__(self, name: str, header: Callable[[bytes], Tuple[int, int, bool]],
-                 decode: Callable[[bytes], np.ndarray]):
+                 decode: Callable[[bytes], np.ndarray], reduced: Callable[[bytes, int], np.ndarray]):
         self.name = name
         self.header = header
         self.decode = decode
+        self.reduced = reduced  # (data, k) -> decoded at 1/k in the DCT domain, k in 1, 2, 4, 8
 
     def __call__(self, data: bytes) -> np.ndarray:
         return self.decode(data)
@@ -229,15 +230,15 @@ def _turbo_decoder() -> Optional[FastJpeg]:
             width, height, _, colorspace = tj.decode_header(data)
         return height, width, colorspace in cmyk_spaces
 
-    def decode(data: bytes) -> np.ndarray:
+    def reduced(data: bytes, k: int) -> np.ndarray:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")  # PyTurboJPEG reports libjpeg's warnings as Python warnings
-            pixels = tj.decode(data, pixel_format=TJPF_RGB)
+            pixels = tj.decode(data, pixel_format=TJPF_RGB, scaling_factor=(1, k) if k != 1 else None)
         if caught:
             raise ValueError(f"libjpeg: {caught[0].message}")
         return pixels
 
-    return FastJpeg("turbojpeg", header, decode)
+    return FastJpeg("turbojpeg", header, lambda data: reduced(data, 1), reduced)
 
 
 def _simplejpeg_decoder() -> Optional[FastJpeg]:
@@ -249,7 +250,14 @@ def _simplejpeg_decoder() -> Optional[FastJpeg]:
         height, width, colorspace, _ = sj.decode_jpeg_header(data)
         return height, width, str(colorspace).upper() in ("CMYK", "YCCK")
 
-    return FastJpeg("simplejpeg", header, lambda data: sj.decode_jpeg(data, colorspace="RGB", strict=True))
+    def reduced(data: bytes, k: int) -> np.ndarray:
+        if k == 1:
+            return sj.decode_jpeg(data, colorspace="RGB", strict=True)
+        height, width, _, _ = sj.decode_jpeg_header(data)  # the smallest scale at least this size is 1/k
+        return sj.decode_jpeg(data, colorspace="RGB", strict=True, min_height=-(-height // k),
+                              min_width=-(-width // k))
+
+    return FastJpeg("simplejpeg", header, lambda data: reduced(data, 1), reduced)
 
 
 def _pil_decoder(data: bytes) -> np.ndarray:

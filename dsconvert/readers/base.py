@@ -12,7 +12,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..codecs import DECODE_MODES
+import numpy as np
+from PIL import Image
+
+from ..codecs import DECODE_MODES, decode_image
+from ..fused import fuse
 from ..formats import Format, get
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
@@ -46,10 +50,26 @@ class Transforms:
         self.decode = decode
         self.classes = classes
         self.class_to_idx = {c: i for i, c in enumerate(classes or [])}
+        # decode="fused": the transform's leading crop/resize folded into decoding (fused.py)
+        self.fused = fuse(transform) if decode == "fused" else None
+
+    def _fused_needs_images(self, classification: bool) -> None:
+        if self.fused is not None and not classification:
+            raise ValueError("decode='fused' fuses an image transform with decoding: it needs (image, label) "
+                             "samples (ImageFolder and list sources), not dicts of fields")
+
+    def _image(self, data: Any, decoded: bool = False) -> Any:
+        """One image's bytes (or decoded HWC pixels) -> the transformed image; with
+        ``decode="fused"`` the transform is applied here, so :meth:`_finish` skips it."""
+        if self.fused is not None:
+            return self.fused.from_pixels(np.asarray(data)) if decoded else self.fused.from_bytes(data)
+        if decoded:
+            return data if self.decode == "numpy" else Image.fromarray(np.asarray(data))
+        return decode_image(data, self.decode)
 
     def _finish(self, image: Any, label: Any) -> Tuple[Any, Any]:
         """``(image, label)`` with the user's transforms applied."""
-        if self.transform is not None:
+        if self.transform is not None and self.fused is None:
             image = self.transform(image)
         if self.target_transform is not None:
             label = self.target_transform(label)
@@ -89,3 +109,4 @@ class ShardDataset(Transforms):
         self.manifest = manifest
         self.format: type[Format] = get(manifest.format)
         self.classification = manifest.sample_type == "classification"
+        self._fused_needs_images(self.classification)

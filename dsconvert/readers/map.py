@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import numpy as np
-from PIL import Image
-
-from ..codecs import ENCODED_MODES, decode_errors_naming, decode_image
+from ..codecs import ENCODED_MODES, decode_errors_naming
 from ..formats.base import ShardReader
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
@@ -58,11 +55,7 @@ class MapDataset(ShardDataset, TorchDataset):
         k, j = locate(self._ends, i, self._sizes)
         shard = self.shard(k)
         try:  # a plain try: free on the hot path, where a context manager costs as much as the read
-            data = shard.image(j)
-            if self.stored == "decoded":
-                image = data if self.decode == "numpy" else Image.fromarray(np.asarray(data))
-            else:
-                image = decode_image(data, self.decode)
+            image = self._image(shard.image(j), self.stored == "decoded")
         except Exception:
             with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
                 raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field, decode_image
+from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field
 from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
 from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
@@ -124,7 +124,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
     def _decode(self, shard: ShardReader, i: int, raw: Any) -> Any:
         if self.classification:
             try:  # a plain try: free on the hot path
-                image = decode_image(raw, self.decode)
+                image = self._image(raw)
             except Exception:
                 with decode_errors_naming(f"{shard.name}: {shard.keys[i]}"):
                     raise

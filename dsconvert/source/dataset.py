@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ..codecs import decode_field, decode_image
+from ..codecs import decode_field
 from ..io.location import Location
 from ..readers.base import TorchDataset, Transforms
 from .samples import Source
@@ -29,6 +29,7 @@ class SourceDataset(Transforms, TorchDataset):
         self.source = source
         self.location = Location(source.root, storage_options, flat=False)  # remote sources: one GET per file
         self.classification = source.sample_type == "classification"
+        self._fused_needs_images(self.classification)
 
     def __len__(self) -> int:
         return len(self.source.samples)
@@ -47,7 +48,7 @@ class SourceDataset(Transforms, TorchDataset):
     def __getitem__(self, index: int) -> Any:
         sample = self.source.samples[index]
         if self.classification:
-            return self._finish(decode_image(self._read(sample.files[0].path), self.decode), sample.label)
+            return self._finish(self._image(self._read(sample.files[0].path)), sample.label)
         out: Dict[str, Any] = {"__key__": sample.key}
         for file in sample.files:
             out[file.field] = decode_field(file.field, self._read(file.path), self.decode)

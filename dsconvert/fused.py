@@ -1,0 +1,401 @@
+"""Decode only what the transform keeps (``decode="fused"``).
+
+The user keeps the transform they already have. :func:`fuse` reads the leading geometric
+operations of a torchvision ``Compose`` (transforms v1 or v2), or of dsconvert's reference
+transforms, and folds them into decoding:
+
+* ``RandomResizedCrop`` picks its crop box first, with torch's generator in exactly the order
+  torchvision's ``get_params`` draws (so a seeded run crops the same boxes), then decodes the
+  JPEG at the largest DCT-domain reduction (1/2, 1/4, 1/8) that still leaves the box at least
+  the output size, and resizes only the box;
+* ``Resize`` (shorter side or exact size), optionally followed by ``CenterCrop``, decodes at the
+  largest reduction that leaves the image at least the resized size; ``RandomCrop`` and
+  ``CenterCrop`` alone crop the decoded pixels;
+* a following ``RandomHorizontalFlip`` and the conversion to a tensor (``PILToTensor``,
+  ``ToTensor``, v2's ``ToImage``) are applied to the array, never through a PIL image; every
+  later operation (``Normalize``, ``ToDtype``...) gets what it would have got.
+
+Resizing goes through torch's antialiased bilinear/bicubic kernels on uint8 (the ones
+torchvision v2 uses), within 0.1 mean levels of Pillow's on the same box and 3x faster;
+other filters go through Pillow's ``resize(box=...)``. Images are given to the transform as PIL
+images by an ImageFolder, so antialiasing is always on, as torchvision does for PIL input.
+
+What is not fused is still correct: an unrecognised transform, a ``RandomCrop`` with padding,
+a crop larger than the image, non-JPEG data and CMYK JPEGs decode in full (``decode="pil"``)
+and get the transform as given.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image
+
+from .codecs import _JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, check_pixels, jpeg_decoders
+
+__all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
+
+REDUCTIONS = (8, 4, 2)  # DCT-domain scaling factors 1/8, 1/4, 1/2, largest reduction first
+_TORCH_FILTERS = {"bilinear": "bilinear", "bicubic": "bicubic"}
+_PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
+                "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS,
+                "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING}
+_PIL_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the leading operations do to an image of any size.
+
+    ``kind``: ``random_resized_crop`` (``size``, ``scale``, ``ratio``), ``resize`` (``resize``:
+    an int for the shorter side or (h, w), ``max_size``; then ``crop``, a centre crop, if
+    given), ``center_crop`` or ``random_crop`` (``crop``)."""
+
+    kind: str
+    size: Optional[Tuple[int, int]] = None
+    scale: Tuple[float, float] = (0.08, 1.0)
+    ratio: Tuple[float, float] = (3 / 4, 4 / 3)
+    resize: Any = None
+    max_size: Optional[int] = None
+    crop: Optional[Tuple[int, int]] = None
+    interpolation: str = "bilinear"
+
+
+# --- reading the user's transform -------------------------------------------------------
+
+
+def _ops(transform: Any) -> Optional[List[Any]]:
+    if type(transform).__name__ == "Compose" and isinstance(getattr(transform, "transforms", None), (list, tuple)):
+        return list(transform.transforms)
+    return None
+
+
+def _from_torchvision(op: Any) -> bool:
+    return type(op).__module__.startswith("torchvision.transforms")
+
+
+def _pair(size: Any) -> Optional[Tuple[int, int]]:
+    """torchvision's size argument: an int or a one-element sequence is square, two is (h, w)."""
+    if isinstance(size, int):
+        return (size, size)
+    if isinstance(size, (list, tuple)) and len(size) in (1, 2) and all(isinstance(s, int) for s in size):
+        return (size[0], size[0]) if len(size) == 1 else (size[0], size[1])
+    return None
+
+
+def _interpolation(op: Any) -> Optional[str]:
+    mode = getattr(op, "interpolation", "bilinear")
+    name = getattr(mode, "value", mode)
+    if isinstance(name, int):
+        name = _PIL_NAMES.get(name)
+    return name if name in _PIL_FILTERS else None
+
+
+def _geometry(ops: List[Any]) -> Tuple[Optional[Geometry], int]:
+    """The geometry of the leading torchvision ops, and how many ops it covers."""
+    if not ops or not _from_torchvision(ops[0]):
+        return None, 0
+    op, name = ops[0], type(ops[0]).__name__
+    if name == "RandomResizedCrop":
+        size, interp = _pair(op.size), _interpolation(op)
+        if size is None or interp is None:
+            return None, 0
+        return Geometry("random_resized_crop", size=size, scale=tuple(op.scale), ratio=tuple(op.ratio),
+                        interpolation=interp), 1
+    if name == "Resize":
+        interp = _interpolation(op)
+        size = op.size
+        if isinstance(size, (list, tuple)) and len(size) == 1:
+            size = size[0]
+        if interp is None or not (isinstance(size, int) or _pair(size)):
+            return None, 0
+        crop, used = None, 1
+        if len(ops) > 1 and _from_torchvision(ops[1]) and type(ops[1]).__name__ == "CenterCrop":
+            crop, used = _pair(ops[1].size), 2
+            if crop is None:
+                return None, 0
+        return Geometry("resize", resize=size if isinstance(size, int) else _pair(size),
+                        max_size=getattr(op, "max_size", None), crop=crop, interpolation=interp), used
+    if name == "CenterCrop" and _pair(op.size):
+        return Geometry("center_crop", crop=_pair(op.size)), 1
+    if (name == "RandomCrop" and _pair(op.size) and not getattr(op, "padding", None)
+            and not getattr(op, "pad_if_needed", False)):
+        return Geometry("random_crop", crop=_pair(op.size)), 1
+    return None, 0
+
+
+def fuse(transform: Optional[Callable]) -> "FusedTransform":
+    """The fused form of ``transform`` (see the module doc); ``fused.geometry`` is None when
+    nothing could be fused, and the transform then runs as given after a full decode."""
+    from .transforms import CropToTensor, RandomResizedCropToTensor
+
+    if isinstance(transform, RandomResizedCropToTensor):
+        return FusedTransform(Geometry("random_resized_crop", size=(transform.size, transform.size),
+                                       scale=tuple(transform.scale), ratio=tuple(transform.ratio)),
+                              flip=transform.flip, output="uint8", rest=[], original=transform)
+    if isinstance(transform, CropToTensor):
+        return FusedTransform(Geometry("resize", resize=transform.resize, crop=(transform.size, transform.size)),
+                              flip=0.0, output="uint8", rest=[], original=transform)
+    ops = _ops(transform)
+    if ops is None:
+        return FusedTransform(None, 0.0, "pil", [], transform)
+    geometry, used = _geometry(ops)
+    if geometry is None:
+        return FusedTransform(None, 0.0, "pil", [], transform)
+    rest = ops[used:]
+    flip = 0.0
+    if rest and _from_torchvision(rest[0]) and type(rest[0]).__name__ == "RandomHorizontalFlip":
+        flip = float(rest[0].p)
+        rest = rest[1:]
+    output = "pil"
+    if rest and _from_torchvision(rest[0]):
+        output = {"PILToTensor": "uint8", "ToImage": "image", "ToTensor": "float"}.get(type(rest[0]).__name__, "pil")
+        if output != "pil":
+            rest = rest[1:]
+    return FusedTransform(geometry, flip, output, rest, transform)
+
+
+# --- the crop box, as torchvision draws it ------------------------------------------------
+
+
+def rrc_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[float]) -> Tuple[int, int, int, int]:
+    """(top, left, h, w): ``RandomResizedCrop.get_params``, drawing from torch's generator in
+    the same order and with the same calls, so a seeded run gives torchvision's boxes."""
+    import torch
+
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,)).item()
+            j = torch.randint(0, width - w + 1, size=(1,)).item()
+            return i, j, h, w
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def resized_size(height: int, width: int, resize: Any, max_size: Optional[int] = None) -> Tuple[int, int]:
+    """(h, w) after torchvision's ``Resize(resize, max_size)``."""
+    if not isinstance(resize, int):
+        return int(resize[0]), int(resize[1])
+    short, long_ = (width, height) if width <= height else (height, width)
+    new_short, new_long = resize, int(resize * long_ / short)
+    if max_size is not None and new_long > max_size:
+        new_short, new_long = int(max_size * new_short / new_long), max_size
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+# --- decoding at reduced scale -----------------------------------------------------------
+
+
+def _reduction(height: int, width: int, need_h: float, need_w: float) -> int:
+    """The largest DCT reduction k (1/k) that keeps a ``height`` x ``width`` region at least
+    ``need_h`` x ``need_w`` pixels."""
+    for k in REDUCTIONS:
+        if height / k >= need_h and width / k >= need_w:
+            return k
+    return 1
+
+
+def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]]) -> Tuple[np.ndarray, int]:
+    """(pixels, k): a JPEG decoded at the largest reduction 1/k that still leaves
+    ``need(height, width)`` pixels, by libjpeg-turbo or else Pillow's ``draft``; anything else
+    (non-JPEG, CMYK, what libjpeg warns about) in full through Pillow (k = 1), exactly as
+    ``decode="pil"`` decodes it."""
+    data = bytes(data) if not isinstance(data, bytes) else data
+    if data[:3] == _JPEG_MAGIC:
+        fast = next((fn for _, fn in jpeg_decoders() if isinstance(fn, FastJpeg)), None)
+        if fast is not None:
+            try:
+                height, width, cmyk = fast.header(data)
+            except Exception:
+                cmyk = True  # not a header libjpeg-turbo reads cleanly: Pillow decides
+            if not cmyk:
+                check_pixels(width, height)
+                k = _reduction(height, width, *need(height, width))
+                try:
+                    return np.asarray(fast.reduced(data, k)), k
+                except Exception:
+                    pass  # a warning or an error: Pillow decides, raising on what it refuses
+        else:
+            img = _pil_open(data)
+            if img.format == "JPEG" and img.mode in ("RGB", "L"):
+                width, height = img.size
+                k = _reduction(height, width, *need(height, width))
+                if k > 1:
+                    img.draft(img.mode, (-(-width // k), -(-height // k)))
+                return np.asarray(img.convert("RGB")), round(width / img.size[0])
+    return np.asarray(_pil_rgb(data)), 1
+
+
+def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str) -> np.ndarray:
+    """HWC uint8 resized with antialiasing (torch's uint8 kernels; Pillow for other filters)."""
+    h, w = pixels.shape[:2]
+    if (h, w) == (out_h, out_w):
+        return pixels
+    mode = _TORCH_FILTERS.get(interpolation)
+    if mode is not None:
+        import torch
+        import torch.nn.functional as F
+
+        if pixels.flags.writeable:
+            x = torch.from_numpy(pixels)
+        else:  # a read-only memory map or Pillow's buffer, only read here: torch warns all the same
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                x = torch.from_numpy(pixels)
+        x = x.permute(2, 0, 1).unsqueeze(0)  # channels-last: the fast uint8 path
+        out = F.interpolate(x, size=(out_h, out_w), mode=mode, antialias=True, align_corners=False)
+        return out[0].permute(1, 2, 0).numpy()
+    img = Image.fromarray(np.ascontiguousarray(pixels))
+    return np.asarray(img.resize((out_w, out_h), _PIL_FILTERS[interpolation]))
+
+
+class FusedTransform:
+    """``transform`` with its leading geometry fused into decoding; call it on encoded bytes
+    (:meth:`from_bytes`) or on decoded HWC pixels (:meth:`from_pixels`, for outputs that store
+    pixels). See the module doc."""
+
+    def __init__(self, geometry: Optional[Geometry], flip: float, output: str, rest: List[Any],
+                 original: Optional[Callable]):
+        self.geometry = geometry
+        self.flip = flip
+        self.output = output  # "pil", "uint8" (CHW tensor), "image" (tv_tensors.Image), "float" (ToTensor)
+        self.rest = rest
+        self.original = original
+
+    @property
+    def fused(self) -> bool:
+        return self.geometry is not None
+
+    def __repr__(self) -> str:
+        return f"FusedTransform(geometry={self.geometry}, flip={self.flip}, output={self.output!r}, rest={self.rest})"
+
+    def from_bytes(self, data: Any) -> Any:
+        g = self.geometry
+        if g is None:
+            return self._unfused(_pil_rgb(bytes(data) if not isinstance(data, bytes) else data))
+        if g.kind == "random_resized_crop":
+            box: List[Tuple[int, int, int, int]] = []
+
+            def need(height: int, width: int) -> Tuple[float, float]:
+                box.append(rrc_box(height, width, g.scale, g.ratio))
+                # reduce only while the box stays at least the output size (never upsample more)
+                return g.size[0] * height / box[0][2], g.size[1] * width / box[0][3]
+
+            pixels, k = _decode(data, need)
+            if not box:  # decoded by Pillow without a header read: draw the box now
+                box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
+            return self._finish(self._crop_resize(pixels, box[0], k, g))
+        if g.kind == "resize":
+            target: List[Tuple[int, int]] = []
+
+            def need_resized(height: int, width: int) -> Tuple[float, float]:
+                target.append(resized_size(height, width, g.resize, g.max_size))
+                return target[0]
+
+            pixels, _ = _decode(data, need_resized)
+            return self._from_resize(pixels, target[0] if target else None)
+        pixels, _ = _decode(data, lambda h, w: (h, w))
+        return self.from_pixels(pixels)
+
+    def from_pixels(self, pixels: np.ndarray) -> Any:
+        """The transform on HWC uint8 pixels already decoded (a decoded output's samples)."""
+        g = self.geometry
+        if pixels.ndim == 2:
+            pixels = np.repeat(pixels[:, :, None], 3, axis=2)
+        if g is None:
+            return self._unfused(Image.fromarray(np.ascontiguousarray(pixels)))
+        height, width = pixels.shape[:2]
+        if g.kind == "random_resized_crop":
+            return self._finish(self._crop_resize(pixels, rrc_box(height, width, g.scale, g.ratio), 1, g))
+        if g.kind == "resize":
+            return self._from_resize(pixels, None)
+        ch, cw = g.crop  # type: ignore[misc]
+        if ch > height or cw > width:  # torchvision pads: not fused
+            return self._unfused(Image.fromarray(np.ascontiguousarray(pixels)))
+        if g.kind == "center_crop":
+            top, left = int(round((height - ch) / 2.0)), int(round((width - cw) / 2.0))
+        else:
+            import torch
+
+            top = torch.randint(0, height - ch + 1, size=(1,)).item() if height != ch else 0
+            left = torch.randint(0, width - cw + 1, size=(1,)).item() if width != cw else 0
+        return self._finish(pixels[top:top + ch, left:left + cw])
+
+    # --- steps -------------------------------------------------------------------------
+
+    def _from_resize(self, pixels: np.ndarray, target: Optional[Tuple[int, int]]) -> Any:
+        g = self.geometry
+        assert g is not None
+        if target is None:  # pixels at full resolution
+            target = resized_size(pixels.shape[0], pixels.shape[1], g.resize, g.max_size)
+        resized = _resize(pixels, target[0], target[1], g.interpolation)
+        if g.crop is None:
+            return self._finish(resized)
+        ch, cw = g.crop
+        h, w = resized.shape[:2]
+        if ch > h or cw > w:  # torchvision pads: not fused
+            return self._unfused(Image.fromarray(np.ascontiguousarray(resized)), skip=1)
+        top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+        return self._finish(resized[top:top + ch, left:left + cw])
+
+    @staticmethod
+    def _crop_resize(pixels: np.ndarray, box: Tuple[int, int, int, int], k: int, g: Geometry) -> np.ndarray:
+        """The full-resolution ``box`` (top, left, h, w) of an image decoded at 1/k, resized to
+        the output size. At 1/k the box falls between pixels: Pillow's resize takes it exactly
+        (rounding it to whole pixels would shift the crop by up to k/2 pixels: 2-5 mean levels)."""
+        top, left, h, w = box
+        out_h, out_w = g.size  # type: ignore[misc]
+        if k == 1:
+            return _resize(pixels[top:top + h, left:left + w], out_h, out_w, g.interpolation)
+        img = Image.fromarray(pixels)
+        return np.asarray(img.resize((out_w, out_h), _PIL_FILTERS[g.interpolation],
+                                     box=(left / k, top / k, (left + w) / k, (top + h) / k)))
+
+    def _unfused(self, image: Image.Image, skip: int = 0) -> Any:
+        """The transform as given (from its ``skip``-th operation) on a PIL image."""
+        ops = _ops(self.original)
+        if self.original is None:
+            return image
+        if ops is None or skip == 0:
+            return self.original(image)
+        for op in ops[skip:]:
+            image = op(image)
+        return image
+
+    def _finish(self, pixels: np.ndarray) -> Any:
+        """Flip, convert to the output type, then the rest of the transform."""
+        import torch
+
+        if self.flip and torch.rand(1).item() < self.flip:
+            pixels = pixels[:, ::-1]
+        if self.output == "pil":
+            out: Any = Image.fromarray(np.ascontiguousarray(pixels))
+        else:
+            out = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))  # CHW, one copy
+            if self.output == "float":
+                out = out.float().div_(255)
+            elif self.output == "image":
+                from torchvision import tv_tensors
+
+                out = tv_tensors.Image(out)
+        for op in self.rest:
+            out = op(out)
+        return out

@@ -1,0 +1,292 @@
+"""decode="fused": the transform's crop and resize folded into decoding.
+
+Every fused result is compared with the unfused one on the same crop box: the full decode by
+Pillow, then Pillow's resize (what torchvision does to the PIL image an ImageFolder gives).
+Where torchvision imports, the same seeded run must crop exactly torchvision's boxes."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import encode, make_image_folder
+
+from dsconvert import convert, open_dataset, open_source
+from dsconvert import fused as fz
+from dsconvert.errors import BadInputError
+from dsconvert.transforms import CropToTensor, RandomResizedCropToTensor
+
+pytestmark = pytest.mark.usefixtures("torch")
+
+
+def pil_full(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def reference_rrc(data: bytes, box, size: int) -> np.ndarray:
+    top, left, h, w = box
+    img = pil_full(data).resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+    return np.asarray(img).transpose(2, 0, 1)
+
+
+def reference_eval(data: bytes, resize: int, size: int) -> np.ndarray:
+    img = pil_full(data)
+    h, w = fz.resized_size(img.size[1], img.size[0], resize)
+    img = img.resize((w, h), Image.Resampling.BILINEAR)
+    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+    return np.asarray(img.crop((left, top, left + size, top + size))).transpose(2, 0, 1)
+
+
+@pytest.fixture(scope="module")
+def large_jpegs(photos):
+    """Photographs upscaled to sizes where the DCT-domain reductions apply (2/4/8)."""
+    out = []
+    for i, (name, photo) in enumerate(sorted(photos.items())):
+        size = [(2400, 1800), (1600, 1200), (1100, 820), (700, 520), (480, 360)][i % 5]
+        out.append(encode(photo.convert("RGB").resize(size, Image.Resampling.BICUBIC), quality=90))
+    return out
+
+
+def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
+
+
+# --- geometry ----------------------------------------------------------------------------
+
+
+def ks_distance(a, b) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic."""
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    return float(np.abs(np.searchsorted(a, grid, "right") / len(a) - np.searchsorted(b, grid, "right") / len(b)).max())
+
+
+@pytest.mark.parametrize("height,width", [(375, 500), (500, 200), (64, 64)])
+def test_rrc_boxes_follow_torchvisions_distribution(torch, height, width):
+    """Against the reference port of ``RandomResizedCrop.get_params`` drawn from Python's
+    generator (an independent stream): area, aspect ratio and position distributions agree
+    (two-sample KS at 4000 draws; 0.044 is the 0.1% critical value)."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    ref = RandomResizedCropToTensor(224)
+    ours = [fz.rrc_box(height, width, (0.08, 1.0), (3 / 4, 4 / 3)) for _ in range(4000)]
+    theirs = [ref.box(width, height, rng) for _ in range(4000)]
+    for box in ours:
+        top, left, h, w = box
+        assert 0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width
+    for stat in (lambda b: b[2] * b[3], lambda b: math.log(b[3] / b[2]), lambda b: b[0], lambda b: b[1]):
+        assert ks_distance([stat(b) for b in ours], [stat(b) for b in theirs]) < 0.044
+
+
+def test_rrc_falls_back_to_the_centre_crop_like_torchvision(torch):
+    torch.manual_seed(0)
+    # a 10:1 strip can never hold a crop of ratio <= 4/3 and area >= 8%... only the fallback
+    assert fz.rrc_box(10, 1000, (0.9, 1.0), (3 / 4, 4 / 3)) == (0, (1000 - 13) // 2, 10, 13)
+    assert fz.rrc_box(1000, 10, (0.9, 1.0), (3 / 4, 4 / 3)) == ((1000 - 13) // 2, 0, 13, 10)
+
+
+def test_the_largest_reduction_that_keeps_the_output_size():
+    assert fz._reduction(1800, 2400, 224, 224) == 8
+    assert fz._reduction(1800, 2400, 256, 341) == 4
+    assert fz._reduction(375, 500, 224, 224) == 1
+    assert fz._reduction(900, 900, 450, 450) == 2
+    assert fz._reduction(900, 900, 451, 10) == 1
+
+
+def test_resized_size_is_torchvisions():
+    assert fz.resized_size(375, 500, 256) == (256, 341)
+    assert fz.resized_size(500, 375, 256) == (341, 256)
+    assert fz.resized_size(375, 500, (100, 200)) == (100, 200)
+    assert fz.resized_size(100, 1000, 256, max_size=512) == (51, 512)
+
+
+# --- pixels ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decoder", ["fast", "pillow"])
+def test_fused_rrc_matches_full_decode_then_pillow_on_the_same_box(torch, large_jpegs, monkeypatch, decoder):
+    if decoder == "pillow":  # no libjpeg-turbo binding: Pillow's draft reduces instead
+        monkeypatch.setattr(fz, "jpeg_decoders", lambda: [("pil", lambda d: None)])
+    t = fz.fuse(RandomResizedCropToTensor(224, flip=0.0))
+    worst, reductions = 0.0, set()
+    for seed in range(12):
+        for data in large_jpegs:
+            torch.manual_seed(seed)
+            img = pil_full(data)
+            box = fz.rrc_box(img.size[1], img.size[0], t.geometry.scale, t.geometry.ratio)
+            reductions.add(fz._reduction(img.size[1], img.size[0], 224 * img.size[1] / box[2],
+                                         224 * img.size[0] / box[3]))
+            torch.manual_seed(seed)
+            out = t.from_bytes(data).numpy()
+            assert out.shape == (3, 224, 224) and out.dtype == np.uint8
+            ref = reference_rrc(data, box, 224)
+            worst = max(worst, mean_abs(out, ref))
+            assert psnr(out, ref) > 30
+    assert worst < 1.5
+    assert {1, 2, 4} <= reductions  # the test reached the DCT-scaled paths
+
+
+@pytest.mark.parametrize("decoder", ["fast", "pillow"])
+def test_fused_resize_centre_crop_matches_pillow(torch, large_jpegs, monkeypatch, decoder):
+    if decoder == "pillow":
+        monkeypatch.setattr(fz, "jpeg_decoders", lambda: [("pil", lambda d: None)])
+    t = fz.fuse(CropToTensor(224, resize=256))
+    for data in large_jpegs:
+        out = t.from_bytes(data).numpy()
+        ref = reference_eval(data, 256, 224)
+        assert out.shape == ref.shape == (3, 224, 224)
+        assert mean_abs(out, ref) < 1.5 and psnr(out, ref) > 30
+
+
+def test_images_the_fast_decoder_refuses_decode_in_full_and_match_the_pil_path(torch, image_kinds):
+    """CMYK, PNG (also named .JPEG), grayscale, progressive: the same pixels as decode="pil"
+    then the transform, on the same seed."""
+    rrc = RandomResizedCropToTensor(32, flip=0.5)
+    t = fz.fuse(rrc)
+    for name, (_, data) in image_kinds.items():
+        torch.manual_seed(3)
+        out = t.from_bytes(data).numpy()
+        torch.manual_seed(3)
+        img = pil_full(data)
+        box = fz.rrc_box(img.size[1], img.size[0], rrc.scale, rrc.ratio)
+        flip = torch.rand(1).item() < 0.5
+        ref = reference_rrc(data, box, 32)
+        if flip:
+            ref = ref[:, :, ::-1]
+        assert mean_abs(out, ref) < 1.5, name
+
+
+def test_an_unrecognised_transform_is_applied_as_given_to_the_pil_image(image_kinds):
+    seen = []
+    t = fz.fuse(lambda img: seen.append(img) or "done")
+    assert t.geometry is None
+    assert t.from_bytes(image_kinds["baseline"][1]) == "done"
+    assert isinstance(seen[0], Image.Image) and seen[0].mode == "RGB"
+    assert fz.fuse(None).from_bytes(image_kinds["png"][1]).mode == "RGB"
+
+
+def test_decoded_pixels_get_the_same_geometry(torch, large_jpegs):
+    t = fz.fuse(CropToTensor(224, resize=256))
+    data = large_jpegs[-1]
+    out = t.from_pixels(np.asarray(pil_full(data))).numpy()
+    assert mean_abs(out, reference_eval(data, 256, 224)) < 0.2
+    gray = t.from_pixels(np.asarray(pil_full(data).convert("L")))
+    assert tuple(gray.shape) == (3, 224, 224)
+
+
+def test_hostile_jpegs_raise_bad_input(torch, photos):
+    t = fz.fuse(RandomResizedCropToTensor(64))
+    good = encode(photos["astronaut"].convert("RGB"), quality=90)
+    # what Pillow raises for a corrupt image, which the readers name the sample with (decode_errors_naming)
+    corrupt = (BadInputError, OSError, SyntaxError, ValueError)
+    with pytest.raises(corrupt):
+        t.from_bytes(good[: len(good) // 3])  # truncated: Pillow refuses it, as decode="pil" does
+    # a header declaring 40000 x 40000 pixels: refused before anything is allocated
+    bomb = bytearray(good)
+    at = bomb.index(b"\xff\xc0") + 5
+    bomb[at:at + 4] = (40000).to_bytes(2, "big") + (40000).to_bytes(2, "big")
+    with pytest.raises(BadInputError, match="decompression bomb"):
+        t.from_bytes(bytes(bomb))
+    with pytest.raises(corrupt):
+        t.from_bytes(b"\xff\xd8\xff" + os.urandom(300))
+
+
+# --- through the readers -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, photos):
+    root = str(tmp_path_factory.mktemp("fused") / "photos")
+    make_image_folder(root, photos, {"a": 12, "b": 12}, size=(300, 220))
+    return root
+
+
+@pytest.mark.parametrize("fmt,extra", [("wds", {}), ("hdf5", {}), ("npy", {"resize": 256})])
+def test_every_format_reads_fused_as_the_pil_path(torch, folder, tmp_path, fmt, extra):
+    out = str(tmp_path / fmt)
+    convert(folder, out, format=fmt, **extra)
+    T = CropToTensor(160, resize=180)
+    a = open_dataset(out, transform=T, decode="pil")
+    b = open_dataset(out, transform=T, decode="fused")
+    pairs = list(zip(a, b))
+    assert len(pairs) == 24
+    for (x, y), (u, v) in pairs:
+        assert y == v and tuple(u.shape) == tuple(x.shape) == (3, 160, 160)
+        assert mean_abs(x.numpy(), u.numpy()) < 1.0
+
+
+def test_fused_source_through_a_dataloader_with_workers(torch, folder):
+    from torch.utils.data import DataLoader
+
+    ds = open_source(folder, transform=RandomResizedCropToTensor(96), decode="fused")
+    seen = 0
+    for images, labels in DataLoader(ds, batch_size=8, num_workers=2):
+        assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, 96, 96)
+        seen += len(labels)
+    assert seen == 24
+
+
+def test_fused_needs_image_samples(tmp_path, photos):
+    src = tmp_path / "flat"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.jpg").write_bytes(encode(photos["coffee"].convert("RGB").resize((64, 48))))
+        (src / f"{i}.json").write_text("{}")
+    convert(str(src), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="fused"):
+        open_dataset(str(tmp_path / "out"), decode="fused")
+
+
+# --- torchvision's own transforms ----------------------------------------------------------
+
+
+def torchvision_pipelines():
+    T1 = pytest.importorskip("torchvision.transforms", reason="torchvision does not import here")
+    import torch
+    import torchvision.transforms.v2 as T2
+
+    return {
+        "v1 train": T1.Compose([T1.RandomResizedCrop(224), T1.RandomHorizontalFlip(), T1.PILToTensor()]),
+        "v2 train": T2.Compose([T2.RandomResizedCrop(224), T2.RandomHorizontalFlip(), T2.PILToTensor()]),
+        "v1 eval": T1.Compose([T1.Resize(256), T1.CenterCrop(224), T1.PILToTensor()]),
+        "v2 eval": T2.Compose([T2.Resize(256), T2.CenterCrop(224), T2.ToImage(),
+                               T2.ToDtype(torch.float32, scale=True)]),
+        "v1 normalize": T1.Compose([T1.Resize(256), T1.CenterCrop(224), T1.ToTensor(),
+                                    T1.Normalize([0.5] * 3, [0.2] * 3)]),
+        "bicubic, PIL out": T1.Compose([T1.RandomResizedCrop(160, interpolation=T1.InterpolationMode.BICUBIC)]),
+        "random crop": T1.Compose([T1.RandomCrop(200), T1.PILToTensor()]),
+        "resize only": T1.Compose([T1.Resize((120, 90)), T1.PILToTensor()]),
+        "not fused": T1.Compose([T1.ColorJitter(0.1), T1.RandomResizedCrop(64), T1.PILToTensor()]),
+    }
+
+
+@pytest.mark.parametrize("name", ["v1 train", "v2 train", "v1 eval", "v2 eval", "v1 normalize",
+                                  "bicubic, PIL out", "random crop", "resize only", "not fused"])
+def test_torchvision_transforms_same_seed_same_boxes(torch, folder, tmp_path, name):
+    T = torchvision_pipelines()[name]
+    out = str(tmp_path / "wds")
+    convert(folder, out)
+    a = open_dataset(out, transform=T, decode="pil")
+    b = open_dataset(out, transform=T, decode="fused")
+    assert (b.fused.geometry is None) == (name == "not fused")
+    torch.manual_seed(0)
+    A = list(a)
+    torch.manual_seed(0)
+    B = list(b)
+    for (x, y), (u, v) in zip(A, B):
+        assert y == v and type(x) is type(u)
+        xa = x.double().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float64)
+        ua = u.double().numpy() if torch.is_tensor(u) else np.asarray(u, dtype=np.float64)
+        assert xa.shape == ua.shape
+        assert np.abs(xa - ua).mean() < (0.01 if xa.max() <= 10 else 0.5), name  # same box, same flip
