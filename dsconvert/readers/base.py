@@ -79,6 +79,19 @@ class Transforms:
         return self.transform(sample) if self.transform is not None else sample
 
 
+def collate(samples: List[Any], encoded: bool = False) -> Any:
+    """A batch from its samples, as the DataLoader would build it: torch's ``default_collate``
+    (same-shape tensors stacked into one contiguous tensor, allocated in shared memory inside a
+    DataLoader worker so that it reaches the trainer without a copy). ``encoded`` images (bytes
+    of differing lengths) stay a list beside the stacked labels."""
+    from torch.utils.data import default_collate
+
+    if encoded and samples and isinstance(samples[0], tuple):
+        images, labels = zip(*samples)
+        return list(images), default_collate(list(labels))
+    return default_collate(samples)
+
+
 def locate(ends: List[int], position: int, sizes: Sequence[int]) -> Tuple[int, int]:
     """(shard k, sample j within it) of ``position`` in a run of shards whose cumulative
     sample counts are ``ends`` and counts ``sizes``."""

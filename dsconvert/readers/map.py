@@ -3,7 +3,7 @@ npy outputs open as this. Shuffling and DDP come from the DataLoader's sampler."
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..codecs import ENCODED_MODES, decode_errors_naming
 from ..formats.base import ShardReader
@@ -60,3 +60,9 @@ class MapDataset(ShardDataset, TorchDataset):
             with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
                 raise
         return self._finish(image, shard.labels[j])
+
+    def __getitems__(self, indices: List[int]) -> List[Tuple[Any, Any]]:
+        """The samples of one batch (torch's DataLoader calls this once per batch, then
+        collates): one call instead of ``len(indices)`` from the fetcher."""
+        getitem = self.__getitem__
+        return [getitem(i) for i in indices]

@@ -18,7 +18,7 @@ from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest, ShardEntry
-from .base import ShardDataset, TorchIterableDataset, cumulative, locate
+from .base import ShardDataset, TorchIterableDataset, collate, cumulative, locate
 
 __all__ = ["StreamDataset"]
 
@@ -47,11 +47,14 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         max_member_bytes: int = 1 << 31,
         prefetch: Optional[bool] = None,
         allow_pickle: bool = False,
+        batch_size: Optional[int] = None,
         access: Optional[ShardAccess] = None,
     ):
         super().__init__(root, manifest, transform, target_transform, decode, access)
         if buffer_size < 1:
             raise ValueError("buffer_size must be >= 1")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError("batch_size must be a positive int or None")
         rank_span(0, 0, 1, even)  # validates ``even``
         self.shuffle = shuffle
         self.seed = seed
@@ -65,6 +68,9 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         self.max_member_bytes = max_member_bytes
         self.prefetch = prefetch  # None: decided by the storage (latency-bound or not)
         self.allow_pickle = allow_pickle  # pickled fields run code when loaded: only for trusted data
+        # batches built in the worker (DataLoader(ds, batch_size=None)): one collate per batch, and
+        # whole batches per worker, so len() is exact whatever the number of workers
+        self.batch_size = batch_size
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -76,8 +82,9 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         return rank_span(self.manifest.num_samples, rank, world, self.even)
 
     def __len__(self) -> int:
+        """Samples for this rank; batches with ``batch_size`` (the last one may be short)."""
         start, stop = self._span()
-        return stop - start
+        return stop - start if self.batch_size is None else -(-(stop - start) // self.batch_size)
 
     def _shard_order(self) -> List[ShardEntry]:
         shards = list(self.manifest.shards)
@@ -89,7 +96,12 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         """Shard order and this worker's [start, stop) in the global sequence."""
         start, stop = self._span()
         wid, nworkers = worker_info()
-        lo, hi = split_range(stop - start, nworkers, wid)
+        if self.batch_size is None:
+            lo, hi = split_range(stop - start, nworkers, wid)
+        else:  # whole batches per worker: only the rank's last batch is short
+            b = self.batch_size
+            lo, hi = split_range(-(-(stop - start) // b), nworkers, wid)
+            lo, hi = lo * b, min(hi * b, stop - start)
         return self._shard_order(), start + lo, start + hi
 
     def _raw_samples(self) -> Iterator[Tuple[ShardReader, int, Any]]:
@@ -145,11 +157,20 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         plain = (self.classification and self.decode in ENCODED_MODES
                  and self.transform is None and self.target_transform is None)
         if plain:  # the raw fast path: nothing to decode or transform
-            for shard, i, raw in items:
-                yield raw, shard.labels[i]
+            samples: Iterator[Any] = ((raw, shard.labels[i]) for shard, i, raw in items)
+        else:
+            samples = (self._decode(shard, i, raw) for shard, i, raw in items)
+        if self.batch_size is None:
+            yield from samples
             return
-        for shard, i, raw in items:
-            yield self._decode(shard, i, raw)
+        batch: List[Any] = []
+        for sample in samples:
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                yield collate(batch, self.decode in ENCODED_MODES)
+                batch = []
+        if batch:
+            yield collate(batch, self.decode in ENCODED_MODES)
 
 
 def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
