@@ -27,6 +27,7 @@ and get the transform as given.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -162,16 +163,26 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
 # --- the crop box, as torchvision draws it ------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16)
+def _log_ratio(ratio: Tuple[float, float]) -> Tuple[float, float]:
+    """torchvision's ``torch.log(torch.tensor(ratio))``: float32 values, as it draws from them."""
+    import torch
+
+    low, high = torch.log(torch.tensor(ratio)).tolist()
+    return low, high
+
+
 def rrc_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[float]) -> Tuple[int, int, int, int]:
     """(top, left, h, w): ``RandomResizedCrop.get_params``, drawing from torch's generator in
     the same order and with the same calls, so a seeded run gives torchvision's boxes."""
     import torch
 
     area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
+    log_ratio = _log_ratio(tuple(ratio))
+    draw = torch.empty(1)
     for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        target_area = area * draw.uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(draw.uniform_(log_ratio[0], log_ratio[1])).item()  # float32, as torchvision
         w = int(round(math.sqrt(target_area * aspect_ratio)))
         h = int(round(math.sqrt(target_area / aspect_ratio)))
         if 0 < w <= width and 0 < h <= height:
