@@ -25,6 +25,7 @@ from PIL import Image, UnidentifiedImageError
 
 from . import optional
 from .errors import BadInputError, DsconvertError
+from .jpeg_structure import whole as jpeg_whole
 from .processes import ProcessLocal
 
 __all__ = [
@@ -126,18 +127,22 @@ def _pil_open(data: Any) -> Image.Image:
 
 
 def check_image(data: bytes, max_pixels: Optional[int] = None, full: bool = False) -> None:
-    """Decode an image once, completely, so that a bad file is found now, not in epoch 5.
+    """Check that an image decodes, so that a bad file is found now, not in epoch 5.
 
-    JPEGs are decoded with libjpeg's DCT scaling at 1/8 unless ``full``: every byte of the
-    entropy-coded stream is still decoded (truncation and corrupt Huffman data fail exactly as
-    in a full decode, since Pillow raises on the same errors) but the inverse DCT is 64x
-    smaller, which doubles the verification rate. Other codecs are decoded fully.
+    Pillow reads the header (format, size, pixel limit). Unless ``full``, a JPEG that
+    :func:`dsconvert.jpeg_structure.whole` finds complete (one sequential Huffman-coded scan,
+    every table libjpeg needs, the entropy-coded data ending at EOI: what Pillow needs to
+    decode it without error) is not decoded: ~40 us instead of ~500 us. Other JPEGs are
+    decoded with libjpeg's DCT scaling at 1/8 (every entropy-coded byte is still decoded, so
+    they fail exactly as in a full decode); other codecs are decoded fully.
     """
     if not data:
         raise BadInputError("empty file (0 bytes)")
     try:
         with pixel_limit(max_pixels):
             img = _pil_open(data)
+            if img.format in ("JPEG", "MPO") and not full and jpeg_whole(data):
+                return
             if img.format in ("JPEG", "MPO") and not full:
                 img.draft(img.mode, (max(1, img.size[0] // 8), max(1, img.size[1] // 8)))
             img.load()

@@ -1,0 +1,138 @@
+"""Verification without decoding: whatever jpeg_structure.whole accepts, Pillow must decode.
+
+Real JPEGs of every kind Pillow writes are mutated thousands of ways (truncated, bytes
+replaced, inserted, deleted, bits flipped, segments duplicated or dropped, lengths and table
+entries rewritten); for every mutant, ``whole(m)`` must imply that a full Pillow decode raises
+nothing. The reverse does not matter (a False only means "decode to find out")."""
+
+from __future__ import annotations
+
+import io
+import random
+import struct
+
+import pytest
+from PIL import Image
+
+from conftest import encode
+
+from dsconvert.codecs import check_image
+from dsconvert.errors import BadInputError
+from dsconvert.jpeg_structure import whole
+
+
+def pillow_decodes(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.convert("RGB")
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def corpus(photos):
+    """name -> (bytes, whether whole() should accept the intact file)."""
+    rgb = photos["astronaut"].convert("RGB").resize((120, 90))
+    big = photos["coffee"].convert("RGB").resize((300, 200))
+    return {
+        "baseline 4:2:0": (encode(rgb, quality=90), True),
+        "4:4:4": (encode(rgb, quality=95, subsampling=0), True),
+        "4:2:2": (encode(rgb, quality=75, subsampling=1), True),
+        "optimized tables": (encode(big, quality=85, optimize=True), True),
+        "grayscale": (encode(photos["camera"].convert("L").resize((100, 80))), True),
+        "cmyk": (encode(rgb.convert("CMYK")), False),
+        "exif and icc": (encode(rgb, exif=Image.Exif(), icc_profile=b"\0" * 300), True),
+        "restart markers": (encode(big, restart_marker_rows=1), True),
+        "progressive": (encode(rgb, progressive=True), False),
+        "1x1": (encode(rgb.resize((1, 1))), True),
+    }
+
+
+def test_intact_files_are_whole_and_progressive_ones_are_decoded(corpus):
+    for name, (data, accepted) in corpus.items():
+        assert whole(data) is accepted, name
+        assert pillow_decodes(data), name
+
+
+def segments(data: bytes):
+    """(offset, marker, length) of each marker segment before the scan data."""
+    out, pos = [], 2
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        length = struct.unpack(">H", data[pos + 2:pos + 4])[0]
+        out.append((pos, marker, length))
+        if marker == 0xDA:
+            break
+        pos += 2 + length
+    return out
+
+
+def mutants(data: bytes, rng: random.Random, n: int):
+    segs = segments(data)
+    header_end = segs[-1][0] + 2 + segs[-1][2] if segs else 100
+    for _ in range(n):
+        kind = rng.randrange(9)
+        m = bytearray(data)
+        at = rng.randrange(len(m)) if rng.random() < 0.5 else rng.randrange(min(len(m), header_end + 8))
+        if kind == 0:
+            m = m[:at]
+        elif kind == 1:
+            m[at] = rng.randrange(256)
+        elif kind == 2:
+            m[at] ^= 1 << rng.randrange(8)
+        elif kind == 3:
+            m[at:at] = bytes([rng.choice([0xFF, 0x00, 0xD9, 0xDA, rng.randrange(256)])])
+        elif kind == 4:
+            del m[at: at + rng.randint(1, 16)]
+        elif kind == 5 and segs:  # a segment's length rewritten
+            off = rng.choice(segs)[0]
+            m[off + 2: off + 4] = struct.pack(">H", rng.choice([0, 1, 2, 3, rng.randrange(65536)]))
+        elif kind == 6 and segs:  # a segment dropped or doubled
+            off, _, length = rng.choice(segs[:-1] or segs)
+            seg = m[off: off + 2 + length]
+            m[off: off + 2 + length] = seg + seg if rng.random() < 0.5 else b""
+        elif kind == 7:  # the file cut and EOI appended, or EOI inserted inside the scan
+            m = m[:at] + b"\xff\xd9"
+        else:  # a marker byte inside the scan
+            at = rng.randrange(header_end, len(m)) if header_end < len(m) else at
+            m[at: at + 2] = bytes([0xFF, rng.randrange(256)])
+        yield bytes(m)
+
+
+def test_whatever_whole_accepts_pillow_decodes(corpus):
+    rng = random.Random(2024)
+    accepted = refused = 0
+    for name, (data, _) in corpus.items():
+        for m in mutants(data, rng, 700):
+            if whole(m):
+                accepted += 1
+                assert pillow_decodes(m), f"{name}: whole() accepted a mutant Pillow refuses: {m[:64]!r}..."
+            else:
+                refused += 1
+    # both sides reached: the property is not vacuous
+    assert accepted > 1000 and refused > 1000
+
+
+def test_whole_never_raises_on_noise():
+    rng = random.Random(7)
+    for _ in range(2000):
+        noise = b"\xff\xd8" + bytes(rng.randrange(256) for _ in range(rng.randrange(0, 80)))
+        assert whole(noise) in (True, False)
+
+
+def test_check_image_still_refuses_what_pillow_refuses(corpus):
+    """The conversion's check: a structurally whole file passes without a decode, anything
+    else is decoded and refused as before (with Pillow's reason)."""
+    rng = random.Random(5)
+    for name, (data, _) in corpus.items():
+        check_image(data)
+        for m in mutants(data, rng, 150):
+            ok = pillow_decodes(m)
+            try:
+                check_image(m)
+                passed = True
+            except BadInputError:
+                passed = False
+            if passed and not ok:
+                pytest.fail(f"{name}: check_image passed a file Pillow cannot decode")
