@@ -66,23 +66,43 @@ def wds_shardwriter(src: str, out: str, per_shard: int) -> int:
     return n
 
 
-def bench_convert(src: str, work: str, per_shard: int, workers: int) -> Dict[str, Dict]:
+def bench_convert(src: str, work: str, per_shard: int, workers: int, rounds: int = 3) -> Dict[str, Dict]:
+    """Each writer once per round, in turn; per writer the median round (and the range)."""
     n = len(scan(src).samples)
-    res = {}
 
-    def ours(name: str, **kw):
+    def ours(name: str, **kw) -> Callable[[], int]:
         out = os.path.join(work, name)
-        shutil.rmtree(out, ignore_errors=True)
-        res[name] = timed(lambda: convert(src, out, samples_per_shard=per_shard, **kw).manifest.num_samples)
 
-    ours("dsconvert_noverify_1proc", workers=1, verify=False)
-    ours("dsconvert_verify_1proc", workers=1, verify=True)
-    ours(f"dsconvert_verify_{workers}proc", workers=workers, verify=True)
-    out = os.path.join(work, "wds_shardwriter")
-    shutil.rmtree(out, ignore_errors=True)
-    res["webdataset_shardwriter_1proc"] = timed(lambda: wds_shardwriter(src, out, per_shard))
+        def run() -> int:
+            shutil.rmtree(out, ignore_errors=True)
+            return convert(src, out, samples_per_shard=per_shard, **kw).manifest.num_samples
+        return run
+
+    def shardwriter() -> int:
+        out = os.path.join(work, "wds_shardwriter")
+        shutil.rmtree(out, ignore_errors=True)
+        return wds_shardwriter(src, out, per_shard)
+
     tar_out = os.path.join(work, "tree.tar")
-    res["gnu_tar_cf"] = timed(lambda: (subprocess.run(["tar", "-cf", tar_out, "-C", src, "."], check=True), n)[1])
+    writers = {
+        "dsconvert_noverify_1proc": ours("dsconvert_noverify_1proc", workers=1, verify=False),
+        "dsconvert_verify_1proc": ours("dsconvert_verify_1proc", workers=1, verify=True),
+        f"dsconvert_verify_{workers}proc": ours(f"dsconvert_verify_{workers}proc", workers=workers, verify=True),
+        "webdataset_shardwriter_1proc": shardwriter,
+        "gnu_tar_cf": lambda: (subprocess.run(["tar", "-cf", tar_out, "-C", src, "."], check=True), n)[1],
+    }
+    runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in writers}
+    for _ in range(rounds):
+        for name, fn in writers.items():
+            runs[name].append(timed(fn))
+    res = {}
+    for name, rs in runs.items():
+        rates = sorted(r["per_s"] for r in rs)
+        res[name] = dict(sorted(rs, key=lambda r: r["per_s"])[len(rs) // 2], min_per_s=rates[0], max_per_s=rates[-1])
+    base = runs["webdataset_shardwriter_1proc"]
+    for name, rs in runs.items():
+        ratios = sorted(r["per_s"] / b["per_s"] for r, b in zip(rs, base))
+        res[name]["vs_shardwriter"] = ratios[len(ratios) // 2]
     return res
 
 
@@ -261,6 +281,8 @@ def main() -> None:
     p.add_argument("--slow-files", type=int, default=500, help="files read through the slow mount")
     p.add_argument("--no-litdata", action="store_true")
     p.add_argument("--no-fuse", action="store_true")
+    p.add_argument("--no-read", action="store_true", help="conversion only")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved conversion rounds")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--child", nargs=3, metavar=("READER", "PATH", "MODE"), help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=3, help=argparse.SUPPRESS)
@@ -275,7 +297,16 @@ def main() -> None:
     n = len(scan(src).samples)
     total = sum(os.path.getsize(f) for f in files_of(src))
     print(f"dataset: {n} photos, {total / 1e6:.1f} MB, mean {total / n / 1e3:.0f} kB", flush=True)
-    results = {"dataset": {"photos": n, "bytes": total}, "convert": bench_convert(src, args.work, args.per_shard, args.workers)}
+    results = {"dataset": {"photos": n, "bytes": total},
+               "convert": bench_convert(src, args.work, args.per_shard, args.workers, args.rounds)}
+    if args.no_read:
+        for name, r in results["convert"].items():
+            print(f"convert    {name:36s} {r['per_s']:8.0f} /s ({r['min_per_s']:.0f}-{r['max_per_s']:.0f}), "
+                  f"{r['vs_shardwriter']:.2f}x ShardWriter")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     results["read"] = bench_read(src, os.path.join(args.work, "dsconvert_noverify_1proc"), args.work, not args.no_litdata)
     if not args.no_fuse:
         results["slow_mount"] = bench_slow_mount(src, args.work, args.delay_ms, args.slow_files)
