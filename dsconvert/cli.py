@@ -34,6 +34,13 @@ from .source import LAYOUTS
 __all__ = ["main", "build_parser"]
 
 
+def _quality(text: str) -> int:
+    value = _positive_int(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"quality must be within 1..100, not {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -191,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip images with more pixels than N as decompression bombs "
                    "(default: Pillow's MAX_IMAGE_PIXELS)")
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default: %(default)s)")
+    e = p.add_argument_group("encoded outputs (wds, hdf5)")
+    e.add_argument("--max-size", type=_positive_int, metavar="PIXELS", default=None,
+                   help="re-encode images whose longer side exceeds PIXELS to that size, once, so that "
+                   "training never decodes pixels it throws away (JPEG at --quality; PNG, WebP lossless)")
+    e.add_argument("--quality", type=_quality, default=90, metavar="Q",
+                   help="JPEG quality of images re-encoded by --max-size (default: %(default)s, as FFCV)")
     d = p.add_argument_group("decoded outputs (--format npy, or hdf5 with --decode)")
     d.add_argument("--decode", action="store_true",
                    help="hdf5: store decoded RGB pixels instead of the encoded bytes")
@@ -376,7 +389,7 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
         workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
         max_image_pixels=args.max_image_pixels, prefix=args.prefix, decode=args.decode,
         resize=args.resize, size=args.size, decoder=args.decoder, force=args.force,
-        progress=not args.quiet, storage_options=parse_storage_options(args.storage_option), executor=executor,
+        max_size=args.max_size, quality=args.quality, progress=not args.quiet, storage_options=parse_storage_options(args.storage_option), executor=executor,
     )
     m = result.manifest
     if not args.quiet:
@@ -535,6 +548,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
         shape = f"resize {o['resize']}" if o.get("resize") else (
             f"size {o['size'][0]}x{o['size'][1]}" if o.get("size") else "full size")
         print(f"pixels:      RGB uint8, {shape}, JPEG decoder {_known(o.get('decoder'))}")
+    elif m.options.get("max_size"):
+        print(f"images:      longer side at most {m.options['max_size']} (larger ones re-encoded, JPEG "
+              f"quality {m.options.get('quality')})")
     print(f"shards:      {len(m.shards)}, {format_size(total)}")
     print(f"fields:      {', '.join(f'{k} ({v})' for k, v in m.fields.items()) or 'none'}")
     if m.classes is not None:

@@ -31,6 +31,7 @@ from .keys import escape_path
 from .manifest import MANIFEST_NAME, Manifest
 from .processes import available_cpus, process_pool
 from .progress import progress_bar
+from .reencode import DEFAULT_QUALITY
 from .plan import CHANGED_DURING, ShardResult, ShardSpec, parse_size, plan_shards
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
@@ -306,6 +307,8 @@ def convert(
     resize: Optional[int] = None,
     size: Optional[Tuple[int, int]] = None,
     decoder: str = "auto",
+    max_size: Optional[int] = None,
+    quality: int = DEFAULT_QUALITY,
     force: bool = False,
     executor: Optional[cf.Executor] = None,
     progress: bool = False,
@@ -322,7 +325,8 @@ def convert(
     Decoded outputs (``format="npy"``, or ``"hdf5"`` with ``decode=True``) hold RGB pixels,
     optionally resized (``resize`` = shorter side, or ``size`` = (height, width)); JPEGs are
     decoded with ``decoder`` (``auto``: the fastest that loads; ``pil`` for Pillow's exact
-    pixels). Before writing, the output's size is estimated and a file system without room
+    pixels). Encoded outputs shrink images whose longer side exceeds ``max_size`` (re-encoded
+    once, JPEGs at ``quality``: :mod:`dsconvert.reencode`). Before writing, the output's size is estimated and a file system without room
     for it refuses the conversion with :class:`InsufficientSpaceError` unless ``force``.
 
     ``src`` and ``out`` may be URLs of anything fsspec reaches (``s3://bucket/train``), with
@@ -352,6 +356,15 @@ def convert(
         raise OptionError("give resize (shorter side) or size (HxW), not both")
     if resize is not None and int(resize) < 1:
         raise OptionError(f"resize must be >= 1, not {resize}")
+    if max_size is not None:
+        if decode:
+            raise OptionError("max_size re-encodes encoded outputs; decoded ones take resize or size")
+        if int(max_size) < 1:
+            raise OptionError(f"max_size must be >= 1, not {max_size}")
+    if not 1 <= int(quality) <= 100:
+        raise OptionError(f"quality must be within 1..100, not {quality}")
+    # recorded only when given: outputs written before these options existed stay "the same"
+    shrink = {"max_size": int(max_size), "quality": int(quality)} if max_size is not None else {}
     decoder_name = resolve_decoder(decoder) if decode else None
     shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
     workers = available_cpus() if workers is None else max(1, int(workers))
@@ -362,7 +375,7 @@ def convert(
     options = _shaping_options(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
         verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,
-        decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name,
+        decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name, **shrink,
     )
     started = time.perf_counter()
     location.makedirs()
@@ -407,7 +420,7 @@ def convert(
             _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * fmt.overhead,
                                                        estimate.sampled, estimate.exact), fmt)
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
-                          "decoder": decoder_name, **fmt.writer_options(source)}
+                          "decoder": decoder_name, **shrink, **fmt.writer_options(source)}
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes else 1.0
         specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}))

@@ -231,6 +231,10 @@ def _check_options(options: Dict[str, Any], where: str) -> None:
          "null or an integer >= 1"),
         ("size", size is None or (isinstance(size, list) and len(size) == 2 and all(is_int(v) and v >= 1 for v in size)),
          "null or [height, width]"),
+        ("max_size", options.get("max_size") is None or (is_int(options["max_size"]) and options["max_size"] >= 1),
+         "null or an integer >= 1"),
+        ("quality", options.get("quality") is None or (is_int(options["quality"]) and 1 <= options["quality"] <= 100),
+         "null or an integer within 1..100"),
     ):
         expect(ok, where, f"options.{key}", what)
 

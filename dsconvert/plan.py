@@ -17,7 +17,8 @@ from fractions import Fraction
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from .codecs import check_field
+from .codecs import check_field, is_image_field
+from .reencode import DEFAULT_QUALITY, shrink_image
 from .errors import BadInputError, OptionError
 from .keys import escape_path
 from .manifest import ShardEntry
@@ -113,6 +114,9 @@ def _checked(spec: ShardSpec, sample: Sample, contents: Dict[str, Tuple[bytes, b
                                  "command again to include it", escape_path(f.path))
         try:
             check_field(f.field, data, spec.verify, spec.max_image_pixels)
+            if spec.options.get("max_size") and is_image_field(f.field):
+                data = shrink_image(data, spec.options["max_size"], spec.options.get("quality", DEFAULT_QUALITY),
+                                    spec.max_image_pixels)
         except BadInputError as exc:
             return BadInputError(exc.reason, escape_path(f.path))
         fields[f.field] = data

@@ -212,3 +212,26 @@ def test_reading_an_output_with_another_decoder_needs_no_disk():
                             "decode=turbojpeg": row}))
     assert v.fits["decode=turbojpeg"] and v.recommended == "decode=turbojpeg"
     assert v.commands == ["open_dataset('/data/train', decode=\"numpy\")   # decodes JPEGs with turbojpeg"]
+
+
+def test_a_fused_and_shrunk_output_is_recommended_with_its_read_line_and_the_loss_said():
+    outputs = dict(DEMO_OUTPUTS)
+    outputs["wds,_decode=fused"] = (1080.0, 1130.0, 39_840, "wds", {"decode": "fused"})
+    outputs["wds__max-size_319,_decode=fused"] = (1530.0, 3300.0, 23_000, "wds",
+                                                  {"decode": "fused", "options": {"max_size": 319}})
+    v = decide(make(loader=passes(**outputs)))
+    assert v.recommended == "wds --max-size 319, decode=fused"
+    assert v.commands == ["dsconvert shard /data/train --format wds -o /ssd/train-wds --max-size 319"
+                          "   # then open_dataset('/ssd/train-wds', transform=T, decode=\"fused\")"]
+    assert any("--max-size 319 re-encodes" in n and "lossy" in n for n in v.notes)
+
+
+def test_candidates_offer_fused_reading_and_max_size_only_where_they_apply(image_folder):
+    from dsconvert.analyze.loader import candidates
+    from dsconvert.source import scan
+
+    source = scan(image_folder)
+    names = [c.name for c in candidates(source, "turbojpeg", 256, fused=True, max_size=341)]
+    assert "wds, decode=fused" in names and "wds --max-size 341, decode=fused" in names
+    plain = [c.name for c in candidates(source, "turbojpeg", None)]
+    assert not any("fused" in n or "max-size" in n for n in plain)

@@ -201,7 +201,16 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         if geometry and geometry["short_side_median"] > SUGGESTED_SHORT_SIDE:
             resize = SUGGESTED_SHORT_SIDE
         fast = jpeg_decoders()[0][0]
-        options = candidates(source, fast if "jpeg" in costs else "pil", resize)
+        from ..fused import fuse
+
+        fusable = transform_fn is not None and fuse(transform_fn).fused
+        # images larger than the training size: the same shards with them re-encoded at the
+        # size whose shorter side is the suggested one, at the median aspect ratio
+        max_size = None
+        if resize and geometry:
+            w50, h50 = geometry["width"]["p50"], geometry["height"]["p50"]
+            max_size = int(round(resize * max(w50, h50) / max(1.0, min(w50, h50))))
+        options = candidates(source, fast if "jpeg" in costs else "pil", resize, fusable, max_size)
         trial_budget = 2 << 30  # a full-size decoded trial of very large images is left out
         if geometry and geometry.get("decoded_bytes_mean", 0) * len(source.samples) > trial_budget:
             options = [c for c in options if not (c.fmt == "npy" and not c.options)]

@@ -45,15 +45,23 @@ class Candidate:
         return f"Candidate({self.name!r})"
 
 
-def candidates(source: Source, fast_decoder: str, resize: Optional[int]) -> List[Candidate]:
+def candidates(source: Source, fast_decoder: str, resize: Optional[int], fused: bool = False,
+               max_size: Optional[int] = None) -> List[Candidate]:
     """The outputs worth predicting for a source: shards of the encoded bytes (decoded with
-    Pillow, and with the fast JPEG decoder when one loads), HDF5, and the decoded npy cache,
-    full size and resized; for dict samples only the formats that hold them."""
+    Pillow, with the fast JPEG decoder when one loads, and with decoding fused into the
+    transform when it is one ``decode="fused"`` reads), the same shards with images larger
+    than the training size re-encoded (``max_size``), HDF5, and the decoded npy cache, full
+    size and resized; for dict samples only the formats that hold them."""
     from ..convert import accepts
 
     out = [Candidate("wds", "wds")]
     if fast_decoder != "pil":
         out.append(Candidate(f"wds, decode={fast_decoder}", "wds", decode="numpy"))
+    if fused:
+        out.append(Candidate("wds, decode=fused", "wds", decode="fused"))
+    if max_size:
+        out.append(Candidate(f"wds --max-size {max_size}" + (", decode=fused" if fused else ""), "wds",
+                             decode="fused" if fused else "pil", max_size=max_size))
     out.append(Candidate("hdf5", "hdf5"))
     out.append(Candidate("npy", "npy"))
     if resize:

@@ -133,7 +133,7 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
         pw = v["per_worker_ms"]
         add(bold(f"DataLoader passes ({lo['workers']} workers, transform {lo['transform']}; predictions use the "
                  f"{lo['cache']} passes; free at {report['disk']['output_dir']}: {format_size(report['disk']['free_bytes'])})"))
-        add(f"  {'':28s}{'cold/s':>10s}{'warm/s':>10s}{'vs as is':>10s}{'full size':>12s}")
+        add(f"  {'':36s}{'cold/s':>10s}{'warm/s':>10s}{'vs as is':>10s}{'full size':>12s}")
         base = v["loader_per_s"]
         for name, row in passes.items():
             label = "as it is" if name == "source" else name
@@ -142,7 +142,7 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
             size = v["output_bytes"].get(name)
             fit = "" if v["fits"].get(name, True) else " (does not fit)"
             cold = f"{row['cold']:10,.0f}" if "cold" in row else f"{'-':>10s}"
-            add(f"  {label[:27]:28s}{cold}{row.get('warm', 0.0):10,.0f}{vs:>10s}"
+            add(f"  {label[:35]:36s}{cold}{row.get('warm', 0.0):10,.0f}{vs:>10s}"
                 f"{format_size(size) if size else '':>12s}{fit}")
         add(f"  per sample in one worker: read {pw['read'] + pw['overhead']:.3f} ms + decode {pw['decode']:.3f} ms + "
             f"transform {pw.get('transform', 0.0):.3f} ms + other {pw.get('other', 0.0):.3f} ms = {pw['total']:.3f} ms")

@@ -246,6 +246,8 @@ def decide(m: Measurements) -> Verdict:
         line = f"dsconvert shard {q(src)} --format {fmt} -o {q(out_for(fmt))}{opts}"
         if row.get("decode") == "numpy":
             line += f'   # then open_dataset({out_for(fmt)!r}, decode="numpy") decodes JPEGs with {m.numpy_decoder}'
+        elif row.get("decode") == "fused":
+            line += f'   # then open_dataset({out_for(fmt)!r}, transform=T, decode="fused")'
         return line
 
     commands: List[str] = []
@@ -262,6 +264,11 @@ def decide(m: Measurements) -> Verdict:
             alt = max(encoded, key=lambda k: predicted[k])
             alternative.append(command(alt) + f"   # {predicted[alt]:,.0f}/s in {format_size(sizes[alt])} "
                                f"instead of {format_size(sizes[recommended])}")
+    shrunk = (outputs[recommended].get("options") or {}).get("max_size") if recommended else None
+    if shrunk:
+        notes.append(f"--max-size {shrunk} re-encodes images whose longer side is larger (JPEG quality 90): lossy, "
+                     f"and meant for training at about {m.suggested_resize or shrunk} pixels; keep the source for "
+                     "anything that needs full resolution")
     if bottleneck == "storage-bandwidth":
         if large:
             notes.append(f"the files are already large ({m.mean_file_bytes / 1e6:,.0f} MB each): sharding cannot "
