@@ -25,12 +25,14 @@ def open_dataset(
     """Open a dsconvert output as a Dataset, a drop-in for ``ImageFolder(root, transform)``.
 
     ``decode``: ``"pil"`` (RGB PIL images, exactly as ImageFolder loads them), ``"numpy"``
-    (HWC uint8 arrays through the fastest JPEG decoder that loads) or ``"raw"`` (the encoded
-    bytes). For ImageFolder and list sources a sample is ``(image, label)``; for other
+    (HWC uint8 arrays through the fastest JPEG decoder that loads), ``"raw"`` (the encoded
+    bytes) or ``"fused"`` (``transform``'s leading crop and resize folded into decoding:
+    :mod:`dsconvert.fused`). For ImageFolder and list sources a sample is ``(image, label)``; for other
     sources a dict of decoded fields with ``__key__``.
 
     Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
-    ``even`` (None | "pad" | "drop"), ``prefetch``, ``allow_pickle`` (default False: pickled
+    ``even`` (None | "pad" | "drop"), ``prefetch``, ``batch_size`` (whole batches built in the
+    worker, for ``DataLoader(ds, batch_size=None)``), ``allow_pickle`` (default False: pickled
     fields stay bytes, since loading them runs code from the data); see
     :class:`dsconvert.readers.stream.StreamDataset`. Images larger than
     ``PIL.Image.MAX_IMAGE_PIXELS`` raise BadInputError (decompression bombs), on every decode path.
