@@ -240,6 +240,10 @@ class WdsShard(ShardReader):
                            else PrefetchedBytes.remote(self.access.location, self.entry.name, end))
         else:
             self.source = MappedBytes(self.path, self.size)
+            spans = [(o[i], o[i] + sz[i]) for _, o, sz in self.columns for i in (first, stop - 1)
+                     if first < stop and o[i] >= 0]
+            if spans:
+                self.source.will_need(min(a for a, _ in spans), max(b for _, b in spans))
 
     def close(self) -> None:
         if self.source is not None:

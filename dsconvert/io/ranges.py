@@ -25,6 +25,19 @@ class MappedBytes:
     def __init__(self, path: str, size: int):
         with open(path, "rb") as f:
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        if self.mm is not None and hasattr(mmap, "MADV_SEQUENTIAL"):
+            self.mm.madvise(mmap.MADV_SEQUENTIAL)  # read in file order: larger readahead, pages dropped behind
+
+    def will_need(self, start: int, stop: int) -> None:
+        """Ask the kernel to read [start, stop) ahead, in the background: a cold span is then
+        read in large requests while the first samples decode, not one page fault at a time."""
+        if self.mm is None or not hasattr(mmap, "MADV_WILLNEED") or stop <= start:
+            return
+        start -= start % mmap.PAGESIZE
+        try:
+            self.mm.madvise(mmap.MADV_WILLNEED, start, min(stop, len(self.mm)) - start)
+        except (OSError, ValueError):
+            pass  # advice only
 
     def get(self, offset: int, size: int) -> bytes:
         return self.mm[offset: offset + size] if self.mm is not None else b""
