@@ -273,6 +273,13 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_int_list(values: Any, n: Optional[int] = None, minimum: Optional[int] = None) -> bool:
+    """A list of ``n`` JSON integers >= ``minimum``: checked in C (``map(type)``), since shard
+    records hold one per sample and are read by every worker, every epoch."""
+    return (isinstance(values, list) and (n is None or len(values) == n) and set(map(type, values)) <= {int}
+            and (minimum is None or not values or min(values) >= minimum))
+
+
 def is_str_list(value: Any, length: Optional[int] = None) -> bool:
     return (isinstance(value, list) and all(isinstance(v, str) for v in value)
             and (length is None or len(value) == length))

@@ -34,7 +34,7 @@ from ..errors import BadInputError, ManifestError
 from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
 from ..keys import escape_path
-from ..manifest import Manifest, ShardEntry, expect, is_int, is_str_list
+from ..manifest import Manifest, ShardEntry, expect, is_int, is_int_list, is_str_list
 from ..plan import ShardResult, ShardSpec, read_samples
 from ..source import Sample, Skipped
 
@@ -129,14 +129,13 @@ class ShardRecord:
             ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
             ("fields", isinstance(d.get("fields"), dict), "an object"),
             ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
-            ("labels", d.get("labels", 0) is None or (isinstance(d.get("labels"), list) and len(d["labels"]) == n
-                                                        and all(is_int(v) for v in d["labels"])),
-             f"null or a list of {n} integers"),
+            ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n), f"null or a list of {n} integers"),
             ("sources", isinstance(d.get("sources"), list) and len(d["sources"]) == n
              and all(is_str_list(s) for s in d["sources"]), f"a list of {n} lists of paths"),
-            ("stats", "stats" not in d or (isinstance(d["stats"], list) and len(d["stats"]) == n and all(
-                isinstance(s, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(v) for v in p)
-                                            for p in s) for s in d["stats"])),
+            ("stats", "stats" not in d or (isinstance(d["stats"], list) and len(d["stats"]) == n
+                                            and all(type(s) is list for s in d["stats"])
+                                            and all(type(p) is list and len(p) == 2 for s in d["stats"] for p in s)
+                                            and is_int_list([v for s in d["stats"] for p in s for v in p])),
              f"a list of {n} lists of [size, mtime_ns]"),
             ("parts", "parts" not in d or (isinstance(d["parts"], dict) and all(
                 isinstance(p, dict) and is_int(p.get("bytes")) and isinstance(p.get("sha256"), str)
@@ -218,8 +217,9 @@ class ShardReader:
     labels: List[int]
     image_field = "jpg"  # the image's field name, for formats that keep only the image
 
-    def prepare(self, first: int, stop: int, prefetch: bool) -> None:
-        """Samples [first, stop) are read next, in order (``prefetch``: read ahead concurrently)."""
+    def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
+        """Samples [first, stop) are read next, in order (``prefetch``: read ahead concurrently;
+        ``views``: they will be asked for as zero-copy views)."""
 
     def image(self, j: int) -> Any:
         raise NotImplementedError

@@ -45,8 +45,8 @@ from ..codecs import encode_class
 from ..errors import ManifestError
 from ..io.localfs import SizeBoundedFile, regular_size
 from ..io.location import Location
-from ..io.ranges import MappedBytes, PrefetchedBytes
-from ..manifest import Manifest, ShardEntry, expect, is_int
+from ..io.ranges import MappedBytes, PrefetchedBytes, PreadBytes
+from ..manifest import Manifest, ShardEntry, expect, is_int_list
 from ..plan import ShardSpec
 from ..source import Sample
 from .base import Format, Problem, ShardReader, ShardRecord, Sink
@@ -229,21 +229,20 @@ class WdsShard(ShardReader):
                 raise ManifestError(f"{access.url_of(entry.name)}: index points outside the shard", self.path)
         self.source: Any = None
 
-    def prepare(self, first: int, stop: int, prefetch: bool) -> None:
-        """A memory map of the local file, or concurrent ranged reads ahead of samples
-        [first, stop) (latency-bound mounts, remote objects)."""
+    def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
+        """A local file read by ``pread`` (or memory-mapped for zero-copy ``views``), or
+        concurrent ranged reads ahead of samples [first, stop) (latency-bound mounts, remote
+        objects)."""
         self.close()
         if prefetch or self.path is None:
             end = max((o[i] + sz[i] for _, o, sz in self.columns for i in range(first, stop) if o[i] >= 0),
                       default=0)
             self.source = (PrefetchedBytes.local(self.path, end) if self.path is not None
                            else PrefetchedBytes.remote(self.access.location, self.entry.name, end))
-        else:
+        elif views:  # zero-copy views of the map (decode="buffer")
             self.source = MappedBytes(self.path, self.size)
-            spans = [(o[i], o[i] + sz[i]) for _, o, sz in self.columns for i in (first, stop - 1)
-                     if first < stop and o[i] >= 0]
-            if spans:
-                self.source.will_need(min(a for a, _ in spans), max(b for _, b in spans))
+        else:
+            self.source = PreadBytes(self.path, self.size)
 
     def close(self) -> None:
         if self.source is not None:
@@ -281,8 +280,9 @@ class WdsShard(ShardReader):
     def images(self, first: int, stop: int, views: bool = False) -> Iterator[Tuple[int, Any]]:
         """The hot loop of raw reading: slices of the memory map directly when there is one.
         With ``views``, zero-copy uint8 array views of the map instead of bytes."""
-        if self.source is None:
-            self.prepare(first, stop, False)
+        if self.source is None or (views and getattr(self.source, "mm", None) is None
+                                   and not isinstance(self.source, PrefetchedBytes)):
+            self.prepare(first, stop, False, views)
         spans = self._image_spans()
         mm = getattr(self.source, "mm", None)
         if mm is not None and views:
@@ -331,8 +331,7 @@ class Wds(Format):
         for name, col in members.items():
             for part in ("offset", "size"):
                 values = col.get(part) if isinstance(col, dict) else None
-                expect(isinstance(values, list) and len(values) == n and all(is_int(v) and v >= -1 for v in values),
-                       path, f"members.{name}.{part}", f"a list of {n} integers >= -1")
+                expect(is_int_list(values, n, -1), path, f"members.{name}.{part}", f"a list of {n} integers >= -1")
         return record
 
     @classmethod

@@ -13,6 +13,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Tuple
 
+from ..errors import ManifestError
 from ..processes import ProcessLocal
 from .location import Location
 
@@ -26,18 +27,7 @@ class MappedBytes:
         with open(path, "rb") as f:
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         if self.mm is not None and hasattr(mmap, "MADV_SEQUENTIAL"):
-            self.mm.madvise(mmap.MADV_SEQUENTIAL)  # read in file order: larger readahead, pages dropped behind
-
-    def will_need(self, start: int, stop: int) -> None:
-        """Ask the kernel to read [start, stop) ahead, in the background: a cold span is then
-        read in large requests while the first samples decode, not one page fault at a time."""
-        if self.mm is None or not hasattr(mmap, "MADV_WILLNEED") or stop <= start:
-            return
-        start -= start % mmap.PAGESIZE
-        try:
-            self.mm.madvise(mmap.MADV_WILLNEED, start, min(stop, len(self.mm)) - start)
-        except (OSError, ValueError):
-            pass  # advice only
+            self.mm.madvise(mmap.MADV_SEQUENTIAL)  # read in file order: larger readahead (cold: +10-25%)
 
     def get(self, offset: int, size: int) -> bytes:
         return self.mm[offset: offset + size] if self.mm is not None else b""
@@ -48,6 +38,31 @@ class MappedBytes:
                 self.mm.close()
             except BufferError:
                 pass  # decode="buffer" views still use it; it closes when they are gone
+
+
+class PreadBytes:
+    """Local files: each slice by one ``pread``. As fast as a memory map's slice when the pages
+    are cached, and 1.3-1.5x faster cold: the kernel's read-ahead for read() fetches larger runs
+    than page faults on a map do (``MADV_WILLNEED`` on the map was slower still: it reads the
+    whole span before the first sample). A file that shrinks under it raises, where a map
+    would kill the process with SIGBUS."""
+
+    def __init__(self, path: str, size: int):
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        self.path = path
+
+    def get(self, offset: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, offset)
+        if len(data) != size:
+            raise ManifestError(f"{self.path} is shorter than its index says (changed while being read)", self.path)
+        return data
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 _pools = ProcessLocal()  # a forked DataLoader worker makes its own threads

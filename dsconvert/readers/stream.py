@@ -121,7 +121,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
             run = min(ends[k] - p, stop - pos)
             shard = self.format.open_shard(self.access, shards[k], self.manifest,
                                            max_member_bytes=self.max_member_bytes)
-            shard.prepare(first, first + run, self.prefetch)
+            shard.prepare(first, first + run, self.prefetch, views=self.decode == "buffer")
             try:
                 if self.classification:
                     for i, raw in shard.images(first, first + run, views=self.decode == "buffer"):
@@ -156,13 +156,18 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
             items = _shuffled(items, self.buffer_size, rng)
         plain = (self.classification and self.decode in ENCODED_MODES
                  and self.transform is None and self.target_transform is None)
-        if plain:  # the raw fast path: nothing to decode or transform
+        if self.batch_size is None:  # one loop per case: a generator layer costs as much as a raw read
+            if plain:  # the raw fast path: nothing to decode or transform
+                for shard, i, raw in items:
+                    yield raw, shard.labels[i]
+            else:
+                for shard, i, raw in items:
+                    yield self._decode(shard, i, raw)
+            return
+        if plain:
             samples: Iterator[Any] = ((raw, shard.labels[i]) for shard, i, raw in items)
         else:
             samples = (self._decode(shard, i, raw) for shard, i, raw in items)
-        if self.batch_size is None:
-            yield from samples
-            return
         batch: List[Any] = []
         for sample in samples:
             batch.append(sample)
