@@ -66,7 +66,7 @@ def test_encoded_batches_keep_the_bytes_as_a_list(torch, outputs):
 
 
 def test_batch_size_must_be_positive(outputs):
-    for bad in (0, -1, 2.5):
+    for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="batch_size"):
             open_dataset(outputs["wds"], batch_size=bad)
 

@@ -53,7 +53,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         super().__init__(root, manifest, transform, target_transform, decode, access)
         if buffer_size < 1:
             raise ValueError("buffer_size must be >= 1")
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
             raise ValueError("batch_size must be a positive int or None")
         rank_span(0, 0, 1, even)  # validates ``even``
         self.shuffle = shuffle
