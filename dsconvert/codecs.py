@@ -150,8 +150,11 @@ def check_image(data: bytes, max_pixels: Optional[int] = None, full: bool = Fals
         raise
     except UnidentifiedImageError:
         raise BadInputError("not a decodable image (Pillow cannot identify the format)") from None
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, MemoryError) as exc:
-        raise BadInputError(f"corrupt or truncated image: {exc}") from None
+    except Exception as exc:  # Pillow's plugins raise what they like (NotImplementedError, RuntimeError,
+        # OverflowError, AttributeError...): only Pillow runs here, so every failure is the file's
+        raise BadInputError(f"corrupt or truncated image: {type(exc).__name__}: {exc}"
+                            if not isinstance(exc, (OSError, SyntaxError, ValueError)) else
+                            f"corrupt or truncated image: {exc}") from None
 
 
 def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int] = None) -> None:
@@ -343,6 +346,12 @@ def decode_image(data: Any, mode: str = "pil") -> Any:
     raise ValueError(f"decode must be one of {DECODE_MODES}, not {mode!r}")
 
 
+# what Pillow and its format plugins raise on a bad file (a reader's transform may raise other
+# things, which stay as they are)
+PILLOW_DECODE_ERRORS = (OSError, SyntaxError, ValueError, RecursionError, MemoryError, EOFError, IndexError,
+                        struct.error, NotImplementedError, RuntimeError, OverflowError)
+
+
 @contextlib.contextmanager
 def decode_errors_naming(where: str) -> Iterator[None]:
     """Decode errors raised inside name ``where`` (a shard and sample): the message alone does
@@ -353,7 +362,7 @@ def decode_errors_naming(where: str) -> Iterator[None]:
         raise BadInputError(exc.reason, where) from None
     except DsconvertError:
         raise  # about the output, not this sample's bytes
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+    except PILLOW_DECODE_ERRORS as exc:
         raise BadInputError(f"cannot decode: {exc}", where) from None
 
 

@@ -249,9 +249,10 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]]) -> Tuple
             if img.format == "JPEG" and img.mode in ("RGB", "L") and min(img.size) > 0:
                 width, height = img.size
                 k = _reduction(height, width, *need(height, width))
-                if k > 1:
-                    img.draft(img.mode, (-(-width // k), -(-height // k)))
-                return np.asarray(img.convert("RGB")), round(width / img.size[0])
+                if k > 1:  # draft's box is the image at the scale it chose: width / scale
+                    _, box = img.draft(img.mode, (-(-width // k), -(-height // k)))
+                    k = round(width / box[2])
+                return np.asarray(img.convert("RGB")), k
     return np.asarray(_pil_rgb(data)), 1
 
 
@@ -372,6 +373,9 @@ class FusedTransform:
         assert g is not None
         if target is None:  # pixels at full resolution
             target = resized_size(pixels.shape[0], pixels.shape[1], g.resize, g.max_size)
+        # a 12000 x 1 image resized to a 256 shorter side would be 3 million pixels long: refused
+        # as the pixel limit refuses a bomb, not allocated (torchvision would allocate it)
+        check_pixels(target[1], target[0])
         resized = _resize(pixels, target[0], target[1], g.interpolation)
         if g.crop is None:
             return self._finish(resized)

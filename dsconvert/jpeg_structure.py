@@ -7,14 +7,17 @@ runs off the end), a damaged or missing marker segment, a table libjpeg rejects 
 first pixel, a frame type or sampling it cannot decode. Corrupt entropy-coded *data* is only a
 libjpeg warning, which Pillow ignores: it decodes such files, as before.
 
-:func:`whole` says True only for the common, fully checkable case: one Huffman-coded frame
+:func:`whole` looks at what libjpeg will decode; what Pillow's own header parser refuses (a
+short JFIF/Adobe/ICC segment, a decompression bomb) is refused when the caller opens the file
+with Pillow first, as ``check_image`` does. Its claim: if Pillow opens the file and ``whole``
+is True, Pillow decodes it without error. It says True only for the common, fully checkable case: one Huffman-coded frame
 (baseline or extended sequential), one scan holding every component, integral chroma
 sampling, every quantisation table the frame names defined, every Huffman table valid as
 libjpeg's ``jpeg_make_d_derived_tbl`` checks it, and the scan's entropy-coded data ending at
 a marker, then EOI. Anything else (progressive files, several scans, arithmetic coding,
 restart markers out of a scan, a marker it does not expect) returns False, and the caller
 decodes as before. ``tests/test_jpeg_structure.py`` mutates real JPEGs thousands of ways and
-checks that whatever this accepts, Pillow decodes.
+checks that whatever this accepts and Pillow opens, Pillow decodes.
 """
 
 from __future__ import annotations

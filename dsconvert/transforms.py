@@ -55,13 +55,15 @@ class CropToTensor:
     def __call__(self, image: Any) -> Any:
         from PIL import Image
 
+        from .fused import resized_size
+
         image = _pil(image)
         s, r = self.size, self.resize
         w, h = image.size
-        scale = r / min(w, h)
-        image = image.resize((max(r, round(w * scale)), max(r, round(h * scale))), Image.Resampling.BILINEAR)
+        nh, nw = resized_size(h, w, r)  # torchvision's Resize(r) size: the longer side truncated
+        image = image.resize((nw, nh), Image.Resampling.BILINEAR)
         w, h = image.size
-        left, top = (w - s) // 2, (h - s) // 2
+        left, top = int(round((w - s) / 2.0)), int(round((h - s) / 2.0))  # torchvision's CenterCrop
         return _to_tensor(image.crop((left, top, left + s, top + s)))
 
     def __repr__(self) -> str:

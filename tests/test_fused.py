@@ -300,3 +300,30 @@ def test_torchvision_transforms_same_seed_same_boxes(torch, folder, tmp_path, na
         ua = u.double().numpy() if torch.is_tensor(u) else np.asarray(u, dtype=np.float64)
         assert xa.shape == ua.shape
         assert np.abs(xa - ua).mean() < (0.01 if xa.max() <= 10 else 0.5), name  # same box, same flip
+
+
+def test_the_pillow_fallback_reports_the_scale_draft_chose(torch, monkeypatch):
+    monkeypatch.setattr(fz, "jpeg_decoders", lambda: [("pil", lambda d: None)])
+    data = encode(Image.new("RGB", (9, 2000), (10, 200, 30)), quality=90)
+    pixels, k = fz._decode(data, lambda h, w: (1, 1))
+    # Pillow's draft picks 1/4 here (9 // 2 = 4 limits it) and rounds 9 / 4 up to 3 columns: the
+    # scale is draft's, not 9 / 3
+    assert k == 4 and pixels.shape[:2] == (500, 3)
+
+
+def test_eval_is_the_reference_transform_pixel_for_pixel(torch, photos):
+    """CropToTensor and the fused Resize + CenterCrop resize to torchvision's size (the longer
+    side truncated), so they agree on every aspect ratio, 640x427 included."""
+    ref = CropToTensor(224, resize=256)
+    t = fz.fuse(ref)
+    for size in ((640, 427), (500, 375), (427, 640), (301, 257)):
+        data = encode(photos["coffee"].convert("RGB").resize(size), quality=95)
+        assert mean_abs(t.from_bytes(data).numpy(), ref(pil_full(data)).numpy()) < 0.1, size
+
+
+def test_a_resize_that_would_amplify_a_thin_image_is_refused(torch):
+    """A 4 kB JPEG of 12000 x 1 pixels would be resized to 3 million x 256 before the centre
+    crop: refused like a decompression bomb, not allocated."""
+    data = encode(Image.new("RGB", (12000, 1), (5, 5, 5)), quality=90)
+    with pytest.raises(BadInputError, match="decompression bomb"):
+        fz.fuse(CropToTensor(224, resize=256)).from_bytes(data)

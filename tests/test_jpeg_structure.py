@@ -139,3 +139,36 @@ def test_check_image_still_refuses_what_pillow_refuses(corpus):
                 passed = False
             if passed and not ok:
                 pytest.fail(f"{name}: check_image passed a file Pillow cannot decode")
+
+
+def test_what_pillows_header_parser_refuses_is_refused_by_check_image(corpus):
+    """whole() reads what libjpeg decodes; Pillow's own parser also refuses short JFIF, Adobe and
+    ICC segments. check_image opens with Pillow first, so those are refused all the same."""
+    data, _ = corpus["baseline 4:2:0"]
+    for body in (b"JFIF", b"Adobe", b"ICC_PROFILE\0"):
+        m = data[:2] + b"\xff" + (b"\xe0" if body == b"JFIF" else b"\xee" if body == b"Adobe" else b"\xe2") \
+            + struct.pack(">H", 2 + len(body)) + body + data[2:]
+        assert whole(m) and not pillow_decodes(m)
+        with pytest.raises(BadInputError):
+            check_image(m)
+
+
+def test_any_exception_a_pillow_plugin_raises_is_a_bad_input(tmp_path):
+    """Pillow's plugins raise NotImplementedError, RuntimeError, OverflowError, AttributeError...
+    on hostile files: a one-line skip at conversion, never a failed conversion."""
+    from dsconvert import convert
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, "DDS")
+    dds = bytearray(buf.getvalue())
+    dds[80:84] = bytes(4)  # the pixel format's flags: Pillow raises NotImplementedError
+    with pytest.raises(BadInputError, match="NotImplementedError"):
+        check_image(bytes(dds))
+    good = io.BytesIO()
+    Image.new("RGB", (16, 16), (9, 9, 9)).save(good, "JPEG")
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "bad.jpg").write_bytes(bytes(dds))
+    (tmp_path / "src" / "a" / "good.jpg").write_bytes(good.getvalue())
+    for extra in ({}, {"max_size": 8}):
+        m = convert(str(tmp_path / "src"), str(tmp_path / f"out{len(extra)}"), **extra).manifest
+        assert m.num_samples == 1 and [s["path"] for s in m.skipped] == ["a/bad.jpg"]

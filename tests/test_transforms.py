@@ -19,9 +19,10 @@ def test_eval_is_resize_256_then_centre_crop_224(torch):
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 500, 3), dtype=np.uint8))
     out = t(img)
     assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
-    # the same pixels as resizing by hand and cropping the centre
-    ref = img.resize((round(500 * 256 / 300), 256), Image.Resampling.BILINEAR)
-    left, top = (ref.width - 224) // 2, (ref.height - 224) // 2
+    # the same pixels as torchvision's rules by hand: Resize(256) truncates the longer side
+    # (int(256 * 500 / 300) = 426), CenterCrop rounds the offsets
+    ref = img.resize((int(256 * 500 / 300), 256), Image.Resampling.BILINEAR)
+    left, top = int(round((ref.width - 224) / 2.0)), int(round((ref.height - 224) / 2.0))
     expect = np.asarray(ref.crop((left, top, left + 224, top + 224))).transpose(2, 0, 1)
     assert np.array_equal(out.numpy(), expect)
     out[0, 0, 0] = 1  # a writable tensor
