@@ -144,6 +144,13 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
     ops = _ops(transform)
     if ops is None:
         return FusedTransform(None, 0.0, "pil", [], transform)
+    # v2's recommended order converts first (ToImage, then the geometry on a uint8 tensor, which
+    # torchvision resizes with the same antialiased kernel); an explicit antialias=False is left as given
+    first = _conversion(ops[0])
+    if first in ("uint8", "image"):
+        if any(getattr(op, "antialias", True) is False for op in ops[1:3]):
+            return FusedTransform(None, 0.0, "pil", [], transform)
+        ops = ops[1:]
     geometry, used = _geometry(ops)
     if geometry is None:
         return FusedTransform(None, 0.0, "pil", [], transform)
@@ -152,12 +159,18 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
     if rest and _from_torchvision(rest[0]) and type(rest[0]).__name__ == "RandomHorizontalFlip":
         flip = float(rest[0].p)
         rest = rest[1:]
-    output = "pil"
-    if rest and _from_torchvision(rest[0]):
-        output = {"PILToTensor": "uint8", "ToImage": "image", "ToTensor": "float"}.get(type(rest[0]).__name__, "pil")
-        if output != "pil":
-            rest = rest[1:]
+    output = first if first in ("uint8", "image") else "pil"
+    if output == "pil" and rest and _conversion(rest[0]) != "pil":
+        output, rest = _conversion(rest[0]), rest[1:]
     return FusedTransform(geometry, flip, output, rest, transform)
+
+
+def _conversion(op: Any) -> str:
+    """What a torchvision conversion op makes of a PIL image: ``uint8`` (PILToTensor), ``image``
+    (v2 ToImage), ``float`` (ToTensor); ``pil`` for any other op."""
+    if not _from_torchvision(op):
+        return "pil"
+    return {"PILToTensor": "uint8", "ToImage": "image", "ToTensor": "float"}.get(type(op).__name__, "pil")
 
 
 # --- the crop box, as torchvision draws it ------------------------------------------------

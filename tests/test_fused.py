@@ -278,18 +278,24 @@ def torchvision_pipelines():
         "random crop": T1.Compose([T1.RandomCrop(200), T1.PILToTensor()]),
         "resize only": T1.Compose([T1.Resize((120, 90)), T1.PILToTensor()]),
         "not fused": T1.Compose([T1.ColorJitter(0.1), T1.RandomResizedCrop(64), T1.PILToTensor()]),
+        "v2 ToImage first": T2.Compose([T2.ToImage(), T2.RandomResizedCrop(224), T2.RandomHorizontalFlip(),
+                                        T2.ToDtype(torch.float32, scale=True),
+                                        T2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]),
+        "v2 PILToTensor first, eval": T2.Compose([T2.PILToTensor(), T2.Resize(256), T2.CenterCrop(224)]),
+        "v2 no antialias": T2.Compose([T2.ToImage(), T2.Resize(256, antialias=False), T2.CenterCrop(224)]),
     }
 
 
 @pytest.mark.parametrize("name", ["v1 train", "v2 train", "v1 eval", "v2 eval", "v1 normalize",
-                                  "bicubic, PIL out", "random crop", "resize only", "not fused"])
+                                  "bicubic, PIL out", "random crop", "resize only", "not fused",
+                                  "v2 ToImage first", "v2 PILToTensor first, eval", "v2 no antialias"])
 def test_torchvision_transforms_same_seed_same_boxes(torch, folder, tmp_path, name):
     T = torchvision_pipelines()[name]
     out = str(tmp_path / "wds")
     convert(folder, out)
     a = open_dataset(out, transform=T, decode="pil")
     b = open_dataset(out, transform=T, decode="fused")
-    assert (b.fused.geometry is None) == (name == "not fused")
+    assert (b.fused.geometry is None) == (name in ("not fused", "v2 no antialias"))
     torch.manual_seed(0)
     A = list(a)
     torch.manual_seed(0)
