@@ -41,6 +41,7 @@ __all__ = [
     "DECODERS",
     "resolve_decoder",
     "decode_rgb",
+    "fast_decode",
     "resize_rgb",
     "resized_shape",
     "image_size",
@@ -141,9 +142,9 @@ def check_image(data: bytes, max_pixels: Optional[int] = None, full: bool = Fals
     try:
         with pixel_limit(max_pixels):
             img = _pil_open(data)
-            if img.format in ("JPEG", "MPO") and not full and jpeg_whole(data):
-                return
             if img.format in ("JPEG", "MPO") and not full:
+                if jpeg_whole(data):
+                    return
                 img.draft(img.mode, (max(1, img.size[0] // 8), max(1, img.size[1] // 8)))
             img.load()
     except BadInputError:
@@ -417,24 +418,36 @@ def resolve_decoder(name: str = "auto") -> str:
     return name
 
 
+def fast_decode(data: bytes, fast: FastJpeg,
+                reduction: Callable[[int, int], int] = lambda height, width: 1) -> Optional[Tuple[np.ndarray, int]]:
+    """(pixels, k): a JPEG through a libjpeg-turbo binding at 1/k, k = ``reduction(height,
+    width)``; the pixel limit checked on the dimensions the decoder's own header reader gives.
+    None where Pillow must decide instead: a header libjpeg-turbo does not read cleanly, CMYK, an
+    empty frame, anything libjpeg warns about."""
+    try:
+        height, width, cmyk = fast.header(data)
+    except Exception:
+        return None
+    if cmyk or height <= 0 or width <= 0:
+        return None
+    check_pixels(width, height)
+    k = reduction(height, width)
+    try:
+        return np.asarray(fast.reduced(data, k)), k
+    except Exception:
+        return None  # a warning or an error: Pillow decides, raising on what it refuses
+
+
 def decode_rgb(data: bytes, decoder: str = "pil") -> np.ndarray:
     """HWC uint8 RGB pixels, as ``np.asarray(Image.open(f).convert("RGB"))``, with JPEGs
-    through the named fast decoder. The pixel limit is checked on the dimensions the decoder's
-    own header reader gives; CMYK, non-JPEG data, and anything libjpeg warns about go through
-    Pillow, which decides exactly as it does for ``decode="pil"``."""
+    through the named fast decoder (:func:`fast_decode`); CMYK, non-JPEG data, and anything
+    libjpeg warns about go through Pillow, which decides exactly as it does for ``decode="pil"``."""
     if decoder != "pil" and data[:3] == _JPEG_MAGIC:
         fast = next((fn for name, fn in jpeg_decoders() if name == decoder), None)
         if isinstance(fast, FastJpeg):
-            try:
-                height, width, cmyk = fast.header(data)
-            except Exception:
-                cmyk = True  # not a header libjpeg-turbo reads cleanly: Pillow decides
-            if not cmyk:
-                check_pixels(width, height)
-                try:
-                    return np.ascontiguousarray(fast.decode(data))
-                except Exception:
-                    pass  # a warning or an error: Pillow decides, raising on what it refuses
+            decoded = fast_decode(data, fast)
+            if decoded is not None:
+                return np.ascontiguousarray(decoded[0])
     return _pil_decoder(data)
 
 

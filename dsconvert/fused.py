@@ -36,7 +36,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from .codecs import _JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, check_pixels, jpeg_decoders
+from .codecs import _JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, check_pixels, fast_decode, jpeg_decoders
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
 
@@ -246,17 +246,9 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]]) -> Tuple
     if data[:3] == _JPEG_MAGIC:
         fast = next((fn for _, fn in jpeg_decoders() if isinstance(fn, FastJpeg)), None)
         if fast is not None:
-            try:
-                height, width, cmyk = fast.header(data)
-            except Exception:
-                cmyk = True  # not a header libjpeg-turbo reads cleanly: Pillow decides
-            if not cmyk and height > 0 and width > 0:  # an empty frame: Pillow decides, raising
-                check_pixels(width, height)
-                k = _reduction(height, width, *need(height, width))
-                try:
-                    return np.asarray(fast.reduced(data, k)), k
-                except Exception:
-                    pass  # a warning or an error: Pillow decides, raising on what it refuses
+            decoded = fast_decode(data, fast, lambda height, width: _reduction(height, width, *need(height, width)))
+            if decoded is not None:
+                return decoded
         else:
             img = _pil_open(data)
             if img.format == "JPEG" and img.mode in ("RGB", "L") and min(img.size) > 0:
