@@ -37,7 +37,7 @@ import io
 import operator
 import re
 import tarfile
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from ..codecs import encode_class
 from ..errors import ManifestError
 from ..io.localfs import SizeBoundedFile, regular_size
 from ..io.location import Location
-from ..io.ranges import MappedBytes, PrefetchedBytes, PreadBytes
+from ..io.ranges import MappedBytes, PrefetchedBytes, PreadBytes, ScatteredBytes, local_fill, remote_fill
 from ..manifest import Manifest, ShardEntry, expect, is_int_list
 from ..plan import ShardSpec
 from ..source import Sample
@@ -249,11 +249,28 @@ class WdsShard(ShardReader):
             self.source.close()
             self.source = None
 
-    def fields(self, j: int) -> Dict[str, bytes]:
-        if self.source is None:
-            self.prepare(0, len(self.keys), False)
-        get = self.source.get
+    def fields(self, j: int, source: Any = None) -> Dict[str, bytes]:
+        if source is None:
+            if self.source is None:
+                self.prepare(0, len(self.keys), False)
+            source = self.source
+        get = source.get
         return {name: get(o[j], s[j]) for name, o, s in self.columns if o[j] >= 0}
+
+    def scattered(self, samples: Sequence[int], image_only: bool) -> ScatteredBytes:
+        """The bytes of ``samples`` (their image, or every member), requested now, concurrently
+        (see :class:`~dsconvert.io.ranges.ScatteredBytes`); ``close()`` it when read."""
+        if image_only:
+            image = self._image_spans()
+            spans = [image[j] for j in samples]
+        else:
+            spans = [(o[j], s[j]) for j in samples for _, o, s in self.columns if o[j] >= 0]
+        if self.path is not None:
+            fill, close = local_fill(self.path)
+            source = ScatteredBytes(fill, spans)
+            source.close = _then(source.close, close)  # type: ignore[method-assign]
+            return source
+        return ScatteredBytes(remote_fill(self.access.location, self.entry.name), spans)
 
     def _image_spans(self) -> List[Tuple[int, int]]:
         """Per sample, (offset, size) of the one member that is not the label."""
@@ -276,6 +293,10 @@ class WdsShard(ShardReader):
             self.prepare(0, len(self.keys), False)
         o, sz = self._image_spans()[j]
         return self.source.get(o, sz)
+
+    def image_spans(self) -> List[Tuple[int, int]]:
+        """(offset, size) of each sample's image member, by sample."""
+        return self._image_spans()
 
     def images(self, first: int, stop: int, views: bool = False) -> Iterator[Tuple[int, Any]]:
         """The hot loop of raw reading: slices of the memory map directly when there is one.
@@ -300,6 +321,15 @@ class WdsShard(ShardReader):
                 o, sz = spans[i]
                 data = get(o, sz)
                 yield i, np.frombuffer(data, dtype=np.uint8) if views else data
+
+
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            second()
+    return both
 
 
 class Wds(Format):

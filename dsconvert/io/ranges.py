@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import mmap
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, List, Optional, Tuple
+from bisect import bisect_right
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..errors import ManifestError
 from ..processes import ProcessLocal
 from .location import Location
 
-__all__ = ["MappedBytes", "PrefetchedBytes"]
+__all__ = ["MappedBytes", "PreadBytes", "PrefetchedBytes", "ScatteredBytes", "local_fill", "remote_fill"]
 
 
 class MappedBytes:
@@ -139,8 +140,8 @@ class PrefetchedBytes:
 
     @classmethod
     def local(cls, path: str, end: int, **kw: Any) -> "PrefetchedBytes":
-        fd = os.open(path, os.O_RDONLY)
-        return cls(lambda view, offset: os.preadv(fd, [view], offset), end, lambda: os.close(fd), **kw)
+        fill, close = local_fill(path)
+        return cls(fill, end, close, **kw)
 
     @classmethod
     def remote(cls, location: Location, name: str, end: int, **kw: Any) -> "PrefetchedBytes":
@@ -148,10 +149,58 @@ class PrefetchedBytes:
         some server work whatever its size; stores advise parts of several MB)."""
         kw.setdefault("piece", 4 << 20)
         kw.setdefault("window", 32 << 20)
+        return cls(remote_fill(location, name), end, **kw)
 
-        def fill(view: memoryview, offset: int) -> int:
-            data = location.read_range(name, offset, offset + len(view))
-            view[: len(data)] = data
-            return len(data)
 
-        return cls(fill, end, **kw)
+def local_fill(path: str) -> Tuple[Callable[[memoryview, int], int], Callable[[], None]]:
+    """``fill(view, offset)`` by ``preadv`` on one descriptor, and its ``close``."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    return (lambda view, offset: os.preadv(fd, [view], offset)), (lambda: os.close(fd))
+
+
+def remote_fill(location: Location, name: str) -> Callable[[memoryview, int], int]:
+    """``fill(view, offset)`` by one ranged GET of object ``name``."""
+    def fill(view: memoryview, offset: int) -> int:
+        data = location.read_range(name, offset, offset + len(view))
+        view[: len(data)] = data
+        return len(data)
+    return fill
+
+
+class ScatteredBytes:
+    """Latency-bound storage read in a shuffled or dealt order: exactly the spans a worker
+    reads next, merged where they nearly touch (``gap``) up to ``piece`` bytes per request,
+    all requested at once on the shared thread pool, so that the round trips overlap and
+    the next group can be fetched while this one is decoded."""
+
+    def __init__(self, fill: Callable[[memoryview, int], int], spans: Sequence[Tuple[int, int]],
+                 threads: int = 8, gap: int = 64 << 10, piece: int = 4 << 20):
+        pool = _io_pool(threads)
+        merged: List[List[int]] = []
+        for offset, size in sorted(spans):
+            if merged and offset - merged[-1][1] <= gap and max(merged[-1][1], offset + size) - merged[-1][0] <= piece:
+                merged[-1][1] = max(merged[-1][1], offset + size)
+            else:
+                merged.append([offset, offset + size])
+        self.starts = [a for a, _ in merged]
+        self.ranges: List[Tuple[int, bytearray, Future]] = []
+        for a, b in merged:
+            buf = bytearray(b - a)
+            self.ranges.append((a, buf, pool.submit(fill, memoryview(buf), a)))
+
+    def get(self, offset: int, size: int) -> bytes:
+        i = bisect_right(self.starts, offset) - 1
+        if i < 0:
+            raise ValueError(f"bytes at {offset} were not fetched")
+        start, buf, future = self.ranges[i]
+        got = future.result()
+        lo = offset - start
+        if lo + size > got:
+            raise ManifestError(f"the shard ends before byte {offset + size} (was it truncated?)")
+        return bytes(buf[lo: lo + size])
+
+    def close(self) -> None:
+        """Waits for requests already running (they write into buffers and read a descriptor
+        that the caller may close next)."""
+        running = [future for _, _, future in self.ranges if not future.cancel()]
+        wait(running)

@@ -2,7 +2,10 @@
 
 ``open.py``    ``open_dataset``: the manifest says which Dataset (torch-free to import)
 ``base.py``    what every Dataset shares: decode mode, transforms, locating a sample
-``stream.py``  ``StreamDataset``: shards in file order, split by rank and worker (wds)
+``stream.py``  ``StreamDataset``: the epoch's order dealt to ranks and workers, position as state (wds)
+``order.py``   that order and the dealing, as arithmetic (pure; what makes resumption exact)
+``epoch.py``   the epoch and a pending resume, shared with persistent DataLoader workers
+``sampler.py`` ``ResumableSampler``: the same for map-style outputs (a resumable DistributedSampler)
 ``map.py``     ``MapDataset``: random access by index (hdf5, npy)
 ``cached.py``  ``CachedDataset``: any map-style dataset, decoded once into a memory map
 """

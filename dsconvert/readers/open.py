@@ -32,9 +32,14 @@ def open_dataset(
 
     Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
     ``even`` (None | "pad" | "drop"), ``prefetch``, ``batch_size`` (whole batches built in the
-    worker, for ``DataLoader(ds, batch_size=None)``), ``allow_pickle`` (default False: pickled
+    worker, for ``DataLoader(ds, batch_size=None)``; with ``collate=False`` the samples one by
+    one, dealt in whole batches, for ``DataLoader(ds, batch_size=...)``), ``allow_pickle`` (default False: pickled
     fields stay bytes, since loading them runs code from the data); see
-    :class:`dsconvert.readers.stream.StreamDataset`. Images larger than
+    :class:`dsconvert.readers.stream.StreamDataset`. The wds reader's position is state:
+    ``state_dict``/``load_state_dict`` (torchdata's StatefulDataLoader saves and restores it;
+    ``load_state_dict({"epoch": e, "samples_seen": n})`` continues on any number of ranks and
+    workers), and ``set_epoch`` reaches persistent workers; map-style outputs resume through
+    their sampler (:class:`dsconvert.data.ResumableSampler`). Images larger than
     ``PIL.Image.MAX_IMAGE_PIXELS`` raise BadInputError (decompression bombs), on every decode path.
     hdf5 and npy outputs are map-style (``len``, indexing; shuffle and DDP through the
     DataLoader's sampler, e.g. ``DistributedSampler``); decoded ones have no ``"raw"`` mode,

@@ -1,10 +1,15 @@
-"""``StreamDataset``: a format's shards read in file order, as an IterableDataset; wds outputs
-open as this.
+"""``StreamDataset``: a format's shards as an IterableDataset whose position is state; wds
+outputs open as this.
 
-Each (rank, DataLoader worker) reads a contiguous slice of the epoch's sequence of samples
-(shards in a seeded order, ``shuffle``), so a shard is read sequentially, memory-mapped or
-fetched ahead; a bounded buffer shuffles samples within that (encoded bytes, never decoded
-images). ``even`` pads or drops so that every rank sees as many samples.
+The epoch is one global order of the samples (shards in a seeded order, each window of
+``buffer_size`` positions permuted, ``shuffle``), dealt to ranks and DataLoader workers in the
+order they consume it (:mod:`dsconvert.readers.order`), so a job can stop anywhere and resume
+exactly: with torchdata's StatefulDataLoader (each worker's place, :meth:`state_dict`), or on
+another number of ranks and workers (``load_state_dict({"epoch", "samples_seen"})``). A
+sample is located by arithmetic, never by reading what came before it. Local shards are read
+by ``pread`` (a memory map for ``decode="buffer"`` views), latency-bound and remote ones by
+concurrent ranged requests for exactly the members needed, one group ahead. ``even`` pads or
+drops so that every rank sees as many samples.
 """
 
 from __future__ import annotations
@@ -12,13 +17,18 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
+
 from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field
-from ..distributed import distributed_initialized, rank_span, split_range, worker_info, world_info
+
+from ..distributed import distributed_initialized, worker_info, world_info
 from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
 from ..io.shard_cache import ShardAccess
-from ..manifest import Manifest, ShardEntry
-from .base import ShardDataset, TorchIterableDataset, collate, cumulative, locate
+from ..manifest import Manifest
+from .base import ShardDataset, TorchIterableDataset, collate
+from .epoch import SharedEpoch
+from .order import Deal, GlobalOrder, remaining
 
 __all__ = ["StreamDataset"]
 
@@ -48,6 +58,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         prefetch: Optional[bool] = None,
         allow_pickle: bool = False,
         batch_size: Optional[int] = None,
+        collate: bool = True,
         access: Optional[ShardAccess] = None,
     ):
         super().__init__(root, manifest, transform, target_transform, decode, access)
@@ -55,7 +66,9 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
             raise ValueError("buffer_size must be >= 1")
         if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
             raise ValueError("batch_size must be a positive int or None")
-        rank_span(0, 0, 1, even)  # validates ``even``
+        if type(collate) is not bool:
+            raise ValueError("collate must be True or False")
+        remaining(0, 0, 1, even)  # validates ``even``
         self.shuffle = shuffle
         self.seed = seed
         self.buffer_size = buffer_size
@@ -71,67 +84,157 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         # batches built in the worker (DataLoader(ds, batch_size=None)): one collate per batch, and
         # whole batches per worker, so len() is exact whatever the number of workers
         self.batch_size = batch_size
-        self.epoch = 0
+        # collate=False: samples one by one, still dealt in whole batches of batch_size, for
+        # DataLoader(ds, batch_size=batch_size, num_workers=N): exact len and elastic resumption
+        self.collate = collate
+        self._batches = batch_size is not None and collate  # items are batches
+        self._encoded_images = decode in ENCODED_MODES and transform is None  # bytes of differing lengths: a list
+        self._epoch = SharedEpoch()  # the epoch, shared with (persistent) DataLoader workers
+        self._resume: Optional[Dict[str, Any]] = None  # a worker's own saved place (StatefulDataLoader)
+        self._state: Optional[Dict[str, Any]] = None  # the running iteration's place
+        self._yielded = 0  # samples it has produced (in batches or one by one)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.set_epoch(int(epoch))
 
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for this epoch (call before iterating, on every rank)."""
+        """Reshuffle for this epoch (call before iterating, on every rank). Reaches DataLoader
+        workers started with ``persistent_workers=True`` too (:mod:`dsconvert.readers.epoch`)."""
         self.epoch = int(epoch)
 
-    def _span(self) -> Tuple[int, int]:
+    # --- position: the StatefulDataLoader protocol and elastic resumption -----------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where this iteration is. Inside a DataLoader worker (torchdata's StatefulDataLoader
+        calls it there) it names the worker's own place, which :meth:`load_state_dict` restores
+        exactly in a loader of the same shape; otherwise ``{"epoch", "samples_seen"}``."""
+        if self._state is None:
+            pending = self._epoch.pending()
+            return {"epoch": self.epoch, "samples_seen": pending or 0}
+        return dict(self._state, yielded=self._yielded)  # samples, whether items are samples or batches
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue an epoch. ``{"epoch": e, "samples_seen": n}``, n the number of samples the
+        whole job (all ranks) consumed in epoch e: the next iteration of epoch e deals the
+        samples after the first n of the epoch's global order over this job's ranks and workers,
+        whatever their number (exact when the consumed ones were a prefix: see
+        :mod:`dsconvert.readers.order`). A state from :meth:`state_dict` inside a worker
+        (with ``worker`` and ``yielded``) resumes that worker where it stopped."""
+        if not isinstance(state, dict) or "epoch" not in state:
+            raise ValueError("a dsconvert reading state is a dict with 'epoch' and 'samples_seen'")
+        epoch, seen = state["epoch"], state.get("samples_seen", 0)
+        if type(epoch) is not int or type(seen) is not int or epoch < 0 or seen < 0:
+            raise ValueError(f"epoch and samples_seen must be non-negative ints, not {epoch!r}, {seen!r}")
+        if "worker" in state or "yielded" in state:
+            where, yielded = state.get("worker"), state.get("yielded")
+            if (not isinstance(where, (list, tuple)) or len(where) != 5 or any(type(x) is not int for x in where)
+                    or type(yielded) is not int or yielded < 0):
+                raise ValueError(f"not a dsconvert worker state: {state!r}")
+            self._resume = {"epoch": epoch, "samples_seen": seen, "worker": list(where), "yielded": yielded}
+        else:
+            self._resume = None
+            self._epoch.resume(epoch, seen)
+
+    # --- the epoch's order and this worker's part of it ----------------------------------
+
+    def _order(self, epoch: int) -> GlobalOrder:
+        shards = list(range(len(self.manifest.shards)))
+        if self.shuffle:  # the shards' order as it always was: Random(f"{seed}:{epoch}")
+            random.Random(f"{self.seed}:{epoch}").shuffle(shards)
+        window = self.buffer_size if self.shuffle else 1
+        return GlobalOrder([s.num_samples for s in self.manifest.shards], shards, window, self.seed, epoch)
+
+    def _deal(self, seen: int, wid: int, nworkers: int) -> Deal:
         rank, world = world_info(self.rank, self.world_size)
-        return rank_span(self.manifest.num_samples, rank, world, self.even)
+        length = remaining(self.manifest.num_samples, seen, world, self.even)
+        return Deal(length, world, rank, nworkers, wid, self.batch_size or 1)
 
     def __len__(self) -> int:
-        """Samples for this rank; batches with ``batch_size`` (the last one may be short)."""
-        start, stop = self._span()
-        return stop - start if self.batch_size is None else -(-(stop - start) // self.batch_size)
+        """Samples for this rank in an epoch (batches with ``batch_size``; the last one may be
+        short); what is left of it when an elastic resume is pending for the current epoch."""
+        deal = self._deal(self._epoch.pending() or 0, 0, 1)
+        return deal.batches() if self._batches else deal.rank_length
 
-    def _shard_order(self) -> List[ShardEntry]:
-        shards = list(self.manifest.shards)
-        if self.shuffle:
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(shards)
-        return shards
-
-    def _positions(self) -> Tuple[List[ShardEntry], int, int]:
-        """Shard order and this worker's [start, stop) in the global sequence."""
-        start, stop = self._span()
+    def _begin(self) -> Tuple[int, int, Deal, int]:
+        """(epoch, samples_seen at its start, this worker's deal, samples to skip) of the
+        iteration starting now, taking the resume meant for it."""
         wid, nworkers = worker_info()
-        if self.batch_size is None:
-            lo, hi = split_range(stop - start, nworkers, wid)
-        else:  # whole batches per worker: only the rank's last batch is short
-            b = self.batch_size
-            lo, hi = split_range(-(-(stop - start) // b), nworkers, wid)
-            lo, hi = lo * b, min(hi * b, stop - start)
-        return self._shard_order(), start + lo, start + hi
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            rank, world = world_info(self.rank, self.world_size)
+            here = [rank, world, wid, nworkers, self.batch_size or 1]
+            if resume["worker"] != here:
+                raise ValueError(
+                    f"this reading position was saved by (rank, world, worker, workers, batch) = "
+                    f"{tuple(resume['worker'])}, and this loader is {tuple(here)}: resume a job of another "
+                    "shape with ds.load_state_dict({'epoch': e, 'samples_seen': n}), n the samples it consumed")
+            epoch, seen, skip = resume["epoch"], resume["samples_seen"], resume["yielded"]
+        else:
+            epoch, seen, skip = self.epoch, self._epoch.take(wid), 0
+        deal = self._deal(seen, wid, nworkers)
+        rank, world = world_info(self.rank, self.world_size)
+        self._state = {"epoch": epoch, "samples_seen": seen, "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
+        self._yielded = skip
+        return epoch, seen, deal, skip
 
-    def _raw_samples(self) -> Iterator[Tuple[ShardReader, int, Any]]:
-        """(shard, position, raw bytes) for this worker's samples, read in file order."""
-        shards, start, stop = self._positions()
+    def _pieces(self, epoch: int, seen: int, deal: Deal, first: int) -> Iterator[Tuple[List[int], List[int]]]:
+        """(shard indices, sample indices) of this worker's samples from its ``first``-th, in
+        groups located at once (numpy), in reading order."""
         n = self.manifest.num_samples
-        if n == 0 or start >= stop:
+        order = self._order(epoch)
+        left = n - seen
+        for a in range(first, deal.length, _PIECE):
+            g = seen + deal.offsets(a, a + _PIECE) % left  # positions past the end wrap (even="pad")
+            ks, js = order.locate(g)
+            yield ks.tolist(), js.tolist()
+
+    def _raw_samples(self, epoch: int, seen: int, deal: Deal, first: int) -> Iterator[Tuple[ShardReader, int, Any]]:
+        """(shard, sample, raw bytes or fields) for this worker's samples from its ``first``-th."""
+        if self.manifest.num_samples == 0 or first >= deal.length:
             return
         if self.prefetch is None:  # remote objects are always read ahead, by ranges or into the cache
             self.prefetch = not self.access.remote and is_latency_bound(self.access.cache_dir_or_root())
-        sizes = [s.num_samples for s in shards]
-        ends = cumulative(sizes)
-        pos = start
-        while pos < stop:
-            p = pos % n  # positions past n wrap around (even="pad")
-            k, first = locate(ends, p, sizes)
-            run = min(ends[k] - p, stop - pos)
-            shard = self.format.open_shard(self.access, shards[k], self.manifest,
-                                           max_member_bytes=self.max_member_bytes)
-            shard.prepare(first, first + run, self.prefetch, views=self.decode == "buffer")
-            try:
-                if self.classification:
-                    for i, raw in shard.images(first, first + run, views=self.decode == "buffer"):
-                        yield shard, i, raw
-                else:
-                    for i in range(first, first + run):
-                        yield shard, i, shard.fields(i)
-            finally:
-                shard.close()
-            pos += run
+        fetch = self.prefetch or self.access.remote and not self.access.cache
+        views = self.decode == "buffer"
+        image_only = self.classification
+        shards = _OpenShards(self, prepare=not fetch, views=views)
+        pieces: Iterator[Tuple[List[int], List[int], Dict[int, Any]]] = (
+            (ks, js, {}) for ks, js in self._pieces(epoch, seen, deal, first))
+        if fetch:
+            pieces = _fetched_ahead(pieces, shards, image_only)
+        try:
+            for ks, js, sources in pieces:
+                current = -1
+                try:
+                    for k, j in zip(ks, js):
+                        if k != current:
+                            current = k
+                            shard = shards.get(k)
+                            source = sources.get(k) or shard.source
+                            get = source.get
+                            spans = shard.image_spans() if image_only else None
+                            whole = (np.frombuffer(source.mm, dtype=np.uint8)
+                                     if views and getattr(source, "mm", None) is not None else None)
+                        if not image_only:
+                            yield shard, j, shard.fields(j, source)
+                            continue
+                        o, sz = spans[j]
+                        if whole is not None:
+                            yield shard, j, whole[o: o + sz]
+                        elif views:
+                            yield shard, j, np.frombuffer(get(o, sz), dtype=np.uint8)
+                        else:
+                            yield shard, j, get(o, sz)
+                finally:
+                    for source in sources.values():
+                        source.close()
+        finally:
+            shards.close()
 
     def _decode(self, shard: ShardReader, i: int, raw: Any) -> Any:
         if self.classification:
@@ -148,21 +251,24 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         return self._finish_dict(sample)
 
     def __iter__(self) -> Iterator[Any]:
-        items: Iterator[Tuple[ShardReader, int, Any]] = self._raw_samples()
-        if self.shuffle and self.buffer_size > 1:
-            rank, _ = world_info(self.rank, self.world_size)
-            wid, _ = worker_info()
-            rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
-            items = _shuffled(items, self.buffer_size, rng)
+        """This worker's part of the epoch (see :mod:`dsconvert.readers.order`). The position
+        is fixed here, not at the first ``next``: torchdata asks for it in between."""
+        epoch, seen, deal, skip = self._begin()
+        return self._iterate(self._raw_samples(epoch, seen, deal, skip))
+
+    def _iterate(self, items: Iterator[Tuple[ShardReader, int, Any]]) -> Iterator[Any]:
         plain = (self.classification and self.decode in ENCODED_MODES
                  and self.transform is None and self.target_transform is None)
-        if self.batch_size is None:  # one loop per case: a generator layer costs as much as a raw read
+        if not self._batches:  # one loop per case: a generator layer costs as much as a raw read
             if plain:  # the raw fast path: nothing to decode or transform
                 for shard, i, raw in items:
+                    self._yielded += 1
                     yield raw, shard.labels[i]
             else:
                 for shard, i, raw in items:
-                    yield self._decode(shard, i, raw)
+                    sample = self._decode(shard, i, raw)
+                    self._yielded += 1
+                    yield sample
             return
         if plain:
             samples: Iterator[Any] = ((raw, shard.labels[i]) for shard, i, raw in items)
@@ -172,21 +278,66 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         for sample in samples:
             batch.append(sample)
             if len(batch) == self.batch_size:
-                yield collate(batch, self.decode in ENCODED_MODES)
+                out = collate(batch, self._encoded_images)
                 batch = []
+                self._yielded += self.batch_size
+                yield out
         if batch:
-            yield collate(batch, self.decode in ENCODED_MODES)
+            out = collate(batch, self._encoded_images)
+            self._yielded += len(batch)
+            yield out
 
 
-def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    """Bounded-buffer shuffle; holds encoded bytes, never decoded samples."""
-    buffer: List[Any] = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        j = rng.randrange(size)
-        buffer[j], item = item, buffer[j]
-        yield item
-    rng.shuffle(buffer)
-    yield from buffer
+_PIECE = 256  # samples located at once, and fetched at once from latency-bound storage
+
+
+class _OpenShards:
+    """The shards one iteration reads, opened on first use and kept while the order moves
+    between the few a shuffle window spans (closing the least recently used past ``limit``)."""
+
+    def __init__(self, ds: "StreamDataset", prepare: bool, views: bool, limit: int = 16):
+        self.ds, self.prepare, self.views, self.limit = ds, prepare, views, limit
+        self.open: Dict[int, ShardReader] = {}
+
+    def get(self, k: int) -> ShardReader:
+        shard = self.open.pop(k, None)
+        if shard is None:
+            ds = self.ds
+            shard = ds.format.open_shard(ds.access, ds.manifest.shards[k], ds.manifest,
+                                         max_member_bytes=ds.max_member_bytes)
+            if self.prepare:
+                shard.prepare(0, len(shard.keys), False, views=self.views)
+            if len(self.open) >= self.limit:
+                self.open.pop(next(iter(self.open))).close()
+        self.open[k] = shard  # most recently used last
+        return shard
+
+    def close(self) -> None:
+        for shard in self.open.values():
+            shard.close()
+        self.open.clear()
+
+
+def _fetched_ahead(pieces: Iterator[Tuple[List[int], List[int], Dict[int, Any]]], shards: _OpenShards,
+                   image_only: bool) -> Iterator[Tuple[List[int], List[int], Dict[int, Any]]]:
+    """Each group of samples with its bytes requested one group ahead (latency-bound storage)."""
+    def request(ks: List[int], js: List[int]) -> Dict[int, Any]:
+        by_shard: Dict[int, List[int]] = {}
+        for k, j in zip(ks, js):
+            by_shard.setdefault(k, []).append(j)
+        return {k: shards.get(k).scattered(samples, image_only) for k, samples in by_shard.items()}
+
+    ahead = None
+    try:
+        for ks, js, _ in pieces:
+            job = (ks, js, request(ks, js))
+            if ahead is not None:
+                yield ahead
+            ahead = job
+        if ahead is not None:
+            job, ahead = ahead, None
+            yield job
+    finally:
+        if ahead is not None:
+            for source in ahead[2].values():
+                source.close()
