@@ -1,0 +1,87 @@
+"""``ResumableSampler``: the sampler for map-style outputs (hdf5, npy, sources) whose position
+is state, like the wds reader's: a ``DistributedSampler`` that resumes mid-epoch, on the
+same number of ranks or another.
+
+The epoch's global order is a permutation of all indices fixed by ``(seed, epoch)`` alone;
+rank r takes every world-th of the positions not yet consumed (as ``DistributedSampler``
+does), so after every rank has taken k batches the job has consumed exactly the first
+``k * batch * world`` positions, and ``{"epoch", "samples_seen"}`` says where to continue
+whatever the new world size. torchdata's StatefulDataLoader saves and restores it by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Optional, Sized, Union
+
+import numpy as np
+
+from ..distributed import world_info
+from .base import _torch_data
+from .order import Deal, remaining, seeded_rng
+
+__all__ = ["ResumableSampler"]
+
+_Sampler: Any = _torch_data.Sampler if _torch_data is not None else object
+
+
+class ResumableSampler(_Sampler):
+    """Indices of a map-style dataset for this rank, in the epoch's global order, from where
+    the job stopped. ``even``: None, ``"pad"`` (repeat indices so that every rank takes as
+    many) or ``"drop"`` (drop the last ``len % world``), as :func:`dsconvert.open_dataset`'s
+    wds reader; ``rank``/``world_size`` default to torch.distributed's or RANK/WORLD_SIZE."""
+
+    def __init__(self, data: Union[Sized, int], shuffle: bool = True, seed: int = 0,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, even: Optional[str] = None):
+        self.n = data if isinstance(data, int) else len(data)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank, self.world_size = world_info(rank, world_size)
+        remaining(0, 0, 1, even)  # validates ``even``
+        self.even = even
+        self.epoch = 0
+        self._pending: Optional[int] = None  # samples_seen to start the next iteration of ``epoch`` at
+        self._start = 0
+        self._yielded = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The order for this epoch (call before iterating, on every rank)."""
+        if int(epoch) != self.epoch:
+            self._pending = None
+        self.epoch = int(epoch)
+
+    def _deal(self, seen: int) -> Deal:
+        return Deal(remaining(self.n, seen, self.world_size, self.even), self.world_size, self.rank, 1, 0, 1)
+
+    def __len__(self) -> int:
+        return self._deal(self._pending or 0).rank_length
+
+    def __iter__(self) -> Iterator[int]:
+        """The rest of the epoch; a pending resume is taken when the first index is drawn (a
+        loader may make an iterator it never draws from)."""
+        seen, self._pending = self._pending or 0, None
+        deal = self._deal(seen)
+        self._start, self._yielded = seen, 0
+        if not deal.length:
+            return
+        order = seeded_rng(self.seed, self.epoch).permutation(self.n) if self.shuffle else np.arange(self.n)
+        for i in order[seen + deal.offsets(0, deal.length) % (self.n - seen)].tolist():
+            self._yielded += 1
+            yield i
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"epoch", "samples_seen"}``: samples the whole job consumed, assuming every rank
+        took as many as this one (DDP's lock step)."""
+        if self._pending is not None:
+            return {"epoch": self.epoch, "samples_seen": self._pending}
+        return {"epoch": self.epoch, "samples_seen": min(self.n, self._start + self._yielded * self.world_size)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The next iteration continues epoch ``state["epoch"]`` after its first
+        ``state["samples_seen"]`` positions, dealt over this sampler's ranks."""
+        if not isinstance(state, dict) or "epoch" not in state:
+            raise ValueError("a dsconvert reading state is a dict with 'epoch' and 'samples_seen'")
+        epoch, seen = state["epoch"], state.get("samples_seen", 0)
+        if type(epoch) is not int or type(seen) is not int or epoch < 0 or seen < 0:
+            raise ValueError(f"epoch and samples_seen must be non-negative ints, not {epoch!r}, {seen!r}")
+        self.epoch = epoch
+        self._pending = seen

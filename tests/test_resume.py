@@ -1,0 +1,241 @@
+"""Mid-epoch resumption: a real StatefulDataLoader (torchdata) with worker processes, stopped
+after k steps, its state saved, and a new process resuming it must read exactly the steps an
+uninterrupted run reads after k, for every format; on real gloo ranks too, and on another
+number of ranks and workers from ``{"epoch", "samples_seen"}`` alone."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from dsconvert import convert
+
+from conftest import make_image_folder
+
+pytest.importorskip("torchdata.stateful_dataloader")
+
+JOB = os.path.join(os.path.dirname(__file__), "resume_job.py")
+N, B = 50, 4  # 13 steps, the last one short; shards of 8 samples
+STOPS = [1, 2, 6, 12, 13]  # first batch, a shard's end, inside a shuffle window, before and after the last
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory, photos):
+    root = tmp_path_factory.mktemp("resume")
+    src = str(root / "src")
+    make_image_folder(src, photos, {"a": 27, "b": 23}, size=(24, 16))
+    outs = {}
+    for fmt in ("wds", "hdf5", "npy"):
+        outs[fmt] = str(root / fmt)
+        convert(src, outs[fmt], format=fmt, samples_per_shard=8, workers=1)
+    return outs
+
+
+def launch(tmp_path, name, cases, world=1):
+    """Run the job in ``world`` new processes (gloo ranks when > 1); their results by rank."""
+    config = tmp_path / f"{name}.json"
+    config.write_text(json.dumps(cases))
+    result = str(tmp_path / f"{name}-result")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if world > 1:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(world))
+    procs = [subprocess.Popen([sys.executable, JOB, str(config), result], env=dict(env, RANK=str(r)))
+             for r in range(world)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    return [json.loads(open(f"{result}.{r}.json").read()) for r in range(world)]
+
+
+CASES = [
+    dict(name="wds-0", kind="stream", out="wds", workers=0),
+    dict(name="wds-2", kind="stream", out="wds", workers=2),
+    dict(name="wds-1-batched", kind="stream", out="wds", workers=1, in_dataset=True),
+    dict(name="wds-2-batched", kind="stream", out="wds", workers=2, in_dataset=True, window=1000),
+    dict(name="hdf5-2", kind="map", out="hdf5", workers=2),
+    dict(name="npy-0", kind="map", out="npy", workers=0, decode="numpy"),
+    dict(name="npy-2-sampler", kind="sampler", out="npy", workers=2, decode="numpy"),
+]
+
+
+def test_a_stopped_epoch_resumes_exactly_in_a_new_process(tmp_path, outputs):
+    cases = []
+    for case in CASES:
+        case = dict(case, out=outputs[case["out"]], batch=B, stops=STOPS, states=str(tmp_path))
+        cases += [dict(case, phase="full"), dict(case, phase="stop")]
+    first = launch(tmp_path, "first", cases)[0]
+    second = launch(tmp_path, "second", [dict(c, phase="resume") for c in cases if c["phase"] == "stop"])[0]
+    for case in CASES:
+        full = first[f"{case['name']}/full"]["steps"]
+        assert sorted(d for step in full for d in step) == sorted(set(d for step in full for d in step))
+        assert sum(map(len, full)) == N, case["name"]
+        for k in STOPS:
+            before, after = first[f"{case['name']}/stop"][str(k)], second[f"{case['name']}/resume"][str(k)]
+            assert before == full[:k], (case["name"], k)
+            assert after == full[k:], (case["name"], k)
+
+
+def test_gloo_ranks_resume_on_the_same_and_on_another_topology(tmp_path, outputs):
+    """2 gloo ranks x 2 workers stop after 3 steps; 2 new ranks resume from the loader states;
+    3 new ranks x 1 worker continue from samples_seen = 3 steps x 4 x 2 ranks: together with
+    what the first job consumed, every sample exactly once."""
+    k = 3
+    cases = [dict(name="wds", kind="stream", out=outputs["wds"], workers=2, in_dataset=True),
+             dict(name="npy", kind="sampler", out=outputs["npy"], workers=2, decode="numpy")]
+    cases = [dict(c, batch=B, stops=[k], states=str(tmp_path)) for c in cases]
+    first = launch(tmp_path, "first", [dict(c, phase=p) for c in cases for p in ("full", "stop")], world=2)
+    second = launch(tmp_path, "second", [dict(c, phase="resume") for c in cases], world=2)
+    seen = k * B * 2
+    elastic = launch(tmp_path, "elastic", [dict(c, phase="elastic", workers=1, seen=[seen]) for c in cases], world=3)
+    for case in cases:
+        name = case["name"]
+        every = Counter(d for r in first for step in r[f"{name}/full"]["steps"] for d in step)
+        assert len(every) == N and set(every.values()) == {1}, name
+        consumed = []
+        for r in range(2):
+            full, before = first[r][f"{name}/full"]["steps"], first[r][f"{name}/stop"][str(k)]
+            assert before == full[:k] and second[r][f"{name}/resume"][str(k)] == full[k:], (name, r)
+            consumed += [d for step in before for d in step]
+        rest = [d for r in elastic for step in r[f"{name}/elastic"][str(seen)] for d in step]
+        assert Counter(consumed + rest) == every, name
+        # the new ranks take as many steps (to one), and the iteration after it is a whole epoch
+        lengths = [len(r[f"{name}/elastic"][str(seen)]) for r in elastic]
+        assert max(lengths) - min(lengths) <= 1
+        assert sum(r[f"{name}/elastic"][f"next-{seen}"] for r in elastic) >= N // B
+
+
+def _keys(loader):
+    import hashlib
+
+    out = []
+    for batch in loader:
+        images = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch[0], bytes) else [batch[0]]
+        out += [hashlib.sha1(bytes(x)).hexdigest()[:12] for x in images]
+    return out
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_set_epoch_reaches_persistent_workers(outputs, context):
+    """Workers kept alive across epochs read the epoch the trainer set, not the first one."""
+    from torch.utils.data import DataLoader
+
+    from dsconvert import open_dataset
+
+    def fresh(epoch):
+        ds = open_dataset(outputs["wds"], decode="raw", shuffle=True, seed=9, batch_size=B)
+        ds.set_epoch(epoch)
+        return _keys(DataLoader(ds, batch_size=None, num_workers=2))
+
+    ds = open_dataset(outputs["wds"], decode="raw", shuffle=True, seed=9, batch_size=B)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=context)
+    epochs = []
+    for epoch in (0, 1, 2):
+        ds.set_epoch(epoch)
+        epochs.append(_keys(loader))
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert epochs == [fresh(e) for e in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("even", [None, "pad", "drop"])
+def test_an_elastic_resume_in_the_trainer_process(outputs, even):
+    """Ranks 2 -> 3 (num_workers=0): the consumed prefix plus what the new ranks read is every
+    sample once (pad/drop: their repeats and drops are of what was left); the iteration after it
+    starts the epoch again, and set_epoch to another epoch drops a pending resume."""
+    from torch.utils.data import DataLoader
+
+    from dsconvert import open_dataset
+
+    def job(world, seen=None, steps=None):
+        got = []
+        for r in range(world):
+            ds = open_dataset(outputs["wds"], decode="raw", shuffle=True, seed=4, rank=r, world_size=world, even=even)
+            ds.set_epoch(2)
+            if seen is not None:
+                ds.load_state_dict({"epoch": 2, "samples_seen": seen})
+                assert ds.state_dict() == {"epoch": 2, "samples_seen": seen}
+            keys = _keys(DataLoader(ds, batch_size=B))
+            got.append(keys if steps is None else keys[: steps * B])
+            if seen is not None:
+                assert len(_keys(DataLoader(ds, batch_size=B))) == len(ds)  # the next one is whole
+                ds.load_state_dict({"epoch": 2, "samples_seen": seen})
+                ds.set_epoch(3)
+                assert len(_keys(DataLoader(ds, batch_size=B))) == len(ds)
+        return got
+
+    everything = Counter(k for keys in job(1) for k in keys)
+    first = job(2, steps=3)
+    rest = job(3, seen=3 * B * 2)
+    got = Counter(k for keys in first + rest for k in keys)
+    if even is None:
+        assert got == everything
+    else:
+        assert set(got) <= set(everything) and len({len(keys) for keys in rest}) == 1
+        left = N - 3 * B * 2
+        assert sum(map(len, rest)) == (left - left % 3 if even == "drop" else -(-left // 3) * 3)
+        if even == "pad":
+            assert set(got) == set(everything)
+
+
+def test_a_resume_late_in_the_epoch_reads_only_what_is_left(outputs, monkeypatch):
+    """The position is found by arithmetic: nothing before it is read again."""
+    from dsconvert import open_dataset
+    from dsconvert.io import ranges
+
+    reads = []
+    original = ranges.PreadBytes.get
+    monkeypatch.setattr(ranges.PreadBytes, "get", lambda self, o, s: reads.append(o) or original(self, o, s))
+    ds = open_dataset(outputs["wds"], decode="raw", shuffle=True, seed=1)
+    whole = list(ds)
+    state = ds.state_dict()
+    assert state["yielded"] == N and state["worker"] == [0, 1, 0, 1, 1]
+    reads.clear()
+    ds.load_state_dict(dict(state, yielded=N - 3))
+    assert list(ds) == whole[-3:] and len(reads) == 3
+
+
+@pytest.mark.parametrize("state", [
+    None, [], {"samples_seen": 3}, {"epoch": -1}, {"epoch": 1, "samples_seen": "9"}, {"epoch": 1.5},
+    {"epoch": 1, "samples_seen": 2, "yielded": 1}, {"epoch": 1, "worker": [0, 1, 0, 1], "yielded": 1},
+    {"epoch": 1, "worker": [0, 1, 0, 1, 1], "yielded": -2}, {"epoch": True},
+])
+def test_a_malformed_state_is_refused_in_one_line(outputs, state):
+    from dsconvert import open_dataset
+    from dsconvert.data import ResumableSampler
+
+    ds = open_dataset(outputs["wds"], decode="raw")
+    with pytest.raises(ValueError):
+        ds.load_state_dict(state)
+    if state is None or "worker" not in state and "yielded" not in state:
+        with pytest.raises(ValueError):
+            ResumableSampler(10, rank=0, world_size=1).load_state_dict(state)
+
+
+def test_a_worker_state_from_another_topology_says_how_to_resume(outputs):
+    from dsconvert import open_dataset
+
+    ds = open_dataset(outputs["wds"], decode="raw", batch_size=4)
+    ds.load_state_dict({"epoch": 0, "samples_seen": 0, "worker": [0, 1, 1, 2, 4], "yielded": 1})
+    with pytest.raises(ValueError, match="samples_seen"):
+        iter(ds)
+
+
+def test_the_shared_epoch_pickles_as_a_private_copy():
+    import copy
+    import pickle
+
+    from dsconvert.readers.epoch import SharedEpoch
+
+    a = SharedEpoch(3)
+    a.resume(3, 10)
+    for b in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        assert b.epoch == 3 and b.pending() == 10
+        b.set_epoch(5)
+        assert a.epoch == 3 and a.pending() == 10 and b.pending() is None
+    assert a.take(0) == 10 and a.take(0) == 0 and a.take(1) == 10
