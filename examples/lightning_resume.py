@@ -1,0 +1,88 @@
+"""Stop a Lightning run mid-epoch and resume it exactly, from a dsconvert output.
+
+    python examples/lightning_resume.py OUT WORKDIR --crash-at 5   # dies before step 5
+    python examples/lightning_resume.py OUT WORKDIR                # resumes from WORKDIR/last.ckpt
+
+OUT is any dsconvert output (``dsconvert shard SRC -o OUT``). The loader is torchdata's
+StatefulDataLoader, whose state Lightning keeps in every checkpoint; a checkpoint is written
+after every step here, so the resumed run starts at the step the first one never finished.
+Each step's sample fingerprints are appended to WORKDIR/seen.jsonl (the test reads them: every
+sample of the epoch exactly once across the two runs).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+
+import lightning.pytorch as pl
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from dsconvert import open_dataset
+from dsconvert.lightning import DataLoadingCallback
+
+
+class Fingerprint:
+    """Encoded image -> (a 1-feature tensor, its 8-byte digest as an int): a stand-in for a real
+    transform that still lets the run say which samples it trained on."""
+
+    def __call__(self, raw: bytes):
+        h = int.from_bytes(hashlib.sha1(bytes(raw)).digest()[:7], "little")
+        return torch.tensor([len(raw) / 1e4]), h
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self, log_path: str):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 2)
+        self.log_path = log_path
+
+    def training_step(self, batch, batch_idx):
+        (features, ids), labels = batch
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps({"step": self.global_step, "ids": ids.tolist()}) + "\n")
+        return torch.nn.functional.cross_entropy(self.layer(features), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class CrashAt(pl.Callback):
+    """A preemption: the process dies as step ``step`` begins."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise SystemExit(f"preempted before step {self.step}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("workdir")
+    ap.add_argument("--crash-at", type=int)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+
+    # whole batches built in the workers: len() is exact for any number of workers, which
+    # Lightning takes as the epoch's length, and samples_seen alone says where a job stopped
+    ds = open_dataset(args.out, transform=Fingerprint(), decode="raw", shuffle=True, seed=0, batch_size=4)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=args.workers)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=args.workdir, every_n_train_steps=1, save_last=True,
+                                               save_top_k=0)
+    callbacks = [checkpoints, DataLoadingCallback(log_every_n_steps=2)]
+    if args.crash_at is not None:
+        callbacks.append(CrashAt(args.crash_at))
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, callbacks=callbacks, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    last = os.path.join(args.workdir, "last.ckpt")
+    trainer.fit(Tiny(os.path.join(args.workdir, "seen.jsonl")), loader,
+                ckpt_path=last if args.crash_at is None and os.path.exists(last) else None)
+
+
+if __name__ == "__main__":
+    main()
