@@ -159,6 +159,36 @@ def test_prefetch_and_mmap_paths_agree(tmp_path, photos):
     assert halves[0] == mapped[0:16:2] and halves[1] == mapped[1:16:2] + mapped[16:]
 
 
+
+@pytest.mark.parametrize("budget", [1, 64 << 20])
+@pytest.mark.parametrize("layout", ["imagefolder", "flat"])
+def test_fetched_reads_equal_local_reads_in_any_order(tmp_path, photos, monkeypatch, budget, layout):
+    """The latency-bound path (exact members requested ahead, in groups of at most the byte
+    budget: 1 byte makes every group one sample) gives what pread gives, shuffled, batched,
+    dict samples included."""
+    from dsconvert import open_dataset
+    from dsconvert.readers import stream
+
+    monkeypatch.setattr(stream, "_FETCH_BUDGET", budget)
+    src = str(tmp_path / "src")
+    if layout == "imagefolder":
+        make_image_folder(src, photos, {"a": 13, "b": 12})
+    else:
+        for i, path in enumerate(make_image_folder(str(tmp_path / "imgs"), photos, {"a": 25})):
+            write(os.path.join(src, f"s{i:03d}.jpg"), open(path, "rb").read())
+            write(os.path.join(src, f"s{i:03d}.json"), json.dumps({"i": i}).encode())
+    out = str(tmp_path / "out")
+    convert(src, out, samples_per_shard=6, workers=1)
+
+    def read(prefetch):
+        ds = open_dataset(out, decode="raw", prefetch=prefetch, shuffle=True, seed=5, buffer_size=7)
+        ds.set_epoch(3)
+        return [(s["__key__"], s["jpg"], s["json"]) if isinstance(s, dict) else s for s in ds]
+
+    local, fetched = read(False), read(True)
+    assert fetched == local and len(local) == 25 and len(set(map(repr, local))) == 25
+
+
 @pytest.mark.parametrize("name", ["a.jpg", "x" * 96 + ".jpg", "x" * 97 + ".jpg", "é" * 40 + ".jpg", "d/" * 150 + "k.png"])
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 100_000])
 def test_planned_member_bytes_are_what_tarfile_writes(name, size):

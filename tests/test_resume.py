@@ -203,18 +203,35 @@ def test_a_resume_late_in_the_epoch_reads_only_what_is_left(outputs, monkeypatch
 @pytest.mark.parametrize("state", [
     None, [], {"samples_seen": 3}, {"epoch": -1}, {"epoch": 1, "samples_seen": "9"}, {"epoch": 1.5},
     {"epoch": 1, "samples_seen": 2, "yielded": 1}, {"epoch": 1, "worker": [0, 1, 0, 1], "yielded": 1},
-    {"epoch": 1, "worker": [0, 1, 0, 1, 1], "yielded": -2}, {"epoch": True},
+    {"epoch": 1, "worker": [0, 1, 0, 1, 1], "yielded": -2}, {"epoch": True}, {"epoch": 10 ** 30},
+    {"epoch": 1, "samples_seen": 1 << 63}, {"epoch": 1, "worker": [0, 1, 0, 1, 1], "yielded": 10 ** 20},
+    {"epoch": [0] * 100_000}, {"epoch": 0, "worker": "x" * 100_000, "yielded": 0},
 ])
 def test_a_malformed_state_is_refused_in_one_line(outputs, state):
     from dsconvert import open_dataset
     from dsconvert.data import ResumableSampler
 
     ds = open_dataset(outputs["wds"], decode="raw")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as err:
         ds.load_state_dict(state)
+    assert len(str(err.value)) < 300 and "\n" not in str(err.value)
     if state is None or "worker" not in state and "yielded" not in state:
         with pytest.raises(ValueError):
             ResumableSampler(10, rank=0, world_size=1).load_state_dict(state)
+
+
+def test_a_position_past_the_end_is_an_empty_rest_of_the_epoch(outputs):
+    from dsconvert import open_dataset
+    from dsconvert.data import ResumableSampler
+
+    ds = open_dataset(outputs["wds"], decode="raw", even="pad", world_size=3, rank=2)
+    ds.load_state_dict({"epoch": 0, "samples_seen": 10 ** 12})
+    assert len(ds) == 0 and list(ds) == [] and len(list(ds)) == len(ds) > 0
+    ds.load_state_dict({"epoch": 0, "samples_seen": 0, "worker": [2, 3, 0, 1, 1], "yielded": 10 ** 12})
+    assert list(ds) == []
+    sampler = ResumableSampler(N, rank=1, world_size=2, even="pad")
+    sampler.load_state_dict({"epoch": 0, "samples_seen": 10 ** 12})
+    assert len(sampler) == 0 and list(sampler) == [] and len(list(sampler)) == 25
 
 
 def test_a_worker_state_from_another_topology_says_how_to_resume(outputs):

@@ -257,6 +257,12 @@ class WdsShard(ShardReader):
         get = source.get
         return {name: get(o[j], s[j]) for name, o, s in self.columns if o[j] >= 0}
 
+    def sample_bytes(self, j: int, image_only: bool) -> int:
+        """Bytes read for sample j (its image, or every member)."""
+        if image_only:
+            return self._image_spans()[j][1]
+        return sum(s[j] for _, o, s in self.columns if o[j] >= 0)
+
     def scattered(self, samples: Sequence[int], image_only: bool) -> ScatteredBytes:
         """The bytes of ``samples`` (their image, or every member), requested now, concurrently
         (see :class:`~dsconvert.io.ranges.ScatteredBytes`); ``close()`` it when read."""

@@ -37,6 +37,8 @@ class SharedEpoch:
 
     def set_epoch(self, epoch: int) -> None:
         """The next iterations read ``epoch``; a resume saved for another epoch is dropped."""
+        if not -(1 << 62) <= epoch < 1 << 62:
+            raise ValueError(f"epoch {epoch} is out of range")
         self._a[_EPOCH] = epoch
         if self._a[_PENDING] and self._a[_RESUME_EPOCH] != epoch:
             self._a[_PENDING] = 0

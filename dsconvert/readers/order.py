@@ -19,13 +19,35 @@ batches no longer consume a prefix, so an elastic resume needs the batch in the 
 from __future__ import annotations
 
 import hashlib
-from typing import Dict, Optional, Sequence, Tuple
+import reprlib
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["EVEN_MODES", "remaining", "Deal", "GlobalOrder", "seeded_rng"]
+__all__ = ["EVEN_MODES", "remaining", "Deal", "GlobalOrder", "seeded_rng", "parse_position", "worker_place"]
 
 EVEN_MODES = (None, "pad", "drop")
+_LIMIT = 1 << 62  # positions and epochs are stored as int64 (shared with workers)
+
+
+def parse_position(state: Any) -> Tuple[int, int]:
+    """(epoch, samples_seen) of a reading state, checked: non-negative ints (not bools)."""
+    if not isinstance(state, dict) or "epoch" not in state:
+        raise ValueError(f"a dsconvert reading state is a dict with 'epoch' and 'samples_seen', not {reprlib.repr(state)}")
+    epoch, seen = state["epoch"], state.get("samples_seen", 0)
+    if type(epoch) is not int or type(seen) is not int or not 0 <= epoch < _LIMIT or not 0 <= seen < _LIMIT:
+        raise ValueError(f"epoch and samples_seen must be non-negative ints, not {reprlib.repr(epoch)}, "
+                         f"{reprlib.repr(seen)}")
+    return epoch, seen
+
+
+def worker_place(state: Dict[str, Any]) -> Tuple[list, int]:
+    """(worker: [rank, world, worker id, workers, chunk], samples it yielded) of a worker's state."""
+    where, yielded = state.get("worker"), state.get("yielded")
+    if (not isinstance(where, (list, tuple)) or len(where) != 5 or any(type(x) is not int for x in where)
+            or type(yielded) is not int or not 0 <= yielded < _LIMIT):
+        raise ValueError(f"not a dsconvert worker state: {reprlib.repr(state)}")
+    return list(where), yielded
 
 
 def seeded_rng(*parts: object) -> np.random.Generator:

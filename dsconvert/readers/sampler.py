@@ -17,7 +17,7 @@ import numpy as np
 
 from ..distributed import world_info
 from .base import _torch_data
-from .order import Deal, remaining, seeded_rng
+from .order import Deal, parse_position, remaining, seeded_rng
 
 __all__ = ["ResumableSampler"]
 
@@ -78,10 +78,6 @@ class ResumableSampler(_Sampler):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next iteration continues epoch ``state["epoch"]`` after its first
         ``state["samples_seen"]`` positions, dealt over this sampler's ranks."""
-        if not isinstance(state, dict) or "epoch" not in state:
-            raise ValueError("a dsconvert reading state is a dict with 'epoch' and 'samples_seen'")
-        epoch, seen = state["epoch"], state.get("samples_seen", 0)
-        if type(epoch) is not int or type(seen) is not int or epoch < 0 or seen < 0:
-            raise ValueError(f"epoch and samples_seen must be non-negative ints, not {epoch!r}, {seen!r}")
+        epoch, seen = parse_position(state)
         self.epoch = epoch
         self._pending = seen

@@ -20,7 +20,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field
-
 from ..distributed import distributed_initialized, worker_info, world_info
 from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
@@ -28,7 +27,7 @@ from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
 from .base import ShardDataset, TorchIterableDataset, collate
 from .epoch import SharedEpoch
-from .order import Deal, GlobalOrder, remaining
+from .order import Deal, GlobalOrder, parse_position, remaining, worker_place
 
 __all__ = ["StreamDataset"]
 
@@ -110,9 +109,12 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
     # --- position: the StatefulDataLoader protocol and elastic resumption -----------------
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where this iteration is. Inside a DataLoader worker (torchdata's StatefulDataLoader
-        calls it there) it names the worker's own place, which :meth:`load_state_dict` restores
-        exactly in a loader of the same shape; otherwise ``{"epoch", "samples_seen"}``."""
+        """Where this process's iteration is: inside a DataLoader worker (torchdata's
+        StatefulDataLoader calls it there) or with ``num_workers=0``, the worker's own place,
+        which :meth:`load_state_dict` restores exactly in a loader of the same shape. A process
+        that has not iterated (the trainer's, when workers read) cannot see the workers'
+        progress: it returns where its next iteration starts, ``{"epoch", "samples_seen"}``;
+        save the StatefulDataLoader's state, or count samples in the training loop."""
         if self._state is None:
             pending = self._epoch.pending()
             return {"epoch": self.epoch, "samples_seen": pending or 0}
@@ -125,17 +127,10 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         whatever their number (exact when the consumed ones were a prefix: see
         :mod:`dsconvert.readers.order`). A state from :meth:`state_dict` inside a worker
         (with ``worker`` and ``yielded``) resumes that worker where it stopped."""
-        if not isinstance(state, dict) or "epoch" not in state:
-            raise ValueError("a dsconvert reading state is a dict with 'epoch' and 'samples_seen'")
-        epoch, seen = state["epoch"], state.get("samples_seen", 0)
-        if type(epoch) is not int or type(seen) is not int or epoch < 0 or seen < 0:
-            raise ValueError(f"epoch and samples_seen must be non-negative ints, not {epoch!r}, {seen!r}")
+        epoch, seen = parse_position(state)
         if "worker" in state or "yielded" in state:
-            where, yielded = state.get("worker"), state.get("yielded")
-            if (not isinstance(where, (list, tuple)) or len(where) != 5 or any(type(x) is not int for x in where)
-                    or type(yielded) is not int or yielded < 0):
-                raise ValueError(f"not a dsconvert worker state: {state!r}")
-            self._resume = {"epoch": epoch, "samples_seen": seen, "worker": list(where), "yielded": yielded}
+            where, yielded = worker_place(state)
+            self._resume = {"epoch": epoch, "samples_seen": seen, "worker": where, "yielded": yielded}
         else:
             self._resume = None
             self._epoch.resume(epoch, seen)
@@ -289,6 +284,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
 
 
 _PIECE = 256  # samples located at once, and fetched at once from latency-bound storage
+_FETCH_BUDGET = 64 << 20  # ... at most this many bytes per group (two groups in memory)
 
 
 class _OpenShards:
@@ -320,16 +316,30 @@ class _OpenShards:
 
 def _fetched_ahead(pieces: Iterator[Tuple[List[int], List[int], Dict[int, Any]]], shards: _OpenShards,
                    image_only: bool) -> Iterator[Tuple[List[int], List[int], Dict[int, Any]]]:
-    """Each group of samples with its bytes requested one group ahead (latency-bound storage)."""
+    """Each group of samples with its bytes requested one group ahead (latency-bound storage);
+    a group holds at most ``_FETCH_BUDGET`` bytes (or one sample), so memory stays bounded
+    whatever the members' sizes."""
+    budget = _FETCH_BUDGET
     def request(ks: List[int], js: List[int]) -> Dict[int, Any]:
         by_shard: Dict[int, List[int]] = {}
         for k, j in zip(ks, js):
             by_shard.setdefault(k, []).append(j)
         return {k: shards.get(k).scattered(samples, image_only) for k, samples in by_shard.items()}
 
+    def bounded() -> Iterator[Tuple[List[int], List[int]]]:
+        for ks, js, _ in pieces:
+            start, total = 0, 0
+            for i, (k, j) in enumerate(zip(ks, js)):
+                size = shards.get(k).sample_bytes(j, image_only)
+                if total and total + size > budget:
+                    yield ks[start:i], js[start:i]
+                    start, total = i, 0
+                total += size
+            yield ks[start:], js[start:]
+
     ahead = None
     try:
-        for ks, js, _ in pieces:
+        for ks, js in bounded():
             job = (ks, js, request(ks, js))
             if ahead is not None:
                 yield ahead
