@@ -1,4 +1,5 @@
-"""Lightning: :class:`~dsconvert.monitor.DataLoadingMonitor` as a Callback.
+"""Lightning: :class:`~dsconvert.monitor.DataLoadingMonitor` as a Callback, and
+:class:`EpochCallback`, which keeps dsconvert datasets' epochs with the trainer's.
 
 ``Trainer(callbacks=[DataLoadingCallback()])`` times every training step's wait for its batch
 (from the end of one batch to the start of the next: the fetch, plus Lightning's bookkeeping)
@@ -7,15 +8,19 @@ and its compute (``on_train_batch_start`` to ``on_train_batch_end``), and every
 ``data/compute_ms``, ``data/load_share`` and ``data/alerts`` to the trainer's loggers, the load
 share in the progress bar too. A sustained input-bound stretch also warns once (rank zero).
 
-Mid-epoch resumption needs nothing from here: a torchdata ``StatefulDataLoader`` over a
-dsconvert dataset is saved in Lightning's checkpoints and restored by ``fit(ckpt_path=...)``.
+Mid-epoch resumption: a torchdata ``StatefulDataLoader`` over a dsconvert dataset is saved in
+Lightning's checkpoints and restored by ``fit(ckpt_path=...)``. Two gaps are Lightning's own,
+and ``EpochCallback`` closes them: Lightning reshuffles through the loader's *sampler*, so an
+IterableDataset (the wds reader) would read every epoch in the first one's order; and a
+checkpoint taken at an epoch's last step holds a finished loader, which Lightning (2.6, with
+torchdata 0.11) restores and then takes for the whole next epoch, skipping it.
 Works with ``lightning`` (``lightning.pytorch``) or the older ``pytorch_lightning`` package.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .errors import MissingDependencyError
 from .monitor import Alert, DataLoadingMonitor
@@ -28,7 +33,78 @@ except ImportError:  # the standalone package
     except ImportError:
         raise MissingDependencyError("dsconvert.lightning needs Lightning: pip install lightning") from None
 
-__all__ = ["DataLoadingCallback"]
+__all__ = ["DataLoadingCallback", "EpochCallback"]
+
+_FINISHED = "_iterator_finished"  # torchdata's StatefulDataLoader: the saved iterator had ended
+
+
+class EpochCallback(pl.Callback):
+    """``set_epoch(trainer.current_epoch)`` on dsconvert datasets before each epoch's iterator
+    is made, and a loader state saved after an epoch's last batch dropped on load, so that the
+    resumed run starts the next epoch instead of an empty one (see the module doc).
+
+    ``datasets``: the datasets to keep in step; by default those of the trainer's train
+    dataloaders (found through ``loader.dataset``) and, at the start of ``fit``, of a
+    dataloader passed to ``fit`` directly. Pass them when a DataModule makes the loaders, so
+    that the first epoch after a resume at an epoch boundary is shuffled as that epoch.
+    """
+
+    def __init__(self, *datasets: Any):
+        super().__init__()
+        self.datasets = list(datasets)
+        self._first: Optional[int] = None  # the epoch the first iterator of a resumed fit reads
+
+    def _targets(self, trainer: Any, loaders: Any = None) -> Iterator[Any]:
+        seen: List[int] = []
+        found: List[Any] = list(self.datasets)
+        for loader in _flatten(loaders if loaders is not None else getattr(trainer, "train_dataloader", None)):
+            found.append(getattr(loader, "dataset", None))
+        for ds in found:
+            if ds is not None and id(ds) not in seen and callable(getattr(ds, "set_epoch", None)):
+                seen.append(id(ds))
+                yield ds
+
+    def _sync(self, trainer: Any, loaders: Any = None, epoch: Optional[int] = None) -> None:
+        for ds in self._targets(trainer, loaders):
+            ds.set_epoch(int(trainer.current_epoch) if epoch is None else epoch)
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        fit = loop.get("state_dict", {})
+        states = fit.get("combined_loader")
+        last = loop.get("epoch_loop.batch_progress", {}).get("is_last_batch")
+        if states and (last or any(isinstance(s, dict) and s.get(_FINISHED) for s in states)):
+            del fit["combined_loader"]  # an ended epoch: the next one starts afresh
+            # ... with the iterator Lightning makes before any epoch hook, for the next epoch
+            self._first = int(checkpoint.get("epoch", 0)) + 1
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        # the first iterator is made before any epoch hook: set the (restored) epoch now
+        source = getattr(getattr(trainer, "fit_loop", None), "_data_source", None)
+        instance = getattr(source, "instance", None)
+        self._sync(trainer, instance if not isinstance(instance, (pl.LightningModule, pl.LightningDataModule))
+                   else [], self._first)
+        self._first = None
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._sync(trainer)
+
+
+def _flatten(loaders: Any) -> Iterator[Any]:
+    """The loaders in whatever Lightning holds: one, a CombinedLoader, a list or dict of them."""
+    if loaders is None:
+        return
+    flattened = getattr(loaders, "flattened", None)
+    if flattened is not None:
+        yield from flattened
+    elif isinstance(loaders, dict):
+        for v in loaders.values():
+            yield from _flatten(v)
+    elif isinstance(loaders, (list, tuple)):
+        for v in loaders:
+            yield from _flatten(v)
+    else:
+        yield loaders
 
 
 class DataLoadingCallback(pl.Callback):

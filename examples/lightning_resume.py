@@ -1,13 +1,15 @@
 """Stop a Lightning run mid-epoch and resume it exactly, from a dsconvert output.
 
     python examples/lightning_resume.py OUT WORKDIR --crash-at 5   # dies before step 5
-    python examples/lightning_resume.py OUT WORKDIR                # resumes from WORKDIR/last.ckpt
+    python examples/lightning_resume.py OUT WORKDIR                # resumes from WORKDIR/last.ckpt, if any
 
 OUT is any dsconvert output (``dsconvert shard SRC -o OUT``). The loader is torchdata's
 StatefulDataLoader, whose state Lightning keeps in every checkpoint; a checkpoint is written
 after every step here, so the resumed run starts at the step the first one never finished.
-Each step's sample fingerprints are appended to WORKDIR/seen.jsonl (the test reads them: every
-sample of the epoch exactly once across the two runs).
+``EpochCallback`` reshuffles the dataset every epoch (Lightning only reaches samplers) and
+resumes correctly from a checkpoint taken at an epoch's last step. Each step's epoch and sample
+fingerprints are appended to WORKDIR/seen.jsonl (the test reads them: the two runs together
+read what one uninterrupted run reads, step by step).
 """
 
 import argparse
@@ -20,7 +22,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dsconvert import open_dataset
-from dsconvert.lightning import DataLoadingCallback
+from dsconvert.lightning import DataLoadingCallback, EpochCallback
 
 
 class Fingerprint:
@@ -41,7 +43,7 @@ class Tiny(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         (features, ids), labels = batch
         with open(self.log_path, "a") as f:
-            f.write(json.dumps({"step": self.global_step, "ids": ids.tolist()}) + "\n")
+            f.write(json.dumps({"epoch": self.current_epoch, "step": self.global_step, "ids": ids.tolist()}) + "\n")
         return torch.nn.functional.cross_entropy(self.layer(features), labels)
 
     def configure_optimizers(self):
@@ -65,6 +67,7 @@ def main() -> None:
     ap.add_argument("workdir")
     ap.add_argument("--crash-at", type=int)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=1)
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
 
@@ -74,14 +77,14 @@ def main() -> None:
     loader = StatefulDataLoader(ds, batch_size=None, num_workers=args.workers)
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=args.workdir, every_n_train_steps=1, save_last=True,
                                                save_top_k=0)
-    callbacks = [checkpoints, DataLoadingCallback(log_every_n_steps=2)]
+    callbacks = [checkpoints, EpochCallback(ds), DataLoadingCallback(log_every_n_steps=2)]
     if args.crash_at is not None:
         callbacks.append(CrashAt(args.crash_at))
-    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, callbacks=callbacks, logger=False,
+    trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, callbacks=callbacks, logger=False,
                          enable_progress_bar=False, enable_model_summary=False)
     last = os.path.join(args.workdir, "last.ckpt")
     trainer.fit(Tiny(os.path.join(args.workdir, "seen.jsonl")), loader,
-                ckpt_path=last if args.crash_at is None and os.path.exists(last) else None)
+                ckpt_path=last if os.path.exists(last) else None)
 
 
 if __name__ == "__main__":

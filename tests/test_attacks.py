@@ -10,7 +10,6 @@ import json
 import os
 import random
 import signal
-import struct
 import subprocess
 import sys
 import tarfile

@@ -89,3 +89,22 @@ def test_the_dataloader_fetches_map_style_batches_with_one_call(torch, outputs, 
     assert batches[0][0].shape == (16, 3, 64, 64)
     expected = [ds[i] for i in range(16)]
     assert all(torch.equal(a, b[0]) for a, b in zip(batches[0][0], expected))
+
+
+def test_dict_samples_with_different_fields_are_refused_as_a_batch_in_one_line(tmp_path, photos):
+    import json
+    import os
+
+    from conftest import encode, write
+
+    src = str(tmp_path / "flat")
+    for i in range(6):
+        write(os.path.join(src, f"s{i}.jpg"), encode(photos["rocket"].resize((16, 12))))
+        if i % 2:
+            write(os.path.join(src, f"s{i}.json"), json.dumps({"i": i}).encode())
+    out = str(tmp_path / "out")
+    convert(src, out, workers=1)
+    with pytest.raises(ValueError, match="hold different fields") as err:
+        list(open_dataset(out, decode="raw", batch_size=3))
+    assert "\n" not in str(err.value)
+    assert len(list(open_dataset(out, decode="raw"))) == 6  # one by one they read

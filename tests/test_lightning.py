@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter
 
 import pytest
 
@@ -29,20 +28,38 @@ def wds_out(tmp_path_factory, photos):
     return str(root / "wds")
 
 
-def test_a_crashed_fit_resumes_mid_epoch_and_sees_every_sample_once(wds_out, tmp_path):
-    work = str(tmp_path / "run")
-    crashed = subprocess.run([sys.executable, EXAMPLE, wds_out, work, "--crash-at", "5"], capture_output=True,
-                             text=True, timeout=300)
-    assert crashed.returncode != 0 and "preempted before step 5" in crashed.stderr
-    rows = [json.loads(line) for line in open(os.path.join(work, "seen.jsonl"))]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    resumed = subprocess.run([sys.executable, EXAMPLE, wds_out, work], capture_output=True, text=True, timeout=300)
+def _run(wds_out, work, *extra):
+    done = subprocess.run([sys.executable, EXAMPLE, wds_out, work, "--epochs", "2", *extra], capture_output=True,
+                          text=True, timeout=300)
+    return done, [json.loads(line) for line in open(os.path.join(work, "seen.jsonl"))]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(wds_out, tmp_path_factory):
+    done, whole = _run(wds_out, str(tmp_path_factory.mktemp("whole")))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return whole
+
+
+def test_a_crashed_fit_resumes_and_reads_what_an_uninterrupted_one_reads(wds_out, tmp_path, uninterrupted):
+    """examples/lightning_resume.py, 2 epochs of 13 steps: killed before step 5 (mid-epoch),
+    resumed with ckpt_path= and killed again before step 13 (its checkpoint was taken at the
+    first epoch's last step), resumed again: the three runs together read exactly the
+    uninterrupted run's steps (each epoch every sample once, each epoch in its own order)."""
+    whole = uninterrupted
+    assert [r["step"] for r in whole] == list(range(26)) and [r["epoch"] for r in whole] == [0] * 13 + [1] * 13
+    epochs = [[i for r in whole if r["epoch"] == e for i in r["ids"]] for e in (0, 1)]
+    assert len(set(epochs[0])) == 50 and sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]
+
+    work = str(tmp_path / "crashed")
+    for crash in (5, 13):
+        crashed, seen = _run(wds_out, work, "--crash-at", str(crash))
+        assert crashed.returncode != 0 and f"preempted before step {crash}" in crashed.stderr
+        assert [r["step"] for r in seen] == list(range(crash))
+    resumed, both = _run(wds_out, work)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Restored all states from the checkpoint" in resumed.stdout + resumed.stderr
-    rows = [json.loads(line) for line in open(os.path.join(work, "seen.jsonl"))]
-    assert [r["step"] for r in rows] == list(range(13))  # 50 samples in batches of 4
-    seen = Counter(i for r in rows for i in r["ids"])
-    assert len(seen) == 50 and set(seen.values()) == {1}
+    assert both == whole
 
 
 class _Slow:

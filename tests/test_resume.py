@@ -255,4 +255,45 @@ def test_the_shared_epoch_pickles_as_a_private_copy():
         assert b.epoch == 3 and b.pending() == 10
         b.set_epoch(5)
         assert a.epoch == 3 and a.pending() == 10 and b.pending() is None
-    assert a.take(0) == 10 and a.take(0) == 0 and a.take(1) == 10
+    assert a.take(0, 0, 2) == 10 and a.take(0, 0, 2) == 0 and a.take(0, 1, 2) == 10 and a.take(1, 0, 2) == 10
+    a.resume(3, 10)  # every rank loads the same resume: nothing changes
+    assert a.take(1, 0, 2) == 0 and a.take(1, 1, 2) == 10
+
+
+def _rank_reads(ds, rank, barrier, queue, load_in_rank):
+    import hashlib
+
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), "2"
+    if load_in_rank:
+        ds.set_epoch(1)
+        ds.load_state_dict({"epoch": 1, "samples_seen": 9})
+    barrier.wait()
+    queue.put((rank, [hashlib.sha1(raw).hexdigest() for raw, _ in ds]))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("load_in_rank", [True, False])
+def test_ranks_started_from_the_trainer_each_take_the_resume(outputs, context, load_in_rank):
+    """DDP ranks started by fork or spawn with the dataset made in their parent share its
+    memory: the resume is taken once per rank and worker, not once per worker id."""
+    import hashlib
+    import multiprocessing as mp
+
+    from dsconvert import open_dataset
+
+    ds = open_dataset(outputs["wds"], decode="raw", shuffle=True, seed=3)
+    ds.set_epoch(1)
+    everything = [hashlib.sha1(raw).hexdigest() for raw, _ in ds]
+    if not load_in_rank:
+        ds.load_state_dict({"epoch": 1, "samples_seen": 9})
+    ctx = mp.get_context(context)
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_rank_reads, args=(ds, r, barrier, queue, load_in_rank)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sorted(got[0] + got[1]) == sorted(everything[9:])
+    assert abs(len(got[0]) - len(got[1])) <= 1

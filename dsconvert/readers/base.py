@@ -89,6 +89,13 @@ def collate(samples: List[Any], encoded: bool = False) -> Any:
     if encoded and samples and isinstance(samples[0], tuple):
         images, labels = zip(*samples)
         return list(images), default_collate(list(labels))
+    if samples and isinstance(samples[0], dict):
+        fields = set(samples[0])
+        odd = next((s for s in samples if set(s) != fields), None)
+        if odd is not None:
+            raise ValueError(f"samples {samples[0].get('__key__')!r} and {odd.get('__key__')!r} hold different "
+                             f"fields ({sorted(fields ^ set(odd))} in one only), so they cannot be batched: "
+                             "read without batch_size, or give the DataLoader a collate_fn")
     return default_collate(samples)
 
 

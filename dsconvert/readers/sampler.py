@@ -69,8 +69,10 @@ class ResumableSampler(_Sampler):
             yield i
 
     def state_dict(self) -> Dict[str, Any]:
-        """``{"epoch", "samples_seen"}``: samples the whole job consumed, assuming every rank
-        took as many as this one (DDP's lock step)."""
+        """``{"epoch", "samples_seen"}``: samples the whole job has drawn, assuming every rank
+        drew as many as this one (DDP's lock step). A DataLoader with workers draws ahead of
+        what the model consumed, so for an elastic resume take samples_seen from the training
+        loop; torchdata's StatefulDataLoader snapshots this at the right moment by itself."""
         if self._pending is not None:
             return {"epoch": self.epoch, "samples_seen": self._pending}
         return {"epoch": self.epoch, "samples_seen": min(self.n, self._start + self._yielded * self.world_size)}

@@ -159,9 +159,9 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         """(epoch, samples_seen at its start, this worker's deal, samples to skip) of the
         iteration starting now, taking the resume meant for it."""
         wid, nworkers = worker_info()
+        rank, world = world_info(self.rank, self.world_size)
         resume, self._resume = self._resume, None
         if resume is not None:
-            rank, world = world_info(self.rank, self.world_size)
             here = [rank, world, wid, nworkers, self.batch_size or 1]
             if resume["worker"] != here:
                 raise ValueError(
@@ -170,9 +170,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                     "shape with ds.load_state_dict({'epoch': e, 'samples_seen': n}), n the samples it consumed")
             epoch, seen, skip = resume["epoch"], resume["samples_seen"], resume["yielded"]
         else:
-            epoch, seen, skip = self.epoch, self._epoch.take(wid), 0
+            epoch, seen, skip = self.epoch, self._epoch.take(rank, wid, nworkers), 0
         deal = self._deal(seen, wid, nworkers)
-        rank, world = world_info(self.rank, self.world_size)
         self._state = {"epoch": epoch, "samples_seen": seen, "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
         self._yielded = skip
         return epoch, seen, deal, skip
