@@ -26,7 +26,7 @@ from .convert import EXIT_SKIPPED, convert
 from .errors import DsconvertError, OptionError, SourceError
 from .formats import FORMATS
 from .manifest import Manifest
-from .plan import parse_size
+from .plan import MIN_SHARDS, MIN_SPREAD_SAMPLES, parse_size
 from .io.location import is_remote, parse_storage_options
 from .sizing import format_size
 from .source import LAYOUTS
@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=_size, default="1GB", metavar="SIZE",
                    help="at most SIZE bytes per shard, e.g. 512MB, 1GiB; whichever limit comes "
                    "first ends a shard (default: %(default)s)")
+    p.add_argument("--min-shards", type=_positive_int, default=MIN_SHARDS, metavar="N",
+                   help="spread a source the limits would pack into fewer shards over up to N of "
+                   "them (at least 64 samples each), so that N workers have work; 1 keeps the "
+                   "limits' plan (default: %(default)s)")
     p.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                    help="parallel writer processes (default: the number of CPUs); the output "
                    "is byte-identical for any N")
@@ -389,7 +393,7 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
         workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
         max_image_pixels=args.max_image_pixels, prefix=args.prefix, decode=args.decode,
         resize=args.resize, size=args.size, decoder=args.decoder, force=args.force,
-        max_size=args.max_size, quality=args.quality, progress=not args.quiet, storage_options=parse_storage_options(args.storage_option), executor=executor,
+        max_size=args.max_size, quality=args.quality, min_shards=args.min_shards, progress=not args.quiet, storage_options=parse_storage_options(args.storage_option), executor=executor,
     )
     m = result.manifest
     if not args.quiet:
@@ -403,6 +407,10 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
             print(f"wrote {m.num_samples} samples in {len(m.shards)} {m.format} shard(s), "
                   f"{format_size(total)}, to {result.out_dir} in {result.seconds:.1f} s "
                   f"({rate:.0f} samples/s){resumed}")
+            if result.idle_workers and m.num_samples >= 2 * MIN_SPREAD_SAMPLES:
+                per = -(-m.num_samples // result.workers)
+                print(f"note: {len(m.shards)} shard(s) for {result.workers} workers left {result.idle_workers} "
+                      f"idle (one worker writes one shard); --samples-per-shard {per} gives each one work")
         if m.skipped:
             print("\n".join(_skip_summary(m, 10)), file=sys.stderr)
     return EXIT_SKIPPED if m.skipped else 0

@@ -32,7 +32,7 @@ from .manifest import MANIFEST_NAME, Manifest
 from .processes import available_cpus, process_pool
 from .progress import progress_bar
 from .reencode import DEFAULT_QUALITY
-from .plan import CHANGED_DURING, ShardResult, ShardSpec, parse_size, plan_shards
+from .plan import CHANGED_DURING, MIN_SHARDS, ShardResult, ShardSpec, parse_size, spread_plan
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
 from .io.location import Location, is_remote
@@ -53,6 +53,12 @@ class ConvertResult:
     shards_written: int = 0
     shards_resumed: int = 0
     seconds: float = 0.0
+    workers: int = 0  # local writer processes (0: another executor, or nothing was written)
+
+    @property
+    def idle_workers(self) -> int:
+        """Workers the plan left without a shard (fewer shards than workers)."""
+        return max(0, self.workers - len(self.manifest.shards)) if not self.already_complete else 0
 
 
 @contextlib.contextmanager
@@ -126,13 +132,13 @@ def _remove_stale(out: Location, prefix: str, keep: set) -> None:
 
 
 def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, samples_per_shard: int,
-                shard_bytes: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
+                shard_bytes: int, min_shards: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
                 format_options: Dict[str, Any], bytes_ratio: float,
                 storage_options: Dict[str, Any]) -> List[ShardSpec]:
     """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels)."""
     sample_type = source.sample_type
     classification = sample_type == "classification"
-    ranges = plan_shards(source.samples, samples_per_shard, max(1, shard_bytes - fmt.overhead),
+    ranges = spread_plan(source.samples, samples_per_shard, max(1, shard_bytes - fmt.overhead), min_shards,
                          size_of=lambda s: int(fmt.sample_bytes(s, classification) * bytes_ratio))
     return [
         ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
@@ -309,6 +315,7 @@ def convert(
     decoder: str = "auto",
     max_size: Optional[int] = None,
     quality: int = DEFAULT_QUALITY,
+    min_shards: int = MIN_SHARDS,
     force: bool = False,
     executor: Optional[cf.Executor] = None,
     progress: bool = False,
@@ -328,6 +335,11 @@ def convert(
     pixels). Encoded outputs shrink images whose longer side exceeds ``max_size`` (re-encoded
     once, JPEGs at ``quality``: :mod:`dsconvert.reencode`). Before writing, the output's size is estimated and a file system without room
     for it refuses the conversion with :class:`InsufficientSpaceError` unless ``force``.
+
+    Shards hold at most ``samples_per_shard`` samples and ``shard_size`` bytes; a source those
+    limits would pack into fewer than ``min_shards`` shards is spread over up to that many
+    (never under 64 samples each), so that up to ``min_shards`` workers have work. The plan
+    depends on the source and these options only: the bytes are the same for any ``workers``.
 
     ``src`` and ``out`` may be URLs of anything fsspec reaches (``s3://bucket/train``), with
     ``storage_options`` (credentials, endpoint) for them. Remote shards are staged on local
@@ -365,6 +377,9 @@ def convert(
         raise OptionError(f"quality must be within 1..100, not {quality}")
     # recorded only when given: outputs written before these options existed stay "the same"
     shrink = {"max_size": int(max_size), "quality": int(quality)} if max_size is not None else {}
+    if type(min_shards) is not int or min_shards < 1:
+        raise OptionError(f"min_shards must be a positive int, not {min_shards!r}")
+    spread = {"min_shards": min_shards} if min_shards != MIN_SHARDS else {}  # recorded when not the default
     decoder_name = resolve_decoder(decoder) if decode else None
     shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
     workers = available_cpus() if workers is None else max(1, int(workers))
@@ -376,6 +391,7 @@ def convert(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
         verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,
         decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name, **shrink,
+        **spread,
     )
     started = time.perf_counter()
     location.makedirs()
@@ -422,7 +438,7 @@ def convert(
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
                           "decoder": decoder_name, **shrink, **fmt.writer_options(source)}
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes else 1.0
-        specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes,
+        specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes, min_shards,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}))
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
             results = _run(specs, workers, executor, bar)
@@ -433,7 +449,7 @@ def convert(
         manifest.save(location)
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,
-                         time.perf_counter() - started)
+                         time.perf_counter() - started, workers if executor is None else 0)
 
 
 def _build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult],

@@ -82,6 +82,24 @@ def plan_shards(
     return ranges
 
 
+MIN_SHARDS = 16  # a small source is spread over up to this many shards, so that workers have work
+MIN_SPREAD_SAMPLES = 64  # ... never fewer samples than this per shard
+
+
+def spread_plan(samples: Sequence[Sample], max_samples: int, max_bytes: int, min_shards: int,
+                size_of=lambda s: s.nbytes) -> List[Tuple[int, int]]:
+    """:func:`plan_shards`, and when the limits make fewer than ``min_shards`` shards, the same
+    cut with a sample limit that spreads the source over up to ``min_shards`` of them (at least
+    ``MIN_SPREAD_SAMPLES`` each): one shard is written by one worker, so 4,000 photos in one
+    shard used one core of many. A pure function of the source and the options: the worker
+    count never enters, so the bytes are the same for any."""
+    ranges = plan_shards(samples, max_samples, max_bytes, size_of)
+    want = min(min_shards, len(samples) // MIN_SPREAD_SAMPLES)
+    if len(ranges) >= want:
+        return ranges
+    return plan_shards(samples, min(max_samples, -(-len(samples) // want)), max_bytes, size_of)
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
           "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}

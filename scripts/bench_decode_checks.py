@@ -6,8 +6,6 @@ and strict libjpeg warnings, against the codecs module of a given git revision, 
 import importlib.util, io, os, subprocess, sys, tempfile, time, statistics
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import numpy as np
-from PIL import Image
 from dsconvert import codecs as new
 from dsconvert.demo import load_photos
 rev = sys.argv[1] if len(sys.argv) > 1 else "b327f7e"

@@ -33,6 +33,7 @@ from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 READERS = ("dsconvert", "dsconvert_forward", "webdataset")
 
@@ -163,15 +164,9 @@ def main() -> None:
             cells.append(f"{statistics.median(t):7.2f} [{min(t):.2f}-{max(t):.2f}]")
         print(f"{p:9.0%} " + " ".join(f"{c:>24s}" for c in cells))
     if args.json:
-        import platform
+        from benchmeta import meta as record
 
-        import torch
-        import torchdata
-
-        meta = {"date": time.strftime("%Y-%m-%d"), "samples": n, "batch": args.batch, "workers": args.workers,
-                "rounds": args.rounds, "cpus": os.cpu_count(), "python": platform.python_version(),
-                "torch": torch.__version__, "torchdata": torchdata.__version__,
-                "command": " ".join(["python", "scripts/bench_resume.py"] + sys.argv[1:])}
+        meta = dict(record(__file__), samples=n, batch=args.batch, workers=args.workers, rounds=args.rounds)
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 

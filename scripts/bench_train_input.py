@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
 
 READERS = ("imagefolder", "dsconvert_pil", "dsconvert_fused", "dsconvert_fused_batched", "dsconvert_npy",
            "dsconvert_npy_fused", "webdataset", "litdata", "mosaic", "ffcv", "dali")
@@ -394,7 +395,9 @@ def main() -> int:
     print(render(summary))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"settings": {k: v for k, v in vars(a).items() if k not in ("child", "prepare")},
+            from benchmeta import meta
+
+            json.dump({"meta": meta(__file__), "settings": {k: v for k, v in vars(a).items() if k not in ("child", "prepare")},
                        "cpus": os.cpu_count(), "summary": summary, "rows": rows}, f, indent=1)
     return 0
 

@@ -30,6 +30,7 @@ from typing import Callable, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from dsconvert import convert, open_dataset  # noqa: E402
 from dsconvert.demo import make_demo_dataset  # noqa: E402
@@ -37,11 +38,21 @@ from dsconvert.source import scan  # noqa: E402
 from dsconvert.io.localfs import evict_page_cache  # noqa: E402
 
 
+def _cpu_seconds() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def timed(fn: Callable[[], int]) -> Dict[str, float]:
+    """Items/s of one run, and the cores it kept busy (CPU time of this process and of the
+    children it waited for, over the wall time)."""
+    cpu = _cpu_seconds()
     t = time.perf_counter()
     n = fn()
     dt = time.perf_counter() - t
-    return {"seconds": dt, "items": n, "per_s": n / dt}
+    return {"seconds": dt, "items": n, "per_s": n / dt, "cores": (_cpu_seconds() - cpu) / dt}
 
 
 def files_of(folder: str) -> List[str]:
@@ -72,10 +83,11 @@ def bench_convert(src: str, work: str, per_shard: int, workers: int, rounds: int
 
     def ours(name: str, **kw) -> Callable[[], int]:
         out = os.path.join(work, name)
+        kw.setdefault("samples_per_shard", per_shard)
 
         def run() -> int:
             shutil.rmtree(out, ignore_errors=True)
-            return convert(src, out, samples_per_shard=per_shard, **kw).manifest.num_samples
+            return convert(src, out, **kw).manifest.num_samples
         return run
 
     def shardwriter() -> int:
@@ -88,6 +100,13 @@ def bench_convert(src: str, work: str, per_shard: int, workers: int, rounds: int
         "dsconvert_noverify_1proc": ours("dsconvert_noverify_1proc", workers=1, verify=False),
         "dsconvert_verify_1proc": ours("dsconvert_verify_1proc", workers=1, verify=True),
         f"dsconvert_verify_{workers}proc": ours(f"dsconvert_verify_{workers}proc", workers=workers, verify=True),
+        # the default limits (10,000 samples, 1 GB): spread over up to 16 shards, or (min_shards=1) as
+        # the limits alone plan it, one shard for a small source
+        f"dsconvert_defaults_{workers}proc": ours(f"dsconvert_defaults_{workers}proc", workers=workers,
+                                                  samples_per_shard=10000),
+        f"dsconvert_defaults_{workers}proc_min_shards_1": ours(f"dsconvert_defaults_{workers}proc_min_shards_1",
+                                                               workers=workers, samples_per_shard=10000,
+                                                               min_shards=1),
         "webdataset_shardwriter_1proc": shardwriter,
         "gnu_tar_cf": lambda: (subprocess.run(["tar", "-cf", tar_out, "-C", src, "."], check=True), n)[1],
     }
@@ -297,11 +316,13 @@ def main() -> None:
     n = len(scan(src).samples)
     total = sum(os.path.getsize(f) for f in files_of(src))
     print(f"dataset: {n} photos, {total / 1e6:.1f} MB, mean {total / n / 1e3:.0f} kB", flush=True)
-    results = {"dataset": {"photos": n, "bytes": total},
+    from benchmeta import meta
+
+    results = {"meta": meta(__file__), "rounds": args.rounds, "dataset": {"photos": n, "bytes": total},
                "convert": bench_convert(src, args.work, args.per_shard, args.workers, args.rounds)}
     if args.no_read:
         for name, r in results["convert"].items():
-            print(f"convert    {name:36s} {r['per_s']:8.0f} /s ({r['min_per_s']:.0f}-{r['max_per_s']:.0f}), "
+            print(f"convert    {name:44s} {r['per_s']:8.0f} /s ({r['min_per_s']:.0f}-{r['max_per_s']:.0f}), {r['cores']:.2f} cores, "
                   f"{r['vs_shardwriter']:.2f}x ShardWriter")
         if args.json:
             with open(args.json, "w") as f:

@@ -88,6 +88,29 @@ def test_byte_identical_for_any_worker_count(tmp_path, photos):
     assert len([n for n in outs[0] if n.endswith(".tar")]) == 8
 
 
+def test_a_small_source_is_spread_over_shards_byte_identically(tmp_path, photos, capsys):
+    """The default limits would put 300 samples in one shard, written by one worker; the plan
+    spreads them over 4 (64 at least each), the same bytes for 1 or 2 workers; with
+    --min-shards 1 the summary says that a worker sat idle and what fixes it."""
+    from dsconvert.cli import main
+
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 150, "b": 150}, size=(16, 12))
+    outs = []
+    for workers in (1, 2):
+        out = str(tmp_path / f"out{workers}")
+        assert convert(src, out, workers=workers).workers == workers
+        outs.append(_tree_bytes(out))
+    assert outs[0] == outs[1] and len([n for n in outs[0] if n.endswith(".tar")]) == 4
+    assert "min_shards" not in Manifest.load(str(tmp_path / "out1")).options  # the default is not recorded
+    capsys.readouterr()
+    assert main(["shard", src, "-o", str(tmp_path / "one"), "--workers", "2", "--min-shards", "1", "-q"]) == 0
+    assert main(["shard", src, "-o", str(tmp_path / "one2"), "--workers", "2", "--min-shards", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1 shard(s) for 2 workers left 1 idle" in out and "--samples-per-shard 150" in out
+    assert Manifest.load(str(tmp_path / "one")).options["min_shards"] == 1
+
+
 def test_odd_names_survive_webdataset(tmp_path, photos, webdataset):
     src = str(tmp_path / "flat")
     jpg = encode(photos["chelsea"].resize((24, 16)))

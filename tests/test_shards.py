@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from dsconvert.plan import parse_size, plan_shards
+from dsconvert.plan import MIN_SPREAD_SAMPLES, parse_size, plan_shards, spread_plan
 from dsconvert.source import Sample, SourceFile
 
 
@@ -19,6 +19,31 @@ def test_every_sample_in_exactly_one_shard_within_limits(sizes, max_samples, max
         assert 1 <= b - a <= max_samples
         total = sum(sizes[a:b])
         assert total <= max_bytes or b - a == 1  # an oversized sample gets a shard alone
+
+
+@given(st.lists(st.integers(0, 5000), max_size=3000), st.integers(1, 20000), st.integers(1, 10**7),
+       st.integers(1, 40))
+def test_a_spread_plan_keeps_the_limits_and_gives_workers_shards(sizes, max_samples, max_bytes, min_shards):
+    samples = samples_of(sizes)
+    ranges = spread_plan(samples, max_samples, max_bytes, min_shards)
+    assert [i for a, b in ranges for i in range(a, b)] == list(range(len(samples)))
+    for a, b in ranges:
+        assert 1 <= b - a <= max_samples and (sum(sizes[a:b]) <= max_bytes or b - a == 1)
+    limits = plan_shards(samples, max_samples, max_bytes)
+    if len(limits) >= min_shards or len(samples) < MIN_SPREAD_SAMPLES * 2:
+        assert ranges == limits  # nothing to spread, or too small to be worth it
+    else:  # up to min_shards shards of about n / min_shards, never planned under 64 samples
+        want = min(min_shards, len(samples) // MIN_SPREAD_SAMPLES)
+        assert len(ranges) >= want and max(b - a for a, b in ranges) <= -(-len(samples) // want)
+        assert -(-len(samples) // want) >= MIN_SPREAD_SAMPLES
+
+
+def test_four_thousand_photos_make_sixteen_shards_not_one():
+    samples = samples_of([45_000] * 4000)
+    assert len(plan_shards(samples, 10000, 10**9)) == 1
+    assert spread_plan(samples, 10000, 10**9, 16) == [(i * 250, (i + 1) * 250) for i in range(16)]
+    assert spread_plan(samples, 10000, 10**9, 1) == [(0, 4000)]
+    assert spread_plan(samples_of([1] * 100), 10000, 10**9, 16) == [(0, 100)]  # 64 samples a shard at least
 
 
 def test_limits_whichever_first():
