@@ -450,6 +450,9 @@ def _check_report_path(path: Optional[str]) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise OptionError(f"--report {path}: {folder} is not an existing folder", path)
+    from .optional import require
+
+    require("matplotlib", "the HTML report")  # its figures: said now, not after the measuring
 
 
 def _write_report(args: argparse.Namespace, renderer: str, report: dict) -> None:

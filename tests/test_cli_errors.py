@@ -347,11 +347,12 @@ def test_analyze_never_unpickles_object_npy(tmp_path, photos, capsys):
     write(os.path.join(src, "a", "broken.npy"), b"\x93NUMPY garbage")
     write(os.path.join(src, "a", "liar.npy"), b"\x93NUMPY\x01\x00v\x00{'descr': '<f8', 'fortran_order': False, "
           b"'shape': (100000000000,), }" + b" " * 50 + b"\n")
+    texts = {}
     for argv in (["--json"], []):
-        code, text, err = cli(capsys, "analyze", src, "-q", "--sample", "20", *argv)
+        code, texts[bool(argv)], err = cli(capsys, "analyze", src, "-q", "--sample", "20", *argv)
         assert code == 0 and "Traceback" not in err, err
     assert not os.path.exists(marker)
-    report = json.loads(cli(capsys, "analyze", src, "-q", "--sample", "20", "--json")[1])
+    report = json.loads(texts[True])
     said = report["decode"]["npy_not_loaded"]
     assert "1 of 4 .npy files hold Python objects" in said and "2 of 4 .npy files are not valid" in said
     assert "npy_load_ms" in report["decode"]

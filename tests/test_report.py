@@ -116,8 +116,10 @@ def test_without_matplotlib_the_message_says_what_to_install(monkeypatch, tmp_pa
     report = json.loads(capsys.readouterr().out)
     with pytest.raises(MissingDependencyError, match=r"pip install 'dsconvert\[report\]'"):
         html_report.analyze_html(report)
+    started = time.perf_counter()
     assert main(["analyze", src, "--sample", "5", "-q", "--report", str(tmp_path / "r.html")]) == 1
     assert "pip install 'dsconvert[report]'" in capsys.readouterr().err
+    assert time.perf_counter() - started < 5  # refused before measuring, not after
 
 
 # --- a real browser ------------------------------------------------------------------------
