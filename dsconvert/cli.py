@@ -408,7 +408,7 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
                   f"{format_size(total)}, to {result.out_dir} in {result.seconds:.1f} s "
                   f"({rate:.0f} samples/s){resumed}")
             if result.idle_workers and m.num_samples >= 2 * MIN_SPREAD_SAMPLES:
-                per = -(-m.num_samples // result.workers)
+                per = max(MIN_SPREAD_SAMPLES, -(-m.num_samples // result.workers))
                 print(f"note: {len(m.shards)} shard(s) for {result.workers} workers left {result.idle_workers} "
                       f"idle (one worker writes one shard); --samples-per-shard {per} gives each one work")
         if m.skipped:

@@ -88,16 +88,22 @@ MIN_SPREAD_SAMPLES = 64  # ... never fewer samples than this per shard
 
 def spread_plan(samples: Sequence[Sample], max_samples: int, max_bytes: int, min_shards: int,
                 size_of=lambda s: s.nbytes) -> List[Tuple[int, int]]:
-    """:func:`plan_shards`, and when the limits make fewer than ``min_shards`` shards, the same
-    cut with a sample limit that spreads the source over up to ``min_shards`` of them (at least
-    ``MIN_SPREAD_SAMPLES`` each): one shard is written by one worker, so 4,000 photos in one
-    shard used one core of many. A pure function of the source and the options: the worker
-    count never enters, so the bytes are the same for any."""
+    """:func:`plan_shards`, and when the limits make fewer than ``min_shards`` shards, the
+    source cut into up to ``min_shards`` runs of near-equal length (at least
+    ``MIN_SPREAD_SAMPLES`` each), each run then planned with the limits (a run past the byte
+    limit is cut further): one shard is written by one worker, so 4,000 photos in one shard
+    used one core of many. A pure function of the source and the options: the worker count
+    never enters, so the bytes are the same for any."""
     ranges = plan_shards(samples, max_samples, max_bytes, size_of)
-    want = min(min_shards, len(samples) // MIN_SPREAD_SAMPLES)
+    n = len(samples)
+    want = min(min_shards, n // MIN_SPREAD_SAMPLES)
     if len(ranges) >= want:
         return ranges
-    return plan_shards(samples, min(max_samples, -(-len(samples) // want)), max_bytes, size_of)
+    spread: List[Tuple[int, int]] = []
+    for i in range(want):
+        a, b = (i * n) // want, ((i + 1) * n) // want
+        spread += [(a + x, a + y) for x, y in plan_shards(samples[a:b], max_samples, max_bytes, size_of)]
+    return spread
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)

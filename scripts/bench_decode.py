@@ -48,14 +48,16 @@ def decoders(half: bool) -> Dict[str, Callable[[bytes], object]]:
         out["pyturbojpeg"] = (lambda d: tj.decode(d, pixel_format=TJPF_RGB, scaling_factor=(1, 2))) if half else \
             (lambda d: tj.decode(d, pixel_format=TJPF_RGB))
     except Exception as exc:  # libturbojpeg missing or too old
-        print(f"PyTurboJPEG: not measured ({exc})", file=sys.stderr)
+        if not half:
+            print(f"PyTurboJPEG: not measured ({exc})", file=sys.stderr)
     try:
         import simplejpeg
 
         out["simplejpeg"] = (lambda d: simplejpeg.decode_jpeg(d, "RGB", min_height=1, min_width=1)) if not half \
             else (lambda d: simplejpeg.decode_jpeg(d, "RGB", min_factor=2))
     except ImportError:
-        print("simplejpeg: not installed", file=sys.stderr)
+        if not half:
+            print("simplejpeg: not installed", file=sys.stderr)
     return out
 
 
@@ -68,10 +70,11 @@ def main() -> None:
     args = ap.parse_args()
     folder = args.folder
     if folder is None:
-        from dsconvert.demo import PHOTOS, make_demo_dataset
+        from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset
 
         folder = os.path.join(tempfile.gettempdir(), f"dsconvert-bench-decode-{args.photos}")
-        make_demo_dataset(folder, num_per_class=-(-args.photos // len(PHOTOS)))
+        classes = len(load_photos(PHOTOS))  # those this scikit-image ships
+        make_demo_dataset(folder, num_per_class=-(-args.photos // classes))
     paths = sorted(glob.glob(os.path.join(folder, "**", "*.jp*g"), recursive=True))[: args.photos]
     blobs = [open(p, "rb").read() for p in paths]
     print(f"{len(blobs)} JPEGs, mean {sum(map(len, blobs)) / len(blobs) / 1e3:.0f} kB", flush=True)

@@ -32,10 +32,12 @@ def test_a_spread_plan_keeps_the_limits_and_gives_workers_shards(sizes, max_samp
     limits = plan_shards(samples, max_samples, max_bytes)
     if len(limits) >= min_shards or len(samples) < MIN_SPREAD_SAMPLES * 2:
         assert ranges == limits  # nothing to spread, or too small to be worth it
-    else:  # up to min_shards shards of about n / min_shards, never planned under 64 samples
+    else:  # up to min_shards runs of near-equal length, >= 64 samples, cut further only by the byte limit
         want = min(min_shards, len(samples) // MIN_SPREAD_SAMPLES)
-        assert len(ranges) >= want and max(b - a for a, b in ranges) <= -(-len(samples) // want)
-        assert -(-len(samples) // want) >= MIN_SPREAD_SAMPLES
+        assert len(ranges) >= want
+        if len(ranges) == want:
+            lengths = [b - a for a, b in ranges]
+            assert min(lengths) >= MIN_SPREAD_SAMPLES and max(lengths) - min(lengths) <= 1
 
 
 def test_four_thousand_photos_make_sixteen_shards_not_one():
@@ -44,6 +46,8 @@ def test_four_thousand_photos_make_sixteen_shards_not_one():
     assert spread_plan(samples, 10000, 10**9, 16) == [(i * 250, (i + 1) * 250) for i in range(16)]
     assert spread_plan(samples, 10000, 10**9, 1) == [(0, 4000)]
     assert spread_plan(samples_of([1] * 100), 10000, 10**9, 16) == [(0, 100)]  # 64 samples a shard at least
+    lengths = [b - a for a, b in spread_plan(samples_of([1] * 1025), 10000, 10**9, 16)]
+    assert len(lengths) == 16 and set(lengths) == {64, 65}  # near-equal, not 15 x 65 + 50
 
 
 def test_limits_whichever_first():
