@@ -162,12 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "shard",
         help="convert a dataset of many small files into shards",
-        description="Convert SRC (a folder, or a CSV/JSONL list of path,label) into shards in "
-        "OUT. Every input file ends up in a shard or in the manifest's skipped list with its "
-        "reason. Killed runs resume when the same command is run again.",
+        description="Convert SRC (a folder, a CSV/JSONL list of path,label, tar shards another "
+        "tool wrote, Parquet files, or a dsconvert output) into shards in OUT. Every input ends "
+        "up in a shard or in the manifest's skipped list with its reason. Killed runs resume "
+        "when the same command is run again.",
         parents=[_quiet("no progress bars or summary"), storage],
     )
-    p.add_argument("src", type=_path, metavar="SRC", help="source folder (ImageFolder or flat) or list file")
+    p.add_argument("src", type=_path, metavar="SRC",
+                   help="source folder (ImageFolder or flat), list file, folder or brace pattern of .tar "
+                   "shards, .parquet file(s), or a dsconvert output (re-conversion)")
     p.add_argument("-o", "--output", required=True, type=_path, metavar="OUT", help="output folder")
     p.add_argument("--format", choices=sorted(FORMATS), default="wds",
                    help="output format: wds = WebDataset tar shards; hdf5 = HDF5 files (encoded "
@@ -175,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "for local SSD (default: %(default)s)")
     p.add_argument("--layout", choices=LAYOUTS, default="auto",
                    help="source layout; auto detects ImageFolder class folders, flat "
-                   "basename-grouped files with sidecars, or a list file (default: %(default)s)")
+                   "basename-grouped files with sidecars, a list file, tar shards, Parquet files or a "
+                   "dsconvert output (default: %(default)s)")
+    p.add_argument("--label", metavar="FIELD",
+                   help="tar shards and Parquet: where the class label is (cls, a JSON key such as "
+                   "json.label, or a Parquet column); makes (image, label) samples")
     p.add_argument("--samples-per-shard", type=_positive_int, default=10000, metavar="N",
                    help="at most N samples per shard (default: %(default)s)")
     p.add_argument("--shard-size", type=_size, default="1GB", metavar="SIZE",
@@ -388,7 +395,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
 
 def _shard(args: argparse.Namespace, executor: Any) -> int:
     result = convert(
-        args.src, args.output, args.format, layout=args.layout,
+        args.src, args.output, args.format, layout=args.layout, label=args.label,
         samples_per_shard=args.samples_per_shard, shard_size=args.shard_size,
         workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
         max_image_pixels=args.max_image_pixels, prefix=args.prefix, decode=args.decode,

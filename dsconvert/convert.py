@@ -142,7 +142,8 @@ def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, s
                          size_of=lambda s: int(fmt.sample_bytes(s, classification) * bytes_ratio))
     return [
         ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
-                  tuple(source.samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options)
+                  tuple(source.samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options,
+                  source.kind)
         for i, (a, b) in enumerate(ranges)
     ]
 
@@ -301,6 +302,7 @@ def convert(
     format: str = "wds",
     *,
     layout: str = "auto",
+    label: Optional[str] = None,
     samples_per_shard: int = 10000,
     shard_size: Union[int, str] = "1GB",
     workers: Optional[int] = None,
@@ -345,6 +347,11 @@ def convert(
     ``storage_options`` (credentials, endpoint) for them. Remote shards are staged on local
     disk and uploaded whole, the manifest last. On object stores there is no lock against a
     second conversion into the same prefix, and no free-space check.
+
+    ``src`` may also be what another tool packed, read in place: a folder (or brace pattern) of
+    tar shards, Parquet files (Hugging Face ``datasets`` exports included), or a dsconvert
+    output holding encoded images (re-conversion); ``label`` names where their class label is
+    (``cls``, ``json.label``, a Parquet column): see :mod:`dsconvert.source`.
 
     ``scanned``: a :class:`Source` of ``src`` already scanned (or a part of one: analyze
     converts its measured sample this way) to convert instead of scanning ``src`` again.
@@ -391,7 +398,7 @@ def convert(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
         verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,
         decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name, **shrink,
-        **spread,
+        **spread, **({"label": label} if label is not None else {}),
     )
     started = time.perf_counter()
     location.makedirs()
@@ -418,16 +425,17 @@ def convert(
             source = scanned
         else:
             with progress_bar(progress, "scanning", unit=" files") as bar:
-                source = scan(src_abs, layout, progress=bar.update, storage_options=storage_options)
+                source = scan(src_abs, layout, progress=bar.update, storage_options=storage_options, label=label)
         if strict and source.skipped:
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)
 
         if not accepts(format, source):
             able = ", ".join(f for f in FORMATS if get(f).any_samples)
+            hint = " or --label naming where the class label is" if source.kind in ("tar", "parquet") else ""
             raise SourceError(
                 f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "
-                f"source, and {src_abs} was scanned as {source.layout} (use --format {able})", src_abs)
+                f"source{hint}, and {src_abs} was scanned as {source.layout} (use --format {able})", src_abs)
         classification = source.sample_type == "classification"
         estimate = estimate_output_bytes(source, decode, resize, size,
                                          stored_bytes=lambda s: fmt.sample_bytes(s, classification))
@@ -437,7 +445,7 @@ def convert(
                                                        estimate.sampled, estimate.exact), fmt)
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
                           "decoder": decoder_name, **shrink, **fmt.writer_options(source)}
-        ratio = estimate.bytes / source.nbytes if decode and source.nbytes else 1.0
+        ratio = estimate.bytes / source.nbytes if decode and source.nbytes and estimate.bytes else 1.0
         specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes, min_shards,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}))
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:

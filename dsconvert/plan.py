@@ -42,11 +42,18 @@ class ShardSpec:
     strict: bool = False
     options: Dict[str, Any] = field(default_factory=dict)  # format-specific (decode, resize...)
     storage_options: Dict[str, Any] = field(default_factory=dict)  # for remote root/out_dir (credentials...)
+    source_kind: str = "files"  # how inputs are read: files, or from containers (tar, parquet, output)
 
     def digest(self) -> str:
         d = asdict(self)
         for volatile in ("out_dir", "strict", "storage_options"):  # where it goes, how errors end, how to
             d.pop(volatile)                                         # reach it: not content
+        if d["source_kind"] == "files":  # left out where it has its old meaning: earlier outputs still match
+            d.pop("source_kind")
+            for sample in d["samples"]:
+                for f in sample["files"]:
+                    f.pop("container")
+                    f.pop("offset")
         blob = json.dumps(d, sort_keys=True, ensure_ascii=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -181,7 +188,13 @@ def read_samples(spec: ShardSpec) -> Iterator[Tuple[Sample, Fetched]]:
     Local sources are read file by file (with fstat: a file whose size or mtime differs from
     the scan changed during the conversion). Remote sources are fetched in batches of
     concurrent GETs (``fs.cat`` of many paths), since each request pays a round trip; there
-    only the size can be compared with the scan."""
+    only the size can be compared with the scan. Inputs inside containers (tar members,
+    Parquet rows, samples of an output) are read by their kind's reader."""
+    if spec.source_kind != "files":
+        from .source import container_reader
+
+        yield from container_reader(spec.source_kind)(spec, _checked)
+        return
     if not is_remote(spec.root):
         for sample in spec.samples:
             yield sample, _read_local(spec, sample)

@@ -7,13 +7,17 @@ when the disk fills at 80 % is the outcome this prevents. Image sizes come from 
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
+from PIL import Image
+
 from .codecs import image_size, is_image_field, resized_shape
-from .source import Sample, Source
+from .io.location import is_remote
+from .source import Sample, Source, SourceFile
 
 __all__ = ["SizeEstimate", "estimate_output_bytes", "format_size"]
 
@@ -40,6 +44,23 @@ def format_size(n: float) -> str:
     return f"{n:.1f} {unit}"
 
 
+def _image_size(source: Source, f: SourceFile) -> Tuple[int, int]:
+    """(height, width) of one input image from its header: a file, or a member of a local tar
+    (other containers are not estimated: a ValueError)."""
+    if source.kind == "tar" and not is_remote(source.root):
+        fd = os.open(os.path.join(source.root, f.container), os.O_RDONLY)
+        try:
+            head = os.pread(fd, min(f.size, 1 << 20), f.offset)
+        finally:
+            os.close(fd)
+        with Image.open(io.BytesIO(head)) as img:
+            w, h = img.size
+        return h, w
+    if source.kind != "files":
+        raise ValueError("not estimated")
+    return image_size(f.path if os.path.isabs(f.path) else os.path.join(source.root, f.path))
+
+
 def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] = None,
                           size: Optional[Tuple[int, int]] = None, sample: int = 500,
                           seed: int = 0, stored_bytes: Optional[Callable[[Sample], int]] = None) -> SizeEstimate:
@@ -57,9 +78,8 @@ def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] =
     picked = images if len(images) <= sample else random.Random(seed).sample(images, sample)
     total = counted = 0
     for _, f in picked:
-        path = f.path if os.path.isabs(f.path) else os.path.join(source.root, f.path)
         try:
-            h, w = resized_shape(*image_size(path), resize=resize)
+            h, w = resized_shape(*_image_size(source, f), resize=resize)
         except Exception:
             continue  # unreadable now: it will be skipped, and takes no room
         total += h * w * 3

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -224,3 +226,66 @@ def write_fake_nvidia_smi(bin_dir) -> str:
         f.write(f"#!{sys.executable}\n{FAKE_SMI}")
     os.chmod(exe, 0o755)
     return bin_dir
+
+
+# --- moto's S3 server on 127.0.0.1 (remote storage tests) ---------------------------------
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import s3server  # noqa: E402  (the standard library only: moto runs in its own process)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server: the tests that use it (through ``s3``) are skipped without s3fs or
+    moto[server], not the others in this file."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'dsconvert[s3]')")
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    saved = {k: os.environ.get(k) for k in s3server.CREDENTIALS}
+    os.environ.update(s3server.CREDENTIALS)
+    proc, endpoint = s3server.start()
+    try:
+        yield endpoint
+    finally:
+        s3server.stop(proc)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class S3:
+    def __init__(self, endpoint, bucket):
+        import s3fs
+
+        self.endpoint = endpoint
+        self.options = s3server.storage_options(endpoint)
+        self.fs = s3fs.S3FileSystem(**self.options)
+        self.bucket = bucket
+        self.fs.mkdir(bucket)
+
+    def url(self, key):
+        return f"s3://{self.bucket}/{key}"
+
+    def put_tree(self, local, key):
+        self.fs.put(local, f"{self.bucket}/{key}", recursive=True)
+        self.fs.invalidate_cache()
+        return self.url(key)
+
+    def files(self, key):
+        self.fs.invalidate_cache()
+        base = f"{self.bucket}/{key}"
+        return {p[len(base) + 1:]: self.fs.cat_file(p) for p in self.fs.find(base)
+                if not p[len(base) + 1:].startswith(".")}  # as local_files: not the output's marker
+
+    def cli(self):
+        return ["--storage-option", f"client_kwargs.endpoint_url={self.endpoint}",
+                "--storage-option", "client_kwargs.region_name=eu-west-1"]
+
+
+@pytest.fixture
+def s3(s3_endpoint, request):
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
+    return S3(s3_endpoint, f"{name}-{uuid.uuid4().hex[:8]}")
+
+

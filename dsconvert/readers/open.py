@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 from ..formats import FORMATS, get
 from ..io.shard_cache import ShardAccess
+from ..errors import ManifestError
 from ..manifest import Manifest
 
 __all__ = ["open_dataset"]
@@ -53,8 +54,19 @@ def open_dataset(
     the least recently used shards. Safe for any number of workers and ranks at once. A local
     output on a network file system can be cached the same way.
     """
+    label = options.pop("label", None)
+    index_dir = options.pop("index_dir", None)
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
-    manifest = Manifest.load(access.location)
+    try:
+        if label is not None or index_dir is not None:
+            raise ManifestError("label= and index_dir= are for tar shards without a manifest")
+        manifest = Manifest.load(access.location)
+    except ManifestError:
+        from ..source.tars import looks_like_tars, open_tars
+
+        if not looks_like_tars(path, storage_options):
+            raise
+        manifest, access = open_tars(path, storage_options, cache_dir, cache_size, label, index_dir)
     root = access.location.url
     if manifest.format not in FORMATS:
         raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")

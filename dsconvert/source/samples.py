@@ -40,12 +40,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from ..codecs import IMAGE_EXTENSIONS, is_image_field
 from ..errors import SourceError
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
-from ..io.location import filesystem, is_remote, mtime_ns_of
+from ..io.location import Location, filesystem, is_remote, mtime_ns_of
 
 __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
            "looks_like_image_folder", "is_ignored", "source_of_listings"]
 
-LAYOUTS = ("auto", "imagefolder", "flat", "list")
+LAYOUTS = ("auto", "imagefolder", "flat", "list", "tars", "parquet", "output")
+CONTAINER_LAYOUTS = ("tars", "parquet", "output")  # inputs inside files: see Source.kind
 CLASSIFICATION_LAYOUTS = ("imagefolder", "list")  # one image and a label per sample
 LIST_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 OS_LITTER = frozenset(
@@ -56,12 +57,19 @@ OS_LITTER = frozenset(
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One input file of a sample. ``path`` is relative to the source root (or absolute)."""
+    """One input file of a sample. ``path`` is relative to the source root (or absolute).
+
+    An input inside a container (a tar member, a Parquet row's image, a sample of a dsconvert
+    output) names the container's file in ``container`` and its place there in ``offset`` (a
+    member's data offset, a row, a sample index); ``path`` then reads ``CONTAINER/MEMBER`` and
+    ``mtime_ns`` is the container's."""
 
     field: str
     path: str
     size: int
     mtime_ns: int
+    container: str = ""
+    offset: int = -1
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,11 @@ class Skipped:
 
 @dataclass
 class Source:
-    """The result of a scan: what will be converted, and what will not, with reasons."""
+    """The result of a scan: what will be converted, and what will not, with reasons.
+
+    ``kind`` says how the inputs are read: ``files`` (each a file), or from containers:
+    ``tar`` (members of existing tar shards), ``parquet`` (rows of Parquet files), ``output``
+    (samples of a dsconvert output, read through its own reader)."""
 
     root: str
     layout: str
@@ -91,10 +103,15 @@ class Source:
     classes: Optional[List[str]] = None
     skipped: List[Skipped] = field(default_factory=list)
     ignored: List[Skipped] = field(default_factory=list)
+    kind: str = "files"
+    labelled: Optional[bool] = None  # container sources: (image, label) samples, or dicts
+    options: Dict[str, Any] = field(default_factory=dict)  # what shaped the scan (label=...), recorded
 
     @property
     def sample_type(self) -> str:
         """``classification`` ((image, label) samples: ImageFolder and list sources) or ``dict``."""
+        if self.labelled is not None:
+            return "classification" if self.labelled else "dict"
         return "classification" if self.layout in CLASSIFICATION_LAYOUTS else "dict"
 
     @property
@@ -445,14 +462,34 @@ def _remote_dirs(fs: Any, root: str, progress: Optional[ProgressFn]) -> Tuple[Li
 
 
 def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
-         storage_options: Optional[Dict[str, Any]] = None) -> Source:
+         storage_options: Optional[Dict[str, Any]] = None, label: Optional[str] = None) -> Source:
     """Scan ``src`` (a folder or list file: a path, or a URL fsspec reaches) into a
-    :class:`Source`, reading no contents.
+    :class:`Source`, reading no contents; or the samples of what another tool packed: tar
+    shards (:mod:`.tars`), Parquet files (:mod:`.parquet`), a dsconvert output (:mod:`.outputs`),
+    reading their headers and metadata (and labels: ``label``, where a sample's class label is).
 
     ``progress`` is called with the number of files found in each folder walked.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    container = layout if layout in CONTAINER_LAYOUTS else container_layout(src, storage_options) if layout == "auto" else None
+    if container == "tars":
+        from .tars import tar_source
+
+        return tar_source(src, label, storage_options)
+    if container == "parquet":
+        from .parquet import parquet_source
+
+        return parquet_source(src, label, storage_options)
+    if container == "output":
+        from .outputs import output_source
+
+        if label is not None:
+            raise SourceError("--label is for tar shards and Parquet files: a dsconvert output keeps its labels", src)
+        return output_source(src, storage_options)
+    if label is not None:
+        raise SourceError(f"--label names where the label is inside tar shards or Parquet rows; {escape_path(src)} "
+                          "is a folder or list source (labels come from class folders or the list)", src)
     if is_remote(src):
         return _scan_remote(src.rstrip("/"), layout, progress, storage_options)
     if not os.path.exists(src):
@@ -474,6 +511,28 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
         raise SourceError(f"layout 'list' needs a list file, and {src} is a folder", src)
     walker = _Walker(src, progress)
     return _from_listing(src, layout, walker, walker.walk())
+
+
+def container_layout(src: str, storage_options: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """``output`` (a dsconvert output), ``parquet``, ``tars``, or None for files and lists."""
+    from ..manifest import MANIFEST_NAME
+    try:  # TEMP-PARQUET: until parquet.py lands
+        from .parquet import looks_like_parquet
+    except ModuleNotFoundError:
+        looks_like_parquet = lambda *a: False  # noqa: E731
+    from .tars import looks_like_tars
+
+    if "{" not in src:
+        try:
+            if Location(src, storage_options, flat=False).exists(MANIFEST_NAME):
+                return "output"
+        except (OSError, ValueError):
+            pass
+    if looks_like_parquet(src, storage_options):
+        return "parquet"
+    if looks_like_tars(src, storage_options):
+        return "tars"
+    return None
 
 
 def _scan_remote(url: str, layout: str, progress: Optional[ProgressFn],

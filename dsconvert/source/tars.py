@@ -1,0 +1,646 @@
+"""Tar shards that another tool wrote (webdataset's ShardWriter, GNU tar, img2dataset), as a
+source for conversion and as something :func:`dsconvert.open_dataset` reads directly.
+
+A tar is indexed once by walking its headers (``tarfile`` seeks over the data): each member's
+data offset and size, grouped into samples exactly as ``webdataset.WebDataset`` groups them
+(the key is the name up to the first dot of its basename, the field the rest, lower-cased;
+consecutive members of one key form a sample; directories and ``__meta__`` names are not
+members; other non-regular members, names without an extension, unsafe or non-UTF-8 names,
+a field repeated within a sample and data past the file's end are skipped with their reason).
+The index is a wds shard record (:class:`dsconvert.formats.base.ShardRecord`), so the same
+indexed reader that reads dsconvert's own shards reads it; it is saved as
+``.dsconvert-index/NAME.json`` beside the tars when that folder is writable, else under a
+cache folder (object stores, read-only mounts), and it names the tar's size and mtime (or
+ETag): a tar that changes is indexed again.
+
+``label``: where a sample's class label is, ``cls`` (a member's decimal text, or a class name)
+or a JSON key inside a member (``json.label``). Labels are read while indexing (they are
+small members beside the headers); names become indices in sorted order, as ImageFolder's
+class folders do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tarfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ..codecs import field_kind, is_image_field
+from ..errors import BadInputError, ManifestError, SourceError
+from ..io.localfs import SizeBoundedFile, atomic_write, check_name, open_regular
+from ..io.location import Location, json_bytes, mtime_ns_of
+from ..io.shard_cache import ShardAccess
+from ..keys import disambiguate, encode_key, escape_path, is_utf8
+from ..manifest import Manifest, ShardEntry
+from .samples import Sample, Skipped, Source, SourceFile
+
+__all__ = ["TarShards", "TarAccess", "list_tars", "looks_like_tars", "tar_source", "read_tar_samples", "open_tars",
+           "parse_label", "INDEX_FOLDER"]
+
+INDEX_FOLDER = ".dsconvert-index"
+INDEX_SCHEMA = 1
+LABEL_MEMBER_BYTES = 1 << 16  # a label member larger than this is not a label
+_SAFE_TAR = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
+_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+_TAR_SUFFIXES = (".tar",)
+_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def base_plus_ext(name: str) -> Tuple[Optional[str], Optional[str]]:
+    """webdataset's split of a member name: (key, field), or (None, None) without an extension."""
+    m = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name, re.DOTALL)
+    return (m.group(1), m.group(2)) if m else (None, None)
+
+
+def parse_label(spec: Optional[str]) -> Optional[Tuple[str, List[str]]]:
+    """``"cls"`` -> ("cls", []); ``"json.label"`` -> ("json", ["label"]); None -> None."""
+    if spec is None:
+        return None
+    field, *path = str(spec).split(".")
+    if not field or any(not p for p in path):
+        raise SourceError(f"--label must name a field (cls) or a JSON key in one (json.label), not {spec!r}")
+    return field.lower(), path
+
+
+def label_value(data: bytes, path: Sequence[str]) -> Any:
+    """The label a member holds: an int or a class name; BadInputError when it holds none."""
+    if len(data) > LABEL_MEMBER_BYTES:
+        raise BadInputError(f"the label member has {len(data):,} bytes: not a label")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInputError("the label member is not UTF-8 text") from None
+    if path:
+        try:
+            value: Any = json.loads(text)
+        except (ValueError, RecursionError):
+            raise BadInputError("the label member is not valid JSON") from None
+        for key in path:
+            if not isinstance(value, dict) or key not in value:
+                raise BadInputError(f"no key {'.'.join(path)!r} in the label member")
+            value = value[key]
+    else:
+        value = text.strip()
+        if re.fullmatch(r"-?\d{1,18}", value):
+            value = int(value)
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, str) and value and len(value) <= 1000:
+        return value
+    raise BadInputError(f"the label {str(value)[:40]!r} is neither an integer >= 0 nor a class name")
+
+
+# --- indexing one tar ----------------------------------------------------------------------
+
+
+def _identity(info: Dict[str, Any]) -> Dict[str, Any]:
+    """What names a version of a tar: its size and mtime (or ETag where a store gives one)."""
+    etag = info.get("ETag") or info.get("etag")
+    return {"size": int(info["size"]), "mtime_ns": mtime_ns_of(info), **({"etag": str(etag)} if etag else {})}
+
+
+def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) -> Dict[str, Any]:
+    """Walk one tar's headers into a wds record (see the module doc); ``f`` is seekable."""
+    head = f.read(6)
+    f.seek(0)
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise BadInputError(f"a {kind}-compressed tar: decompress it ({kind} -d) to read it by index")
+    keys: List[str] = []
+    fields: List[Dict[str, Tuple[int, int]]] = []
+    skipped: List[Dict[str, str]] = []
+    label_members: List[Optional[Tuple[int, int]]] = []
+
+    def skip(member: str, reason: str) -> None:
+        skipped.append({"path": f"{name}/{escape_path(member)}", "reason": reason})
+
+    bounded = SizeBoundedFile(f, size)
+    try:
+        tf = tarfile.open(fileobj=bounded, mode="r:")
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        if size == 0:
+            return _record(name, [], [], skipped, None)
+        raise BadInputError(f"not a readable tar: {exc}") from None
+    current: Optional[str] = None
+    while True:
+        try:
+            m = tf.next()
+        except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
+            skip("(rest of the tar)", f"unreadable after byte {tf.offset:,}: {exc}")
+            break
+        tf.members = []  # keep no TarInfo per member: a tar may hold millions
+        if m is None:
+            break
+        mname = m.name
+        if m.isdir():
+            continue
+        if "/" not in mname and mname.startswith("__") and mname.endswith("__") or _META.match(mname):
+            continue  # webdataset's metadata names are not samples
+        if not m.isreg():
+            kind = ("symlink" if m.issym() else "hard link" if m.islnk() else "device" if m.isdev()
+                    else "FIFO" if m.isfifo() else f"type {m.type!r}")
+            skip(mname, f"a {kind}, not a file: not read")
+            continue
+        if not is_utf8(mname):
+            skip(mname, "member name is not valid UTF-8")
+            continue
+        if mname.startswith("/") or ".." in re.split(r"[/\\]", mname):
+            skip(mname, "unsafe member name (absolute or '..')")
+            continue
+        if m.offset_data + m.size > size:
+            skip(mname, f"truncated: its {m.size:,} bytes run past the end of the tar")
+            continue
+        key, ext = base_plus_ext(mname)
+        if key is None or ext is None:
+            skip(mname, "no extension after the key (webdataset skips it too)")
+            continue
+        ext = ext.lower()
+        if current != key or not fields:
+            keys.append(key)
+            fields.append({})
+            label_members.append(None)
+            current = key
+        if ext in fields[-1]:
+            skip(mname, f"field {ext!r} repeats within sample {key!r} (webdataset raises on it)")
+            continue
+        fields[-1][ext] = (m.offset_data, m.size)
+        if label is not None and ext == label[0]:
+            label_members[-1] = (m.offset_data, m.size)
+    if bounded.overrun and not any(s["path"].endswith("/(rest of the tar)") for s in skipped):
+        skip("(rest of the tar)", f"truncated: the tar ends {bounded.overrun:,} bytes short of a header it began")
+    values: Optional[List[Any]] = None
+    if label is not None:
+        values = []
+        for span in label_members:
+            if span is None:
+                values.append({"error": f"no {label[0]!r} member (--label {'.'.join([label[0], *label[1]])})"})
+                continue
+            f.seek(span[0])
+            try:
+                values.append(label_value(f.read(min(span[1], LABEL_MEMBER_BYTES + 1)), label[1]))
+            except BadInputError as exc:
+                values.append({"error": exc.reason})
+    return _record(name, keys, fields, skipped, values)
+
+
+def _record(name: str, keys: List[str], fields: List[Dict[str, Tuple[int, int]]],
+            skipped: List[Dict[str, str]], label_values: Optional[List[Any]]) -> Dict[str, Any]:
+    n = len(keys)
+    columns: Dict[str, Dict[str, List[int]]] = {}
+    for i, sample in enumerate(fields):
+        for field, (offset, size) in sample.items():
+            col = columns.setdefault(field, {"offset": [-1] * n, "size": [-1] * n})
+            col["offset"][i] = offset
+            col["size"][i] = size
+    return {
+        "schema_version": 1, "format": "wds", "shard": name, "spec_sha256": "foreign", "bytes": 0,
+        "sha256": "", "num_samples": n, "fields": {f: field_kind(f) for f in sorted(columns)}, "keys": keys,
+        "labels": None, "sources": [[] for _ in range(n)], "skipped": skipped,
+        "members": dict(sorted(columns.items())), "label_values": label_values,
+    }
+
+
+# --- a folder (or pattern) of tars ----------------------------------------------------------
+
+
+def list_tars(src: str, storage_options: Optional[Dict[str, Any]] = None
+              ) -> Tuple[Location, List[str], List[Skipped], List[Skipped]]:
+    """The tars ``src`` names: a folder of ``.tar`` files, one ``.tar`` file, or a brace
+    pattern (``shards/train-{000000..000099}.tar``), all in one folder. Returns the folder, the
+    tar names (in order), compressed tars and names a shard cannot have (skipped), and other
+    files (ignored)."""
+    names: List[str]
+    if "{" in src and ".." in src:
+        try:
+            from braceexpand import braceexpand
+        except ImportError:  # pragma: no cover - webdataset depends on it
+            raise SourceError("a brace pattern needs braceexpand (pip install braceexpand)", src) from None
+        paths = list(braceexpand(src))
+        folders = {p.rstrip("/").rsplit("/", 1)[0] for p in paths}
+        if len(folders) != 1:
+            raise SourceError(f"the pattern {src} names tars in {len(folders)} folders; give one folder's", src)
+        folder = folders.pop()
+        names = [p.rsplit("/", 1)[1] for p in paths]
+        location = Location(folder, storage_options, flat=False)
+        listed = set(location.listdir())
+        missing = [n for n in names if n not in listed]
+        if missing:
+            raise SourceError(f"{len(missing)} tar(s) of the pattern are not there: {', '.join(missing[:3])}", src)
+        others: List[str] = []
+    else:
+        location = Location(src, storage_options, flat=False)
+        fs, path = location.fs, location.path()
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            raise SourceError(f"source does not exist: {src}", src) from None
+        if info.get("type") == "file":
+            folder, name = location.url.rsplit("/", 1)
+            location = Location(folder, storage_options, flat=False)
+            names, others = [name], []
+        else:
+            listed = location.listdir()
+            names = [n for n in listed if n.lower().endswith(_TAR_SUFFIXES) and not n.startswith(".")]
+            others = [n for n in listed if n not in names]
+    skipped: List[Skipped] = []
+    ignored: List[Skipped] = []
+    good: List[str] = []
+    for n in names:
+        if not _SAFE_TAR.fullmatch(n) or n in (".", ".."):
+            skipped.append(Skipped(escape_path(n), "a tar name with characters dsconvert does not read "
+                                   "(letters, digits, '_', '.', '-'): rename it"))
+        else:
+            good.append(n)
+    for n in others:
+        if n.startswith(".") or n == INDEX_FOLDER:
+            continue
+        if n.lower().endswith(_COMPRESSED_SUFFIXES):
+            skipped.append(Skipped(escape_path(n), "a compressed tar: decompress it to read it by index"))
+        else:
+            ignored.append(Skipped(escape_path(n), "not a .tar shard"))
+    return location, good, skipped, ignored
+
+
+def looks_like_tars(src: str, storage_options: Optional[Dict[str, Any]] = None) -> bool:
+    """Whether ``src`` is tar shards and nothing a folder source would be: a ``.tar`` file, a
+    brace pattern, or a folder whose files are tars (and no images, no subfolders)."""
+    if "{" in src and ".." in src and src.rstrip("}").lower().endswith(_TAR_SUFFIXES + ("}",)):
+        return True
+    try:
+        location = Location(src, storage_options, flat=False)
+        fs, path = location.fs, location.path()
+        info = fs.info(path)
+        if info.get("type") == "file":
+            return path.lower().endswith(_TAR_SUFFIXES)
+        entries = fs.ls(path, detail=True)
+    except (OSError, ValueError):
+        return False
+    tars = 0
+    for e in entries:
+        name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith(".") or name == INDEX_FOLDER:
+            continue
+        if e.get("type") == "directory" or is_image_field(name.rsplit(".", 1)[-1].lower()):
+            return False
+        tars += name.lower().endswith(_TAR_SUFFIXES)
+    return tars > 0
+
+
+def _default_index_dir(url: str) -> str:
+    base = os.environ.get("DSCONVERT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsconvert")
+    return os.path.join(base, "tar-index", hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:24])
+
+
+class TarShards:
+    """The indexes of a folder's tars: loaded where they are current, built (in threads) where
+    they are missing, stale or unreadable, and saved (see the module doc)."""
+
+    def __init__(self, location: Location, names: Sequence[str], label: Optional[str] = None,
+                 index_dir: Optional[str] = None, workers: int = 8):
+        self.location = location
+        self.names = list(names)
+        self.label_spec = label
+        self.label = parse_label(label)
+        self.index_dir = index_dir or self._index_dir()
+        infos = self._infos()
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.names) or 1))) as pool:
+            results = list(pool.map(lambda n: self._index(n, infos[n]), self.names))
+        self.records: Dict[str, Dict[str, Any]] = {}
+        self.failed: List[Skipped] = []
+        for name, (record, error) in zip(self.names, results):
+            if record is not None:
+                self.records[name] = record
+            else:
+                self.failed.append(Skipped(name, error or "unreadable"))
+        self.names = [n for n in self.names if n in self.records]
+
+    def _index_dir(self) -> str:
+        local = self.location.local_path("") if not self.location.remote else None
+        if local is not None:
+            folder = os.path.join(local, INDEX_FOLDER)
+            try:
+                os.makedirs(folder, exist_ok=True)
+                if os.access(folder, os.W_OK):
+                    return folder
+            except OSError:
+                pass
+        return _default_index_dir(self.location.url)
+
+    def _infos(self) -> Dict[str, Dict[str, Any]]:
+        fs, base = self.location.fs, self.location.path()
+        if self.location.remote:
+            listed = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e for e in fs.ls(base, detail=True)}
+            return {n: listed.get(n) or fs.info(f"{base}/{n}") for n in self.names}
+        out = {}
+        for n in self.names:
+            st = os.stat(os.path.join(base, n))
+            out[n] = {"size": st.st_size, "mtime": st.st_mtime_ns, "type": "file"}
+        return out
+
+    def index_path(self, name: str) -> str:
+        return os.path.join(self.index_dir, name + ".json")
+
+    def _index(self, name: str, info: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        if info.get("type", "file") != "file":
+            return None, "not a regular file"
+        identity = _identity(info)
+        saved = self._load(name, identity)
+        if saved is not None and (self.label is None or self.label_spec in saved["label_values"]):
+            return saved, None
+        try:
+            if self.location.remote:
+                f = self.location.fs.open(self.location.path(name), "rb", block_size=4 << 20,
+                                          cache_type="readahead")
+            else:
+                f = open_regular(self.location.path(name))
+            with f:
+                record = _scan(f, identity["size"], name, self.label)
+        except BadInputError as exc:
+            return None, exc.reason
+        except OSError as exc:
+            return None, f"unreadable: {exc.strerror or exc}"
+        values = record.pop("label_values")
+        known = dict(saved["label_values"]) if saved is not None else {}  # labels other --label runs read
+        if values is not None:
+            known[self.label_spec] = values
+        record.update({"bytes": identity["size"], "sha256": _sha_of(identity), "tar": identity,
+                       "index_schema": INDEX_SCHEMA, "label_values": dict(sorted(known.items()))})
+        try:
+            os.makedirs(self.index_dir, exist_ok=True)
+            with atomic_write(self.index_path(name)) as out:
+                out.write(json_bytes(record))
+        except OSError:
+            pass  # a read-only cache: the index is rebuilt next time
+        return record, None
+
+    def _load(self, name: str, identity: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """A saved index of this very tar (same identity and schema), every column a reader
+        uses checked; None when there is none (or it is not trustworthy)."""
+        from ..formats.wds import Wds
+
+        try:
+            with open_regular(self.index_path(name)) as f:
+                data = f.read()
+            record = Wds.load_record(self.index_path(name), data).d
+        except (OSError, ManifestError):
+            return None
+        values = record.get("label_values")
+        if (record.get("tar") != identity or record.get("index_schema") != INDEX_SCHEMA
+                or record.get("shard") != name or record.get("sha256") != _sha_of(identity)
+                or record.get("bytes") != identity["size"] or not isinstance(values, dict)
+                or not all(isinstance(v, list) and len(v) == record["num_samples"] for v in values.values())):
+            return None
+        for col in record["members"].values():  # every member inside the tar, or indexed again
+            if any(o >= 0 and (o + n > identity["size"] or n < 0) for o, n in zip(col["offset"], col["size"])):
+                return None
+        return record
+
+    def labels_of(self, name: str) -> List[Any]:
+        """The label values of a tar's samples, for this object's ``label``."""
+        return self.records[name]["label_values"][self.label_spec]
+
+    def classes(self) -> Optional[List[str]]:
+        """Sorted class names when any label is a name; None when every label is an int."""
+        if self.label is None:
+            return None
+        names = sorted({v for n in self.names for v in self.labels_of(n) if isinstance(v, str)})
+        return names or None
+
+
+def _sha_of(identity: Dict[str, Any]) -> str:
+    """A stand-in for the tar's sha256 (never computed: that reads the data): the identity's."""
+    return "tar:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def label_index(value: Any, classes: Optional[List[str]]) -> Any:
+    """A label value as a class index, or the reason it is none."""
+    if isinstance(value, dict):
+        return BadInputError(str(value.get("error", "no label")))
+    if isinstance(value, str):
+        return classes.index(value) if classes else BadInputError(f"class name {value!r} without classes")
+    if classes is not None:
+        return BadInputError(f"the label {value} is a number where the others are class names")
+    return value
+
+
+# --- tars as a conversion source ----------------------------------------------------------
+
+
+def tar_source(src: str, label: Optional[str] = None,
+               storage_options: Optional[Dict[str, Any]] = None) -> Source:
+    """The samples of tar shards as a :class:`Source` of kind ``tar``: each member an input
+    file (``TAR/MEMBER``), keys made unique and tar-safe. With ``label`` the source holds
+    (image, label) samples: each sample's first image field is its input, the label member is
+    read already, and the other members are ignored (counted per tar)."""
+    location, names, skipped, ignored = list_tars(src, storage_options)
+    if not names and not skipped:
+        raise SourceError(f"no .tar shards in {src}", src)
+    shards = TarShards(location, names, label)
+    skipped += shards.failed
+    classes = shards.classes() if label else None
+    samples: List[Sample] = []
+    seen: Dict[str, int] = {}
+    for name in shards.names:
+        record = shards.records[name]
+        mtime = int(record["tar"]["mtime_ns"])
+        skipped += [Skipped(s["path"], s["reason"]) for s in record["skipped"]]
+        members = record["members"]
+        values = shards.labels_of(name) if label else []
+        unused: Dict[str, int] = {}
+        for j, key in enumerate(record["keys"]):
+            have = [(f, col["offset"][j], col["size"][j]) for f, col in members.items() if col["offset"][j] >= 0]
+            files = [SourceFile(f, f"{name}/{escape_path(key)}.{f}", size, mtime, name, offset)
+                     for f, offset, size in have]
+            sample_label = None
+            if label is not None:
+                value = label_index(values[j], classes)
+                images = [sf for sf in files if is_image_field(sf.field)]
+                if isinstance(value, BadInputError) or not images:
+                    reason = value.reason if isinstance(value, BadInputError) else "no image member"
+                    skipped += [Skipped(sf.path, reason) for sf in files]
+                    continue
+                for sf in files:
+                    if sf is not images[0]:
+                        unused[sf.field] = unused.get(sf.field, 0) + 1
+                files, sample_label = [images[0]], value
+            try:
+                out_key = encode_key(key) if key else ""
+            except ValueError:
+                out_key = ""
+            if not out_key:
+                skipped += [Skipped(sf.path, "the key is not a relative name") for sf in files]
+                continue
+            count = seen.get(out_key, 0)
+            seen[out_key] = count + 1
+            if count:
+                out_key = disambiguate(out_key, f"{count}")
+            samples.append(Sample(out_key, tuple(files), sample_label))
+        if unused:
+            fields = ", ".join(f"{n:,} {f}" for f, n in sorted(unused.items()))
+            ignored.append(Skipped(name, f"members not kept ({fields}): a classification output keeps the image "
+                                   f"and its label (--label {label})"))
+    if not samples and not skipped:
+        raise SourceError(f"no samples in the tars of {src}", src)
+    return Source(location.url, "tars", samples, classes, skipped, ignored, kind="tar",
+                  labelled=label is not None, options={"label": label} if label else {})
+
+
+def read_tar_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]:
+    """Each sample of a spec from tar members: one open (and fstat) per tar, one ``pread`` per
+    member locally; remote tars by concurrent ranged requests, 64 members at a time."""
+    from ..plan import CHANGED_DURING
+
+    location = Location(spec.root, spec.storage_options, flat=False)
+    if not location.remote:
+        fds: Dict[str, Tuple[int, bool]] = {}
+        try:
+            for sample in spec.samples:
+                contents: Dict[str, Tuple[bytes, bool]] = {}
+                failed = None
+                for f in sample.files:
+                    if f.container not in fds:
+                        try:
+                            fd = os.open(location.path(f.container), os.O_RDONLY)
+                            st = os.fstat(fd)
+                            fds[f.container] = (fd, st.st_mtime_ns == f.mtime_ns)
+                        except OSError as exc:
+                            failed = BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path))
+                            break
+                    fd, unchanged = fds[f.container]
+                    try:
+                        data = os.pread(fd, f.size, f.offset)
+                    except OSError as exc:
+                        failed = BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path))
+                        break
+                    contents[f.path] = (data, unchanged)
+                yield sample, failed or checked(spec, sample, contents)
+        finally:
+            for fd, _ in fds.values():
+                os.close(fd)
+        return
+    fs = location.fs
+    batch: List[Sample] = []
+
+    def flush() -> Iterator[Tuple[Sample, Any]]:
+        files = [f for s in batch for f in s.files]
+        paths = [location.path(f.container) for f in files]
+        got = fs.cat_ranges(paths, [f.offset for f in files], [f.offset + f.size for f in files], on_error="return")
+        by_path = dict(zip([f.path for f in files], got))
+        for sample in batch:
+            contents: Dict[str, Tuple[bytes, bool]] = {}
+            failed = None
+            for f in sample.files:
+                data = by_path[f.path]
+                if not isinstance(data, bytes):
+                    failed = BadInputError(f"unreadable: {data}", escape_path(f.path))
+                    break
+                contents[f.path] = (data, len(data) == f.size)
+            if failed is None and any(not ok for _, ok in contents.values()):
+                failed = BadInputError(f"{CHANGED_DURING} (the tar is shorter than when indexed); run the same "
+                                       "command again to include it", escape_path(sample.files[0].path))
+            yield sample, failed or checked(spec, sample, contents)
+
+    for sample in spec.samples:
+        batch.append(sample)
+        if sum(len(s.files) for s in batch) >= 64:
+            yield from flush()
+            batch = []
+    if batch:
+        yield from flush()
+
+
+# --- tars read directly: open_dataset on a folder of tars ----------------------------------
+
+
+class TarAccess(ShardAccess):
+    """Shard access for tars without a manifest: their indexes come from the index folder
+    (with labels and image columns filled in for ``label``), a cached copy is checked by size."""
+
+    def __init__(self, root: str, storage_options: Optional[Dict[str, Any]], cache_dir: Optional[str],
+                 cache_size: Any, index_dir: str, label: Optional[str], classes: Optional[List[str]],
+                 keep: Dict[str, List[int]]):
+        super().__init__(root, storage_options, cache_dir, cache_size)
+        self.index_dir = index_dir
+        self.label = label
+        self.classes = classes
+        self.keep = keep  # per tar, the samples read (those with a label and an image, for ``label``)
+
+    def file_bytes(self, name: str, part: Optional[Dict[str, Any]] = None, refresh: bool = False) -> bytes:
+        tar = name[: -len(".json")]
+        with open_regular(os.path.join(self.index_dir, check_name(name, self.index_dir))) as f:
+            data = f.read()
+        if self.label is None:
+            return data
+        d = json.loads(data)
+        keep = self.keep[tar]
+        values = d["label_values"][self.label]
+        d["keys"] = [d["keys"][j] for j in keep]
+        d["labels"] = [label_index(values[j], self.classes) for j in keep]
+        d["sources"] = [[] for _ in keep]
+        d["num_samples"] = len(keep)
+        d["members"] = {f: {"offset": [c["offset"][j] for j in keep], "size": [c["size"][j] for j in keep]}
+                        for f, c in d["members"].items() if is_image_field(f)}
+        return json_bytes(d)
+
+    def local_shard(self, entry: ShardEntry) -> Optional[str]:
+        if self.cache is None:
+            return super().local_shard(entry)
+        path = self.cache.get(self.url_of(entry.name), None, entry.bytes)
+        if os.path.getsize(path) != entry.bytes:  # a copy of an earlier version of the tar
+            path = self.cache.get(self.url_of(entry.name), None, entry.bytes, refresh=True)
+        return path
+
+
+def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache_dir: Optional[str] = None,
+              cache_size: Any = None, label: Optional[str] = None,
+              index_dir: Optional[str] = None) -> Tuple[Manifest, TarAccess]:
+    """A manifest and shard access for tars another tool wrote (see the module doc), for
+    :func:`dsconvert.open_dataset`: dict samples as ``webdataset.WebDataset`` gives them, or
+    with ``label`` (image, label) samples; samples without a label or an image are left out,
+    and said in one warning."""
+    location, names, skipped, _ = list_tars(path, storage_options)
+    shards = TarShards(location, names, label, index_dir)
+    skipped += shards.failed
+    classes = shards.classes()
+    entries: List[ShardEntry] = []
+    keep: Dict[str, List[int]] = {}
+    fields: Dict[str, str] = {}
+    left_out = 0
+    for name in shards.names:
+        record = shards.records[name]
+        members = record["members"]
+        if label is None:
+            keep[name] = list(range(record["num_samples"]))
+            fields.update(record["fields"])
+        else:
+            values = shards.labels_of(name)
+            images = {f: c for f, c in members.items() if is_image_field(f)}
+            keep[name] = [j for j in range(record["num_samples"])
+                          if not isinstance(label_index(values[j], classes), BadInputError)
+                          and any(c["offset"][j] >= 0 for c in images.values())]
+            left_out += record["num_samples"] - len(keep[name])
+            fields.update({f: "image" for f in images})
+        entries.append(ShardEntry(name, len(keep[name]), record["bytes"], record["sha256"], name + ".json"))
+        skipped += [Skipped(s["path"], s["reason"]) for s in record["skipped"]]
+    if not entries:
+        raise SourceError(f"no readable .tar shards in {path}" + (f" ({skipped[0].path}: {skipped[0].reason})"
+                                                                 if skipped else ""), path)
+    if label is not None:
+        fields["cls"] = "class"
+    if left_out or skipped:
+        warnings.warn(f"{path}: {left_out + len(skipped):,} sample(s) or member(s) not read"
+                      + (f" ({left_out:,} without a label or an image)" if left_out else "")
+                      + (f"; first: {skipped[0].path}: {skipped[0].reason}" if skipped else ""), stacklevel=3)
+    manifest = Manifest(format="wds", source={"url": location.url, "layout": "tars"},
+                        sample_type="classification" if label is not None else "dict", classes=classes,
+                        fields=dict(sorted(fields.items())), num_samples=sum(e.num_samples for e in entries),
+                        shards=entries, skipped=[{"path": s.path, "reason": s.reason} for s in skipped])
+    access = TarAccess(location.url, storage_options, cache_dir, cache_size, shards.index_dir, label, classes, keep)
+    return manifest, access
