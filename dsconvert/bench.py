@@ -75,11 +75,14 @@ class BenchTarget:
 
 
 def _open(path: str, decode: str, transform: Optional[Callable], max_samples: int,
-          seed: int, storage_options: Optional[Dict[str, Any]] = None) -> Tuple[Any, BenchTarget]:
-    """(dataset limited to max_samples, target description)."""
+          seed: int, storage_options: Optional[Dict[str, Any]] = None,
+          label: Optional[str] = None) -> Tuple[Any, BenchTarget]:
+    """(dataset limited to max_samples, target description). Tar shards another tool wrote
+    are read in place by the indexed reader (``label``: where their class label is)."""
     from torch.utils.data import Subset
 
     from .readers.open import open_dataset
+    from .source.tars import looks_like_tars
 
     location = Location(path, storage_options)
     path = location.url
@@ -95,6 +98,16 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
                                              if os.path.isfile(os.path.join(path, name))]
         per_sample = sum(s.bytes for s in manifest.shards) / max(1, n)
         kind, sample_type = manifest.format, manifest.sample_type
+    elif looks_like_tars(path, storage_options):
+        if transform is not None and label is None:
+            _check_transform(path, "dict", transform)
+        ds = open_dataset(path, transform=transform, decode=decode, storage_options=storage_options, label=label)
+        manifest = ds.manifest
+        iterable = True
+        n = manifest.num_samples
+        files = [] if location.remote else [os.path.join(path, e.name) for e in manifest.shards]
+        per_sample = sum(s.bytes for s in manifest.shards) / max(1, n)
+        kind, sample_type = "tars", manifest.sample_type
     else:
         from .source import scan
         from .source.dataset import SourceDataset

@@ -240,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         "made from the sample. Then name the bottleneck and the command that removes it, with the "
         "samples/s each output measured.",
         parents=[_json("the report", "dsconvert.analyze/2"), report, quiet, storage])
-    p.add_argument("src", type=_path, metavar="SRC", help="source folder, list file or dsconvert output")
+    p.add_argument("src", type=_path, metavar="SRC",
+                   help="source folder, list file, tar shards, Parquet file(s) or dsconvert output")
+    p.add_argument("--label", metavar="FIELD",
+                   help="tar shards and Parquet: where the class label is (cls, json.label, a column; "
+                   "default: cls when every sampled tar sample has one, Parquet's ClassLabel column)")
     p.add_argument("--target", type=_positive_float, metavar="N",
                    help="samples/s the GPUs consume: say whether the loader keeps up")
     p.add_argument("--sample", type=_positive_int, default=256, metavar="N",
@@ -442,7 +446,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                      time_budget=args.time_budget, output_dir=args.output_dir, log=log,
                      progress=not args.quiet and sys.stderr.isatty(),
                      storage_options=parse_storage_options(args.storage_option), transform=args.transform,
-                     workers=args.workers, cache=args.cache)
+                     workers=args.workers, cache=args.cache, label=args.label)
     print(render_json(report) if args.json else render_text(report))
     _write_report(args, "analyze_html", report)
     return 0

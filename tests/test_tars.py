@@ -380,3 +380,42 @@ def test_list_tars_refuses_names_a_shard_cannot_have(tmp_path):
     assert names == ["ok.tar"] and [s.path for s in skipped] == ["bad name.tar"]
     assert TarShards(*list_tars(str(tmp_path))[:2]).records["ok.tar"]["num_samples"] == 0
 
+
+
+# --- analyze -------------------------------------------------------------------------------------
+
+
+def _run_printed(line, tmp_path):
+    """Run a command analyze printed: a dsconvert command line, or an open_dataset(...) call."""
+    import shlex
+
+    from dsconvert.cli import main
+
+    code = line.split("   #")[0].strip()
+    if code.startswith("dsconvert "):
+        assert main(shlex.split(code)[1:] + ["-q"]) == 0, code
+        return
+    assert code.startswith("open_dataset("), code
+    from dsconvert.transforms import load_transform
+
+    ds = eval(code, {"open_dataset": open_dataset, "T": load_transform("eval")})  # noqa: S307 - our own output
+    assert next(iter(ds)) is not None
+
+
+def test_analyze_measures_tars_through_the_readers_training_uses(shardwriter_tars, tmp_path):
+    from dsconvert.analyze import analyze
+
+    report = analyze(shardwriter_tars, sample=40, sweep_levels=[1, 2], pass_seconds=1.5,
+                     output_dir=str(tmp_path / "outs"))
+    assert report["detected"]["kind"] == "webdataset"
+    m = report["measurements"]
+    assert m["num_samples"] == 60 and m["label"] == "cls" and m["convertible"]
+    passes = report["loader"]["passes"]
+    assert passes["source"]["warm"] > 0 and passes["tars in place, decode=numpy"]["warm"] > 0
+    assert passes["tars in place, decode=numpy"]["same_data"]
+    v = report["verdict"]
+    printed = v["commands"] + v["alternative"]
+    for line in printed:
+        assert "label='cls'" in line or "--label cls" in line, line
+        _run_printed(line, tmp_path)
+    assert report["decode"]["per_codec"]["jpeg"]["pil"]["ms"] > 0  # decoded from the members

@@ -73,7 +73,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
             log: Optional[Callable[[str], None]] = None,
             storage_options: Optional[Dict[str, Any]] = None, transform: Any = "eval",
             workers: Optional[int] = None, decode: str = "pil", pass_seconds: float = 6.0,
-            cache: str = "auto", batch_size: int = 64) -> Dict[str, Any]:
+            cache: str = "auto", batch_size: int = 64, label: Optional[str] = None) -> Dict[str, Any]:
     """Measure ``src`` (a path, or a URL fsspec reaches, with ``storage_options``) and return
     the report (see the module doc and the README's schema). ``transform`` is what each
     sample goes through in the DataLoader passes (``eval``, ``train``, ``none``,
@@ -81,7 +81,12 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     ``cache`` which passes the predictions use (``auto``: warm when the whole dataset fits in
     half the page cache, else cold), ``batch_size`` the training loop's (as bench's, 64).
     On object stores every read is a request: "cold" is the first request for a file and
-    "warm" a repeated one."""
+    "warm" a repeated one.
+
+    Tar shards another tool wrote and Parquet files are measured as the sources they are for
+    dsconvert: a seeded sample of their samples, read in place and through the outputs made
+    from it; ``label`` says where their class label is (tars with a ``cls`` member in every
+    sampled sample use it; Parquet's ClassLabel column is found by itself)."""
     from ..transforms import load_transform
 
     if cache not in ("auto", "cold", "warm"):
@@ -142,6 +147,11 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
             base = src if os.path.isdir(src) else os.path.dirname(src)
             paths = [os.path.join(base, p) for p, _ in picked]
     images = [p for p in paths if field_kind(p) == "image"]
+    contained = _container_sample(src, found.kind, sample, seed, label, storage_options, say)
+    decode_reader = reader
+    if contained is not None:  # decode costs and geometry from the sampled samples' own images
+        images = [f.path for s in contained.samples for f in s.files if field_kind(f.field) == "image"]
+        decode_reader = MemberReader(contained, storage_options)
     say(f"reading {len(paths)} sampled files cold and warm, sequential and random")
     cold = read_pass(paths, cold=True, order="sequential", reader=reader)
     cold_random = read_pass(paths, cold=True, order="random", seed=seed, reader=reader)
@@ -154,12 +164,13 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     say(f"concurrency sweep over {levels} readers")
     sweep = concurrency_sweep(paths[: max(16, min(len(paths), 128))], levels, reader=reader)
     say(f"decode cost of {len(images)} images per codec and library")
-    costs, other = decode_costs(images + [p for p in paths if p.lower().endswith(".npy")], reader=reader)
+    costs, other = decode_costs(images + [p for p in paths if p.lower().endswith(".npy") and contained is None],
+                                reader=decode_reader)
     pickles = sum(n for ext, n in inv.extensions.items() if ext in ("pkl", "pickle"))
     if pickles:
         other["pickle"] = (f"{pickles} pickle files: unpickling is not measured, since it runs code "
                            "from the data; a decoded npy cache or np.save'd arrays avoid it")
-    geometry = image_geometry(images, reader=reader)
+    geometry = image_geometry(images, reader=decode_reader)
     mem_mb_s = memory_bandwidth()
     mix: Dict[str, float] = {}  # the sample's codec mix, weighted as it occurs: library -> ms per sample
     measured = {c: per for c, per in costs.items() if "pil" in per}
@@ -174,6 +185,9 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     if listed is not None:
         num_samples = listed_total
         data_bytes = listed.nbytes / max(1, len(listed.samples)) * listed_total
+    if contained is not None:  # a sample reads a part of a container file
+        num_samples = contained.options["total_samples"]
+        fps = min(1.0, inv.estimated_files / max(1, num_samples))
     loader: Dict[str, Dict[str, Any]] = {}
     notes: List[str] = []
     transform_ms = 0.0
@@ -192,8 +206,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
                           f"dsconvert verify {src} says what is wrong")
         else:
             mix = mix or decode_extra
-    elif measured_as == "files":
-        source = listed or sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
+    elif measured_as == "files" or contained is not None:
+        source = contained or listed or sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
         convertible = True
         if source.sample_type != "classification":
             transform_fn, spec = None, "none"
@@ -220,6 +234,9 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         loader, trial_notes = loader_passes(source, out_dir, transform_fn, options, cores, pass_seconds,
                                             batch_size, storage_options, say)
         notes += trial_notes
+        if contained is not None and found.kind == "webdataset":
+            loader.update(_in_place_passes(src, contained, transform_fn, fusable, cores, sample, seed,
+                                           pass_seconds, batch_size, storage_options, say))
     mean_sample_bytes = data_bytes / max(1, num_samples)
     cache_bytes = page_cache_bytes()
     m = Measurements(
@@ -229,7 +246,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         bandwidth_mb_s=max(r["mb_per_s"] for r in sweep) if sweep else fit_mb_s,
         sweep=[(r["readers"], r["files_per_s"]) for r in sweep], loader=loader, decode_ms=mix,
         transform_ms=transform_ms, cores=cores, cache=cache, page_cache_bytes=cache_bytes, transform=spec,
-        kind=found.kind,
+        kind=found.kind, label=contained.options.get("label") if contained is not None else None,
         # the kernel caches local disks; on FUSE and network mounts it is measured (caching may be off)
         page_cache_works=fs is None and (not storage.get("latency_bound") or warm["mb_per_s"] >= 1.5 * cold["mb_per_s"]),
         convertible=convertible, numpy_decoder=jpeg_decoders()[0][0], suggested_resize=resize,
@@ -255,6 +272,55 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         "measurements": m.__dict__,
         "verdict": verdict.to_dict(),
     }
+
+
+def _container_sample(src: str, kind: str, sample: int, seed: int, label: Optional[str],
+                      storage_options: Optional[Dict[str, Any]], say: Callable[[str], None]) -> Optional[Any]:
+    """For tar shards and Parquet files dsconvert reads in place: a :class:`Source` of a seeded
+    sample of their samples (shuffled, as training reads them), with ``options`` saying the
+    total count and the label used; None for anything else, or when they cannot be scanned."""
+    import dataclasses
+    import random
+
+    from ..source import scan
+
+    if kind not in ("webdataset", "parquet"):
+        return None
+    layout = "tars" if kind == "webdataset" else "parquet"
+    try:
+        full = scan(src, layout, storage_options=storage_options, label=label)
+        if label is None and kind == "webdataset" and full.samples and all(
+                any(f.field == "cls" for f in s.files) for s in full.samples[:1000]):
+            label = "cls"  # every sample carries a class member: measure (image, label) training
+            full = scan(src, layout, storage_options=storage_options, label=label)
+    except (DsconvertError, OSError, ValueError) as exc:
+        say(f"{src} cannot be read as a {layout} source: {exc}")
+        return None
+    picked = random.Random(seed).sample(full.samples, min(sample, len(full.samples)))
+    used = label if kind == "webdataset" else full.options.get("label")
+    return dataclasses.replace(full, samples=picked, skipped=[], ignored=[],
+                               options={**full.options, "total_samples": len(full.samples), "label": used})
+
+
+class MemberReader(Reader):
+    """The measurements' reader for inputs inside containers: a path is an input's display
+    path (``TAR/MEMBER``), read through the source's own dataset."""
+
+    def __init__(self, source: Any, storage_options: Optional[Dict[str, Any]]):
+        from ..source.dataset import SourceDataset
+
+        super().__init__()
+        self.ds = SourceDataset(source, decode="raw", storage_options=storage_options)
+        self.files = {f.path: f for s in source.samples for f in s.files}
+
+    def read(self, path: str) -> bytes:
+        return self.ds._read(self.files[path])[: self.limit]
+
+    def head(self, path: str, n: int = 1 << 16) -> bytes:
+        return self.ds._read(self.files[path])[:n]
+
+    def evict(self, paths: Any) -> None:
+        pass
 
 
 def _detected_dict(found: Detected) -> Dict[str, Any]:
@@ -312,6 +378,34 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
             row["same_data"] = True
         passes[name] = row
     return passes, transform_ms, target.num_samples, decode_ms
+
+
+def _in_place_passes(src: str, source: Any, transform: Any, fusable: bool, workers: int, sample: int,
+                     seed: int, pass_seconds: float, batch_size: int, storage_options: Optional[Dict[str, Any]],
+                     say: Callable[[str], None]) -> Dict[str, Dict[str, Any]]:
+    """Tar shards read where they are by the indexed reader (open_dataset on the folder), with
+    the fast decoder and, where the transform fuses, decode="fused": no conversion at all."""
+    from ..bench import _as_list, _default_collate, _open
+    from .loader import run_passes
+
+    label = source.options.get("label")
+    collate = _default_collate() if transform is not None and label is not None else _as_list
+    modes = ["numpy"] + (["fused"] if fusable and label is not None else [])
+    passes: Dict[str, Dict[str, Any]] = {}
+    for mode in modes:
+        name = f"tars in place, decode={mode}"
+        try:
+            ds, target = _open(src, mode, transform if label is not None else None, sample, seed,
+                               storage_options, label)
+        except (DsconvertError, OSError, ValueError) as exc:
+            say(f"{name}: not measured ({exc})")
+            continue
+        row = run_passes(ds, target, workers, collate, ("cold", "warm"), min(sample, target.num_samples),
+                         pass_seconds, batch_size, log=lambda m, name=name: say(f"{name}, {m}"))
+        row.update(bytes_per_sample=target.bytes_per_sample, format="wds", decode=mode, same_data=True,
+                   label=label)
+        passes[name] = row
+    return passes
 
 
 def _unmeasured(m: Measurements, found: Detected, why: Optional[str] = None) -> Verdict:

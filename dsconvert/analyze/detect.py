@@ -988,7 +988,8 @@ def _describe(store: _Store, root: str, kind: str, mine: List[_Entry], sniffs: D
     elif kind == "parquet":
         _describe_table(store, d, mine, good, nfiles, "Parquet", _parquet_meta)
         d.advice = ("columnar row groups: read with pyarrow.parquet (iter_batches) or datasets.load_dataset('parquet'); "
-                    "random access decodes a whole row group, so keep row groups small for shuffled reads")
+                    "random access decodes a whole row group, so keep row groups small for shuffled reads; dsconvert "
+                    "shard takes Parquet with an image column as a source (--label names the label column)")
     elif kind == "arrow":
         ipc = {e.path: s.info.get("ipc", "file") for e, s in good}
         _describe_table(store, d, mine, good, nfiles, "Arrow IPC", lambda st, p: _arrow_meta(st, p, ipc[p]))
@@ -1152,8 +1153,11 @@ def _describe_tar(store: _Store, d: Detected, mine: List[_Entry], good: List[Tup
             desc += (f"; {split:,} keys recur after other keys' members, and webdataset yields each run as a "
                      "separate sample (write members sorted by key)")
     d.description = desc
-    d.advice = ("already sharded for sequential reads: read with webdataset.WebDataset; dsconvert cannot take "
-                "tar shards as a source (convert the original files with dsconvert shard for an indexed, verified output)")
+    d.advice = ("already sharded for sequential reads: read them in place with open_dataset(FOLDER) (indexed by their "
+                "headers on first open; label='cls' for (image, label) samples) or webdataset.WebDataset; dsconvert "
+                "shard takes them as a source (--label names the class field)" if not gz else
+                "gzip-compressed tars are read only as streams (webdataset.WebDataset): decompress them for dsconvert's "
+                "indexed reader and for dsconvert shard")
 
 
 def _describe_table(store: _Store, d: Detected, mine: List[_Entry], good: List[Tuple[_Entry, _Sniff]],

@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..readers.base import TorchDataset, TorchIterableDataset
-from ..source import FolderListing, Source
+from ..source import FolderListing, Source, SourceFile
 from ..source.dataset import SourceDataset
 from ..source.samples import source_of_listings
 from .verdict import MEMORY, SOURCE
@@ -115,10 +115,10 @@ class InMemory(SourceDataset):
 
     def __init__(self, source: Source, transform: Optional[Callable], storage_options: Optional[Dict[str, Any]]):
         super().__init__(source, transform=transform, storage_options=storage_options)
-        self.blobs = {f.path: SourceDataset._read(self, f.path) for s in source.samples for f in s.files}
+        self.blobs = {f.path: SourceDataset._read(self, f) for s in source.samples for f in s.files}
 
-    def _read(self, rel: str) -> bytes:
-        return self.blobs[rel]
+    def _read(self, f: SourceFile) -> bytes:
+        return self.blobs[f.path]
 
 
 class Skipping(TorchDataset):

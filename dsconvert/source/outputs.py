@@ -22,7 +22,7 @@ from ..keys import escape_path
 from ..manifest import Manifest
 from .samples import Sample, Source, SourceFile
 
-__all__ = ["output_source", "read_output_samples"]
+__all__ = ["output_source", "read_output_samples", "OutputShards"]
 
 
 def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) -> Source:
@@ -119,3 +119,32 @@ def read_output_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]
     finally:
         if shard is not None:
             shard.close()
+
+
+class OutputShards:
+    """Random access to an output's samples by (shard, index), for reading it as a source in
+    place (:class:`dsconvert.source.dataset.SourceDataset`); shards open on first use."""
+
+    def __init__(self, root: str, storage_options: Optional[Dict[str, Any]] = None):
+        self.access = ShardAccess(root, storage_options)
+        self.manifest = Manifest.load(self.access.location)
+        self.format = get(self.manifest.format)
+        self.entries = {e.name: e for e in self.manifest.shards}
+        self.open: Dict[str, Any] = {}
+
+    def read(self, f: SourceFile) -> bytes:
+        shard = self.open.get(f.container)
+        if shard is None:
+            entry = self.entries.get(f.container)
+            if entry is None:
+                raise BadInputError("the output no longer holds this shard", escape_path(f.path))
+            shard = self.open[f.container] = self.format.open_shard(self.access, entry, self.manifest)
+        data = shard.fields(f.offset).get(f.field)
+        if data is None:
+            raise BadInputError("the output's shard no longer holds this field", escape_path(f.path))
+        return bytes(data)
+
+    def close(self) -> None:
+        for shard in self.open.values():
+            shard.close()
+        self.open = {}

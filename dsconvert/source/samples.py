@@ -516,10 +516,7 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
 def container_layout(src: str, storage_options: Optional[Dict[str, Any]] = None) -> Optional[str]:
     """``output`` (a dsconvert output), ``parquet``, ``tars``, or None for files and lists."""
     from ..manifest import MANIFEST_NAME
-    try:  # TEMP-PARQUET: until parquet.py lands
-        from .parquet import looks_like_parquet
-    except ModuleNotFoundError:
-        looks_like_parquet = lambda *a: False  # noqa: E731
+    from .parquet import looks_like_parquet
     from .tars import looks_like_tars
 
     if "{" not in src:
