@@ -150,8 +150,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     contained = _container_sample(src, found.kind, sample, seed, label, storage_options, say)
     decode_reader = reader
     if contained is not None:  # decode costs and geometry from the sampled samples' own images
-        images = [f.path for s in contained.samples for f in s.files if field_kind(f.field) == "image"]
         decode_reader = MemberReader(contained, storage_options)
+        images = [p for p, f in decode_reader.files.items() if field_kind(f.field) == "image"]
     say(f"reading {len(paths)} sampled files cold and warm, sequential and random")
     cold = read_pass(paths, cold=True, order="sequential", reader=reader)
     cold_random = read_pass(paths, cold=True, order="random", seed=seed, reader=reader)
@@ -304,14 +304,16 @@ def _container_sample(src: str, kind: str, sample: int, seed: int, label: Option
 
 class MemberReader(Reader):
     """The measurements' reader for inputs inside containers: a path is an input's display
-    path (``TAR/MEMBER``), read through the source's own dataset."""
+    path (``TAR/MEMBER``; a Parquet row's gets its field as extension, which names the codec),
+    read through the source's own dataset."""
 
     def __init__(self, source: Any, storage_options: Optional[Dict[str, Any]]):
         from ..source.dataset import SourceDataset
 
         super().__init__()
         self.ds = SourceDataset(source, decode="raw", storage_options=storage_options)
-        self.files = {f.path: f for s in source.samples for f in s.files}
+        self.files = {(f.path if f.path.endswith("." + f.field) else f"{f.path}.{f.field}"): f
+                      for s in source.samples for f in s.files}
 
     def read(self, path: str) -> bytes:
         return self.ds._read(self.files[path])[: self.limit]
