@@ -160,11 +160,11 @@ def _decode_shard(out_url: str, k: int, storage_options: Dict[str, Any],
 def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
                  storage_options: Dict[str, Any]) -> Dict[str, Any]:
     """Missing, extra and changed source files against what the output accounts for."""
-    from .source import scan
+    from .source import LAYOUTS, scan
 
     layout = manifest.source.get("layout", "auto")
-    source = scan(src, layout if layout in ("imagefolder", "flat", "list") else "auto",
-                  storage_options=storage_options)
+    source = scan(src, layout if layout in LAYOUTS else "auto", storage_options=storage_options,
+                  label=manifest.options.get("label"))
     now: Dict[str, Tuple[int, int]] = {}
     for sample in source.samples:
         for f in sample.files:

@@ -91,6 +91,23 @@ def render_train_input(data: Dict[str, Any]) -> str:
     return "```\n" + bench_train_input.render(data["summary"]) + "\n```\n"
 
 
+def render_foreign(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    lines = [f"{meta['photos']:,} photos ({meta['bytes'] / 1e6:.0f} MB) in tar shards by webdataset's ShardWriter and in "
+             f"one Parquet file by Hugging Face datasets; {meta['workers']} DataLoader workers, batches of "
+             f"{meta['batch']}, {meta['rounds']} interleaved rounds, median [range]; the ratio is the median of the "
+             f"per-round ratios. Indexing the tars on first open: {meta['index_s']:.2f} s.", "",
+             "| reading the same tars | samples/s | vs webdataset |", "| --- | --- | --- |"]
+    for r in data["reading"]:
+        lines.append(f"| {r['name']} | {_range(r['median'], r['min'], r['max'])} | "
+                     f"{_range(r['ratio'], r['ratio_min'], r['ratio_max'], '{:.2f}x')} |")
+    lines += ["", "| converting the Parquet file | photos/s | vs pyarrow + ShardWriter |", "| --- | --- | --- |"]
+    for r in data["converting"]:
+        lines.append(f"| {r['name']} | {_range(r['median'], r['min'], r['max'])} | "
+                     f"{_range(r['ratio'], r['ratio_min'], r['ratio_max'], '{:.2f}x')} |")
+    return "\n".join(lines) + "\n"
+
+
 def _peer_args(a: argparse.Namespace) -> List[str]:
     out = []
     for flag in ("python_ffcv", "python_dali", "python_peers", "python"):
@@ -109,6 +126,8 @@ BENCHMARKS: Dict[str, Dict[str, Any]] = {
     "resume": {"argv": lambda a: ["scripts/bench_resume.py", "--rounds", str(a.rounds)]
                + (["--out", a.wds] if a.wds else ["--photos", a.photo_folder]),
                "render": render_resume, "needs": lambda a: a.wds or a.photo_folder},
+    "foreign": {"argv": lambda a: ["scripts/bench_foreign.py", "--photos", str(a.photos), "--rounds", str(a.rounds)],
+                "render": render_foreign},
     "train_input": {"argv": lambda a: ["scripts/bench_train_input.py", "--photos", str(a.photos), "--rounds",
                                        str(a.rounds)] + _peer_args(a),
                     "render": render_train_input, "needs": lambda a: a.python_ffcv and a.python_peers},

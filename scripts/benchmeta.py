@@ -11,7 +11,7 @@ from importlib import metadata
 from typing import Any, Dict, Iterable, List, Optional
 
 PACKAGES = ("dsconvert", "numpy", "pillow", "torch", "torchdata", "PyTurboJPEG", "simplejpeg", "webdataset",
-            "litdata", "mosaicml-streaming", "h5py", "opencv-python-headless")
+            "litdata", "mosaicml-streaming", "h5py", "opencv-python-headless", "pyarrow", "datasets")
 
 
 def versions(packages: Iterable[str] = PACKAGES) -> Dict[str, str]:

@@ -419,3 +419,15 @@ def test_analyze_measures_tars_through_the_readers_training_uses(shardwriter_tar
         assert "label='cls'" in line or "--label cls" in line, line
         _run_printed(line, tmp_path)
     assert report["decode"]["per_codec"]["jpeg"]["pil"]["ms"] > 0  # decoded from the members
+
+
+def test_verify_source_accounts_for_tar_members(shardwriter_tars, tmp_path):
+    from dsconvert.verify import verify
+
+    out = tmp_path / "out"
+    convert(shardwriter_tars, str(out), "npy", label="cls", workers=1)
+    report = verify(str(out), source=shardwriter_tars)
+    assert report["source"]["missing"] == report["source"]["extra"] == report["source"]["changed"] == []
+    os.utime(os.path.join(shardwriter_tars, "train-000002.tar"), ns=(1, 1))  # another version of one tar
+    changed = verify(str(out), source=shardwriter_tars)["source"]["changed"]
+    assert len(changed) == 10 and all(p.startswith("train-000002.tar/") for p in changed)
