@@ -182,7 +182,9 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
         elif kind == "npy":
             load_npy(data, allow_pickle=False)
     except Exception as exc:
-        raise BadInputError(f"not a valid .{field} file: {exc}") from None
+        hint = (" (a class index; class names make (image, label) samples with --label " + field + ")"
+                if kind == "class" else "")
+        raise BadInputError(f"not a valid .{field} file: {exc}{hint}") from None
 
 
 # --- decoding when reading --------------------------------------------------------------

@@ -393,7 +393,8 @@ def convert(
     src_abs = src.rstrip("/") if is_remote(src) else os.path.abspath(src)
     location = Location(out, storage_options)
     out_dir = location.url
-    _check_paths(src_abs, out_dir)
+    if scanned is None or scanned.kind == "files":  # containers are read by name: a folder beside them is not input
+        _check_paths(src_abs, out_dir)
     options = _shaping_options(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
         verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,

@@ -15,7 +15,7 @@ import html
 import io
 import math
 import re
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import __version__
 from .optional import require
@@ -106,7 +106,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _fmt(v: float, unit: str = "") -> str:
+def _fmt(v: Optional[float], unit: str = "") -> str:
+    if v is None:  # a figure the measurement could not determine (a fit over files of one size)
+        return "not determined"
     if v >= 100:
         text = f"{v:,.0f}"
     elif v >= 10:

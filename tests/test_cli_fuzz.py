@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dsconvert.analyze as analyze_module
 from dsconvert.cli import build_parser, main
 
 from conftest import ROOT, encode, make_image_folder, write
@@ -133,6 +134,15 @@ def _top_level(path):
         return set()
 
 
+real_analyze = analyze_module.analyze
+
+
+def quick_analyze(*args, **kwargs):
+    """analyze for real, with one worker and short passes: its exit statuses are tested here,
+    not its figures (a full run per draw made this test take minutes)."""
+    kwargs.update(pass_seconds=0.05, sweep_levels=[1], workers=kwargs.get("workers") or 1)
+    return real_analyze(*args, **kwargs)
+
 WATCHED = [ROOT, os.path.join(ROOT, "tests"), os.path.expanduser("~")]
 NAMES = {p.split("/")[0] for p in PATHS if p and "://" not in p} | {"r.html", "out2", "cache"}
 
@@ -145,6 +155,7 @@ def test_any_argv_gives_an_exit_status_and_no_traceback(world, tmp_path, monkeyp
     shutil.rmtree(here, ignore_errors=True)
     shutil.copytree(world, here, symlinks=True)
     monkeypatch.chdir(here)
+    monkeypatch.setattr(analyze_module, "analyze", quick_analyze)
     before = {p: _top_level(p) for p in WATCHED}
     code = main(argv)
     out, err = capsys.readouterr()

@@ -464,3 +464,22 @@ def test_analyze_measures_parquet_and_its_commands_run(tmp_path):
         code = line.split("   #")[0].strip()
         assert code.startswith("dsconvert shard ") and "--label" not in code  # ClassLabel is found by itself
         assert main(shlex.split(code)[1:] + ["-q"]) == 0, code
+
+
+def test_each_row_keeps_its_own_format_and_a_column_of_another_kind_is_refused(tmp_path):
+    mixed = hf_parquet(str(tmp_path / "mixed.parquet"), [jpeg(0), png(1), jpeg(2)], [0, 1, 2])
+    out = str(tmp_path / "out")
+    dsconvert.convert(mixed, out, format="wds", workers=1)
+    members = tar_members(out)
+    assert sorted(n.rsplit(".", 1)[1] for n in members if not n.endswith(".cls")) == ["jpg", "jpg", "png"]
+    assert members["mixed/000000001.png"] == png(1)
+    folder = tmp_path / "two"
+    folder.mkdir()
+    pq.write_table(pa.table({"img": pa.array([jpeg(i) for i in range(3)], pa.binary()), "label": [0, 1, 2]}),
+                   str(folder / "a.parquet"))
+    pq.write_table(pa.table({"img": ["http://x/1.jpg", "http://x/2.jpg"],
+                             "thumb": pa.array([jpeg(5), jpeg(6)], pa.binary()), "label": [0, 1]}),
+                   str(folder / "b.parquet"))
+    source = parquet_source(str(folder), "label")
+    assert len(source.samples) == 3 and [s.path for s in source.skipped] == ["b.parquet"]
+    assert "does not hold images" in source.skipped[0].reason

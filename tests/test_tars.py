@@ -431,3 +431,103 @@ def test_verify_source_accounts_for_tar_members(shardwriter_tars, tmp_path):
     os.utime(os.path.join(shardwriter_tars, "train-000002.tar"), ns=(1, 1))  # another version of one tar
     changed = verify(str(out), source=shardwriter_tars)["source"]["changed"]
     assert len(changed) == 10 and all(p.startswith("train-000002.tar/") for p in changed)
+
+
+def test_a_damaged_manifest_is_never_read_as_foreign_tars(image_folder, tmp_path):
+    from dsconvert import ManifestError, OptionError
+
+    out = tmp_path / "out"
+    convert(image_folder, str(out), "wds", workers=1)
+    with pytest.raises(OptionError, match="without a manifest"):
+        open_dataset(str(out), label="cls")
+    (out / "dsconvert.json").write_text("")
+    with pytest.raises(ManifestError):
+        open_dataset(str(out))
+    assert not (out / INDEX_FOLDER).exists()
+
+
+def test_subfolders_beside_the_tars_do_not_change_what_they_are(shardwriter_tars, tmp_path):
+    os.makedirs(os.path.join(shardwriter_tars, "logs"))
+    convert(shardwriter_tars, os.path.join(shardwriter_tars, "..", "out"), "wds", workers=1)  # beside: fine
+    os.makedirs(os.path.join(shardwriter_tars, "old-out"))
+    open(os.path.join(shardwriter_tars, "old-out", "shard-000000.tar"), "wb").close()
+    source = scan(shardwriter_tars)
+    assert source.kind == "tar" and len(source.samples) == 60
+    assert {i.path for i in source.ignored} == {"logs", "old-out"}
+    assert len(open_dataset(shardwriter_tars)) == 60
+
+
+def test_an_invalid_header_in_the_middle_is_said_not_swallowed(tmp_path, photos):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    jpg = _jpegs(photos, 1)[0]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(6):
+            _member(tf, f"k{i}.jpg", jpg)
+    data = bytearray(buf.getvalue())
+    third = 2 * (512 + -(-len(jpg) // 512) * 512)
+    data[third + 148] ^= 0x01  # one checksum digit of the third header
+    (folder / "a.tar").write_bytes(bytes(data))
+    source = scan(str(folder))
+    assert [s.key for s in source.samples] == ["k0", "k1"]
+    assert [s.reason for s in source.skipped if "invalid tar header" in s.reason]
+
+
+def test_sparse_and_reserved_and_negative_members_are_skipped(tmp_path, photos):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    files = tmp_path / "files"
+    files.mkdir()
+    with open(files / "s.bin", "wb") as f:  # mostly a hole: GNU tar --sparse stores a map, not the bytes
+        f.seek(1 << 20)
+        f.write(b"end")
+    (files / "a.jpg").write_bytes(_jpegs(photos, 1)[0])
+    subprocess.run(["tar", "--sparse", "-cf", str(folder / "sparse.tar"), "-C", str(files), "s.bin", "a.jpg"],
+                   check=True)
+    with tarfile.open(folder / "odd.tar", "w", format=tarfile.PAX_FORMAT) as tf:
+        _member(tf, "b.__key__", b"EVIL")
+        _member(tf, "c.jpg", _jpegs(photos, 1)[0])
+    source = scan(str(folder))
+    reasons = {s.path: s.reason for s in source.skipped}
+    assert "sparse" in reasons["sparse.tar/s.bin"] and "reserves" in reasons["odd.tar/b.__key__"]
+    assert [s.files[0].path for s in source.samples] == ["odd.tar/c.jpg", "sparse.tar/a.jpg"]
+
+
+def test_an_unsafe_member_ends_the_run_as_webdataset_would(tmp_path, photos):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    with tarfile.open(folder / "a.tar", "w") as tf:
+        _member(tf, "a.jpg", _jpegs(photos, 1)[0])
+        _member(tf, "../a.txt", b"x")
+        _member(tf, "a.cls", b"1")
+    assert [sorted(f.field for f in s.files) for s in scan(str(folder)).samples] == [["jpg"], ["cls"]]
+
+
+@pytest.mark.parametrize("value", [-7, 1.5, 10**30, None, True, [1], {"x": 1}, ""])
+def test_tampered_label_values_in_an_index_are_not_trusted(shardwriter_tars, value):
+    want = [label for _, label in open_dataset(shardwriter_tars, label="cls", decode="raw")]
+    path = os.path.join(shardwriter_tars, INDEX_FOLDER, "train-000000.tar.json")
+    d = json.load(open(path))
+    d["label_values"]["cls"][3] = value
+    json.dump(d, open(path, "w"))
+    assert [label for _, label in open_dataset(shardwriter_tars, label="cls", decode="raw")] == want
+
+
+def test_a_label_field_no_tar_has_is_one_line(shardwriter_tars, tmp_path):
+    with pytest.raises(SourceError, match="no sample has a 'clz' member.*cls, jpg, json, txt"):
+        convert(shardwriter_tars, str(tmp_path / "o"), "npy", label="clz")
+    with pytest.raises(SourceError, match="clz"):
+        open_dataset(shardwriter_tars, label="clz")
+
+
+def test_a_shard_changed_after_its_manifest_is_not_converted_again(image_folder, tmp_path):
+    out = tmp_path / "wds"
+    m = convert(image_folder, str(out), "wds", workers=1, samples_per_shard=8).manifest
+    shard = out / m.shards[0].name
+    data = bytearray(shard.read_bytes())
+    data[2000] ^= 0xFF  # inside the first image, the size kept
+    shard.write_bytes(bytes(data))
+    again = convert(str(out), str(tmp_path / "again"), "wds", workers=1).manifest
+    assert again.num_samples == m.num_samples - m.shards[0].num_samples
+    assert all("differs from its manifest" in s["reason"] for s in again.skipped) and len(again.skipped) == 8

@@ -124,6 +124,10 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         entries = [(p, s) for p, s in inv.entries if not p.endswith((".json", ".idx", ".lock"))] or inv.entries
     else:
         entries = inv.entries
+    if not entries and not folder:  # one file (a .parquet, a .tar): the at-rest passes read it
+        info = fs.info(root) if fs is not None else {"size": os.path.getsize(src)}
+        entries = [(root.rstrip("/").rsplit("/", 1)[-1] if fs is not None else os.path.basename(src),
+                    int(info.get("size") or 0))]
     listed = None
     if inv.layout == "list" and measured_as == "files":
         # a list file: the files it names are the data, measured in place of the list itself
@@ -142,7 +146,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     else:
         picked = stratified_sample(entries, sample, seed)
         if fs is not None:
-            paths = [f"{root}/{p}" for p, _ in picked]
+            base = root if folder else root.rstrip("/").rsplit("/", 1)[0]
+            paths = [f"{base}/{p}" for p, _ in picked]
         else:
             base = src if os.path.isdir(src) else os.path.dirname(src)
             paths = [os.path.join(base, p) for p, _ in picked]
@@ -177,7 +182,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     for lib in sorted({lib for per in measured.values() for lib in per}):
         mix[lib] = sum(per["pil"]["share"] * per.get(lib, per["pil"])["ms"] for per in measured.values())
     out_dir = _output_dir(src, output_dir, storage, fs is not None)
-    free = free_bytes(out_dir) if os.path.isdir(out_dir) else None
+    free = free_bytes(out_dir)  # an output folder not made yet: the free space of where it will be
 
     fps = _files_per_sample(inv)
     num_samples = int(inv.estimated_files / fps) if fps else 0

@@ -132,7 +132,7 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
     if passes:
         pw = v["per_worker_ms"]
         add(bold(f"DataLoader passes ({lo['workers']} workers, transform {lo['transform']}; predictions use the "
-                 f"{lo['cache']} passes; free at {report['disk']['output_dir']}: {format_size(report['disk']['free_bytes'])})"))
+                 f"{lo['cache']} passes; free at {report['disk']['output_dir']}: {format_size(report['disk']['free_bytes']) if report['disk']['free_bytes'] is not None else 'unknown'})"))
         add(f"  {'':36s}{'cold/s':>10s}{'warm/s':>10s}{'vs as is':>10s}{'full size':>12s}")
         base = v["loader_per_s"]
         for name, row in passes.items():

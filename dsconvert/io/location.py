@@ -185,7 +185,9 @@ class Location:
         return int(info["size"])
 
     def exists(self, name: str) -> bool:
-        return bool(self.fs.lexists(self.path(name)))  # a dangling link is there, for a local folder
+        if not self.remote:  # without fsspec, which local reads never import
+            return os.path.lexists(self.path(name))  # a dangling link is there, for a local folder
+        return bool(self.fs.lexists(self.path(name)))
 
     def listdir(self) -> List[str]:
         fs, base = self.fs, self.path()

@@ -6,8 +6,8 @@ from typing import Any, Callable, Dict, Optional, Union
 
 from ..formats import FORMATS, get
 from ..io.shard_cache import ShardAccess
-from ..errors import ManifestError
-from ..manifest import Manifest
+from ..errors import OptionError
+from ..manifest import MANIFEST_NAME, Manifest
 
 __all__ = ["open_dataset"]
 
@@ -54,18 +54,18 @@ def open_dataset(
     the least recently used shards. Safe for any number of workers and ranks at once. A local
     output on a network file system can be cached the same way.
     """
+    from ..source.tars import looks_like_tars, open_tars
+
     label = options.pop("label", None)
     index_dir = options.pop("index_dir", None)
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
-    try:
+    # tars without a manifest are read in place; a damaged manifest is a damaged output, never foreign data
+    if access.location.exists(MANIFEST_NAME) or not looks_like_tars(path, storage_options):
         if label is not None or index_dir is not None:
-            raise ManifestError("label= and index_dir= are for tar shards without a manifest")
+            raise OptionError(f"label= and index_dir= are for tar shards without a manifest, and {path} is not one "
+                              "(a dsconvert output keeps its labels)")
         manifest = Manifest.load(access.location)
-    except ManifestError:
-        from ..source.tars import looks_like_tars, open_tars
-
-        if not looks_like_tars(path, storage_options):
-            raise
+    else:
         manifest, access = open_tars(path, storage_options, cache_dir, cache_size, label, index_dir)
     root = access.location.url
     if manifest.format not in FORMATS:

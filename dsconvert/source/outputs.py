@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from ..errors import BadInputError, DsconvertError, SourceError
 from ..formats import get
 from ..formats.base import manifest_image_field
+from ..io.localfs import file_sha256
 from ..io.location import mtime_ns_of
 from ..io.shard_cache import ShardAccess
 from ..keys import escape_path
@@ -75,6 +76,7 @@ def read_output_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]
     shard: Any = None
     shard_name = ""
     unchanged = True
+    damaged = False
     try:
         for sample in spec.samples:
             container = sample.files[0].container
@@ -89,10 +91,18 @@ def read_output_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]
                 else:
                     now = mtime_ns_of(access.location.fs.info(access.location.path(container)))
                     unchanged = now == sample.files[0].mtime_ns
+                    damaged = False
                     try:
-                        shard = fmt.open_shard(access, entry, manifest)
+                        local = access.local_shard(entry)  # a local shard is checked whole before use
+                        damaged = local is not None and file_sha256(local) != entry.sha256
+                        shard = None if damaged else fmt.open_shard(access, entry, manifest)
                     except (DsconvertError, OSError):
                         shard, unchanged = None, False
+            if damaged:
+                yield sample, BadInputError(f"the output's shard {container} differs from its manifest (sha256): "
+                                            f"dsconvert verify {spec.root} says what is wrong",
+                                            escape_path(sample.files[0].path))
+                continue
             if not unchanged or shard is None:
                 yield sample, BadInputError(f"{CHANGED_DURING} (the output's shard was rewritten); run the same "
                                             "command again to include it", escape_path(sample.files[0].path))

@@ -19,7 +19,8 @@ and a ``json`` field holding the row's other (JSON-able) columns, built when the
 Each row is one sample, keyed ``STEM/NNNNNNNNN`` (the file's name without ``.parquet`` and the
 row number); its inputs name the file (``container``) and the row (``offset``). Conversion
 reads each file once, only the row groups holding its rows, one at a time, in record batches
-of 256 rows, so memory stays flat whatever the file's size. A row whose image is null, or a Hugging Face image
+of 256 rows, so memory is flat in the file's size (pyarrow decodes a row group's column chunk
+whole: a file of one huge row group costs about 3x that row group). A row whose image is null, or a Hugging Face image
 that only names an external ``path`` (bytes not embedded), is skipped with its reason.
 """
 
@@ -31,6 +32,7 @@ import os
 from itertools import groupby
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ..codecs import is_image_field
 from ..errors import BadInputError, SourceError
 from ..io.localfs import open_regular
 from ..io.location import Location, mtime_ns_of
@@ -208,13 +210,21 @@ def _first_format(batches: Iterator[Any]) -> Optional[str]:
             col = col.field("bytes")
         for value in col.to_pylist():
             if value:
-                head = bytes(value[:12])
-                for magic, fld in _MAGIC.items():
-                    if head.startswith(magic):
-                        return fld
-                if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-                    return "webp"
-                return "jpg"
+                return format_of(value) or "jpg"
+    return None
+
+
+def format_of(data: bytes) -> Optional[str]:
+    """The field name an image's bytes call for, from their magic (jpg, png, webp, gif);
+    None for anything else."""
+    head = bytes(data[:12])
+    for magic, fld in _MAGIC.items():
+        if head.startswith(magic):
+            return fld
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
     return None
 
 
@@ -303,6 +313,10 @@ def parquet_source(src: str, label: Optional[str] = None,
                 missing = [c for c in (image, label_col) if c is not None and c not in schema.names]
                 if missing:
                     skipped.append(Skipped(escape_path(name), f"no column {missing[0]!r} (the first file has it)"))
+                    continue
+                if _image_column(schema, features) != image:  # the same name, another kind of data
+                    skipped.append(Skipped(escape_path(name), f"its column {image!r} does not hold images as in the "
+                                           "first file (or another column comes first)"))
                     continue
                 if label_col is not None:
                     try:
@@ -526,7 +540,11 @@ def read_parquet_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]
             if len(sample.files) > 1:
                 contents[sample.files[1].path] = (js or b"{}", unchanged)
                 files.append(replace(sample.files[1], size=len(js or b"{}")))
-            yield sample, checked(spec, replace(sample, files=tuple(files)), contents)
+            got = checked(spec, replace(sample, files=tuple(files)), contents)
+            named = format_of(data)
+            if isinstance(got, dict) and named and named != img.field and img.field in got and is_image_field(named):
+                got = {(named if k == img.field else k): v for k, v in got.items()}  # a PNG among JPEGs stays .png
+            yield sample, got
         for s in todo:
             if s.files[0].offset not in done:
                 reason = failed or (f"{CHANGED_DURING} (the file has fewer rows than when scanned); run the same "
@@ -549,7 +567,7 @@ class ParquetRows:
         self.json_cols: Optional[List[str]] = None
         self.starts: List[int] = []
         self.group = -1
-        self.rows: List[Tuple[Any, Optional[str], Optional[bytes]]] = []
+        self.table: Any = None
 
     def _open(self) -> None:
         pq = _import_pyarrow()
@@ -576,13 +594,15 @@ class ParquetRows:
         g = bisect.bisect_right(self.starts, row) - 1
         if not 0 <= g < len(self.starts) - 1:
             raise BadInputError("the file has fewer rows than when scanned", escape_path(f.path))
-        if g != self.group:
-            first, last = self.starts[g], self.starts[g + 1] - 1
-            self.rows = [(data, path, js) for _, data, path, js in _rows(self.pf, self.image, self.json_cols, first, last)]
+        if g != self.group:  # the row group as Arrow columns, not Python objects: held once
+            self.table = self.pf.read_row_group(g, columns=[self.image] + (self.json_cols or []), use_threads=False)
             self.group = g
-        data, path, js = self.rows[row - self.starts[g]]
+        i = row - self.starts[g]
         if f.field == "json":
-            return js or b"{}"
+            other = self.table.select(self.json_cols or []).slice(i, 1).to_pylist()[0]
+            return json.dumps(_jsonable(other), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        value = self.table.column(self.image)[i].as_py()
+        data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, None)
         if data is None:
             raise BadInputError(f"{_IMAGE_NOT_EMBEDDED} (path {path!r})" if path else "no image (null)",
                                 escape_path(f.path))

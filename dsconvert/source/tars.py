@@ -54,7 +54,7 @@ _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
 def base_plus_ext(name: str) -> Tuple[Optional[str], Optional[str]]:
     """webdataset's split of a member name: (key, field), or (None, None) without an extension."""
-    m = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name, re.DOTALL)
+    m = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name)  # webdataset's own pattern, flags and all
     return (m.group(1), m.group(2)) if m else (None, None)
 
 
@@ -89,7 +89,7 @@ def label_value(data: bytes, path: Sequence[str]) -> Any:
         value = text.strip()
         if re.fullmatch(r"-?\d{1,18}", value):
             value = int(value)
-    if type(value) is int and value >= 0:
+    if type(value) is int and 0 <= value < 2**63:
         return value
     if isinstance(value, str) and value and len(value) <= 1000:
         return value
@@ -128,6 +128,7 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
             return _record(name, [], [], skipped, None)
         raise BadInputError(f"not a readable tar: {exc}") from None
     current: Optional[str] = None
+    fields_open = False  # whether fields[-1] is the sample of ``current``
     while True:
         try:
             m = tf.next()
@@ -147,31 +148,39 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
                     else "FIFO" if m.isfifo() else f"type {m.type!r}")
             skip(mname, f"a {kind}, not a file: not read")
             continue
-        if not is_utf8(mname):
-            skip(mname, "member name is not valid UTF-8")
-            continue
-        if mname.startswith("/") or ".." in re.split(r"[/\\]", mname):
-            skip(mname, "unsafe member name (absolute or '..')")
-            continue
-        if m.offset_data + m.size > size:
-            skip(mname, f"truncated: its {m.size:,} bytes run past the end of the tar")
-            continue
         key, ext = base_plus_ext(mname)
         if key is None or ext is None:
             skip(mname, "no extension after the key (webdataset skips it too)")
             continue
         ext = ext.lower()
-        if current != key or not fields:
+        why = ("member name is not valid UTF-8" if not is_utf8(mname)
+               else "unsafe member name (absolute or '..')" if mname.startswith("/") or ".." in re.split(r"[/\\]", mname)
+               else "a sparse member (its data is not stored in one piece): not read" if m.issparse()
+               else f"a negative size ({m.size})" if m.size < 0
+               else f"truncated: its {m.size:,} bytes run past the end of the tar" if m.offset_data + m.size > size
+               else f"field {ext!r} is a name webdataset reserves" if ext.startswith("__")
+               else None)
+        if why is not None:
+            skip(mname, why)
+            if key != current:  # webdataset would have made it a sample of its own: the run of ``current`` ends
+                current, fields_open = key, False
+            continue
+        if current != key or not fields_open:
             keys.append(key)
             fields.append({})
             label_members.append(None)
-            current = key
+            current, fields_open = key, True
         if ext in fields[-1]:
             skip(mname, f"field {ext!r} repeats within sample {key!r} (webdataset raises on it)")
             continue
         fields[-1][ext] = (m.offset_data, m.size)
         if label is not None and ext == label[0]:
             label_members[-1] = (m.offset_data, m.size)
+    rest = _unread_after(f, tf.offset, size)
+    if rest and not any(s["path"].endswith("/(rest of the tar)") for s in skipped):
+        skip("(rest of the tar)", f"truncated: the tar ends {rest:,} bytes into a header at byte {tf.offset:,}"
+             if rest < tarfile.BLOCKSIZE else f"an invalid tar header at byte {tf.offset:,}: the {rest:,} bytes "
+             "after it are not read (tar tf says more)")
     if bounded.overrun and not any(s["path"].endswith("/(rest of the tar)") for s in skipped):
         skip("(rest of the tar)", f"truncated: the tar ends {bounded.overrun:,} bytes short of a header it began")
     values: Optional[List[Any]] = None
@@ -187,6 +196,21 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
             except BadInputError as exc:
                 values.append({"error": exc.reason})
     return _record(name, keys, fields, skipped, values)
+
+
+def _unread_after(f: Any, offset: int, size: int) -> int:
+    """Bytes of data after where tarfile stopped: 0 when only end-of-archive zeros (or
+    nothing) follow. tarfile ends an archive quietly at an invalid header past the first."""
+    f.seek(offset)
+    at = offset
+    while at < size:
+        block = f.read(min(1 << 20, size - at))
+        if not block:
+            break
+        if block.strip(b"\0"):
+            return size - offset
+        at += len(block)
+    return 0
 
 
 def _record(name: str, keys: List[str], fields: List[Dict[str, Tuple[int, int]]],
@@ -260,7 +284,9 @@ def list_tars(src: str, storage_options: Optional[Dict[str, Any]] = None
     for n in others:
         if n.startswith(".") or n == INDEX_FOLDER:
             continue
-        if n.lower().endswith(_COMPRESSED_SUFFIXES):
+        if location.fs.isdir(location.path(n)):
+            ignored.append(Skipped(escape_path(n), "a folder: only the tars directly in the source are read"))
+        elif n.lower().endswith(_COMPRESSED_SUFFIXES):
             skipped.append(Skipped(escape_path(n), "a compressed tar: decompress it to read it by index"))
         else:
             ignored.append(Skipped(escape_path(n), "not a .tar shard"))
@@ -282,14 +308,26 @@ def looks_like_tars(src: str, storage_options: Optional[Dict[str, Any]] = None) 
     except (OSError, ValueError):
         return False
     tars = 0
+    folders = []
     for e in entries:
         name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
         if name.startswith(".") or name == INDEX_FOLDER:
             continue
-        if e.get("type") == "directory" or is_image_field(name.rsplit(".", 1)[-1].lower()):
+        if e.get("type") == "directory":
+            folders.append(e["name"])
+        elif is_image_field(name.rsplit(".", 1)[-1].lower()):
             return False
-        tars += name.lower().endswith(_TAR_SUFFIXES)
-    return tars > 0
+        else:
+            tars += name.lower().endswith(_TAR_SUFFIXES)
+    if not tars:
+        return False
+    for folder in folders[:32]:  # class folders of images make it an ImageFolder, whatever else is there
+        try:
+            if any(is_image_field(str(n).rsplit(".", 1)[-1].lower()) for n in fs.ls(folder, detail=False)[:1000]):
+                return False
+        except OSError:
+            continue
+    return True
 
 
 def _default_index_dir(url: str) -> str:
@@ -397,6 +435,8 @@ class TarShards:
                 or record.get("bytes") != identity["size"] or not isinstance(values, dict)
                 or not all(isinstance(v, list) and len(v) == record["num_samples"] for v in values.values())):
             return None
+        if not all(_is_label_value(v) for vs in values.values() for v in vs):
+            return None
         for col in record["members"].values():  # every member inside the tar, or indexed again
             if any(o >= 0 and (o + n > identity["size"] or n < 0) for o, n in zip(col["offset"], col["size"])):
                 return None
@@ -414,9 +454,29 @@ class TarShards:
         return names or None
 
 
+def _is_label_value(value: Any) -> bool:
+    """What :func:`label_value` can give (an int in int64, a class name) or a reason it gave none."""
+    if type(value) is int:
+        return 0 <= value < 2**63
+    if isinstance(value, str):
+        return 0 < len(value) <= 1000
+    return isinstance(value, dict) and list(value) == ["error"] and isinstance(value["error"], str)
+
+
 def _sha_of(identity: Dict[str, Any]) -> str:
     """A stand-in for the tar's sha256 (never computed: that reads the data): the identity's."""
     return "tar:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def _check_label_field(shards: TarShards, src: str) -> None:
+    """A ``label`` whose field no tar has is a typo, said at once (not a skip per sample)."""
+    if shards.label is None or not shards.names:
+        return
+    field = shards.label[0]
+    if not any(field in shards.records[n]["members"] for n in shards.names):
+        have = sorted({f for n in shards.names for f in shards.records[n]["members"]})
+        raise SourceError(f"--label {shards.label_spec}: no sample has a {field!r} member (fields: "
+                          f"{', '.join(have) or 'none'})", src)
 
 
 def label_index(value: Any, classes: Optional[List[str]]) -> Any:
@@ -444,6 +504,7 @@ def tar_source(src: str, label: Optional[str] = None,
         raise SourceError(f"no .tar shards in {src}", src)
     shards = TarShards(location, names, label)
     skipped += shards.failed
+    _check_label_field(shards, src)
     classes = shards.classes() if label else None
     samples: List[Sample] = []
     seen: Dict[str, int] = {}
@@ -608,6 +669,7 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
     location, names, skipped, _ = list_tars(path, storage_options)
     shards = TarShards(location, names, label, index_dir)
     skipped += shards.failed
+    _check_label_field(shards, path)
     classes = shards.classes()
     entries: List[ShardEntry] = []
     keep: Dict[str, List[int]] = {}
