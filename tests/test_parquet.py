@@ -118,7 +118,8 @@ def test_looks_like_parquet(tmp_path, labelled):
 # --- scanning -------------------------------------------------------------------------------
 
 
-def test_classlabel_scan_reads_labels_not_images(labelled, monkeypatch):
+def spy_on_batches(monkeypatch) -> List[Dict[str, Any]]:
+    """The keyword arguments of every ParquetFile.iter_batches call from now on."""
     calls: List[Dict[str, Any]] = []
     real = pq.ParquetFile.iter_batches
 
@@ -127,6 +128,11 @@ def test_classlabel_scan_reads_labels_not_images(labelled, monkeypatch):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    return calls
+
+
+def test_classlabel_scan_reads_labels_not_images(labelled, monkeypatch):
+    calls = spy_on_batches(monkeypatch)
     source = parquet_source(labelled, None)
     assert source.kind == "parquet" and source.layout == "parquet"
     assert source.labelled and source.sample_type == "classification"
@@ -384,14 +390,7 @@ def test_memory_flat_reads_record_batches(tmp_path, monkeypatch):
     size = os.path.getsize(path)
     source = parquet_source(path, None)
     assert len(source.samples) == rows
-    calls: List[Dict[str, Any]] = []
-    real = pq.ParquetFile.iter_batches
-
-    def spy(self, *args, **kwargs):
-        calls.append(kwargs)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    calls = spy_on_batches(monkeypatch)
     seen = 0
 
     def count(spec, sample, contents):
