@@ -132,8 +132,11 @@ def test_index_is_reused_and_rebuilt_when_the_tar_changes(shardwriter_tars, monk
     assert len(open_dataset(shardwriter_tars)) == 61
 
 
-@pytest.mark.parametrize("damage", ["garbage", "offsets", "truncated", "other-tar"])
+@pytest.mark.parametrize("damage", ["garbage", "offsets", "truncated", "other-tar", "field-dropped",
+                                    "sample-added", "keys-swapped", "one-byte"])
 def test_a_damaged_saved_index_is_never_trusted(shardwriter_tars, damage):
+    """Damage that keeps the index self-consistent (a field or a sample more or less, keys
+    reordered, one byte changed) fails its own digest: the tar is indexed again."""
     want = webdataset_samples(shardwriter_tars)
     open_dataset(shardwriter_tars)
     path = os.path.join(shardwriter_tars, INDEX_FOLDER, "train-000001.tar.json")
@@ -146,6 +149,26 @@ def test_a_damaged_saved_index_is_never_trusted(shardwriter_tars, damage):
         text = json.dumps(d)
     elif damage == "truncated":
         text = text[: len(text) // 2]
+    elif damage in ("field-dropped", "sample-added", "keys-swapped"):
+        d = json.loads(text)
+        if damage == "field-dropped":
+            d["members"].pop("json")
+            d["fields"].pop("json")
+        elif damage == "sample-added":
+            d["num_samples"] += 1
+            d["keys"].append("zz")
+            d["sources"].append([])
+            for col in d["members"].values():
+                col["offset"].append(-1)
+                col["size"].append(-1)
+            for values in d["label_values"].values():
+                values.append(0)
+        else:
+            d["keys"] = d["keys"][::-1]
+        text = json.dumps(d, indent=1)
+    elif damage == "one-byte":
+        at = text.index('"keys"') + 12
+        text = text[:at] + ("1" if text[at] != "1" else "2") + text[at + 1:]
     else:
         text = open(path.replace("000001", "000002")).read()
     open(path, "w").write(text)

@@ -11,7 +11,9 @@ The index is a wds shard record (:class:`dsconvert.formats.base.ShardRecord`), s
 indexed reader that reads dsconvert's own shards reads it; it is saved as
 ``.dsconvert-index/NAME.json`` beside the tars when that folder is writable, else under a
 cache folder (object stores, read-only mounts), and it names the tar's size and mtime (or
-ETag): a tar that changes is indexed again.
+ETag): a tar that changes is indexed again. It carries the sha256 of its own content, so an
+index damaged or edited by hand is indexed again rather than read (one that is rewritten
+whole with a matching digest is trusted: whoever can do that can rewrite the tars too).
 
 ``label``: where a sample's class label is, ``cls`` (a member's decimal text, or a class name)
 or a JSON key inside a member (``json.label``). Labels are read while indexing (they are
@@ -43,7 +45,7 @@ __all__ = ["TarShards", "TarAccess", "list_tars", "looks_like_tars", "tar_source
            "parse_label", "INDEX_FOLDER"]
 
 INDEX_FOLDER = ".dsconvert-index"
-INDEX_SCHEMA = 1
+INDEX_SCHEMA = 2  # 2: the index's own sha256
 LABEL_MEMBER_BYTES = 1 << 16  # a label member larger than this is not a label
 _SAFE_TAR = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
@@ -413,7 +415,7 @@ class TarShards:
         try:
             os.makedirs(self.index_dir, exist_ok=True)
             with atomic_write(self.index_path(name)) as out:
-                out.write(json_bytes(record))
+                out.write(json_bytes({**record, "index_sha256": _digest(record)}))
         except OSError:
             pass  # a read-only cache: the index is rebuilt next time
         return record, None
@@ -427,8 +429,11 @@ class TarShards:
             with open_regular(self.index_path(name)) as f:
                 data = f.read()
             record = Wds.load_record(self.index_path(name), data).d
-        except (OSError, ManifestError):
+            written = json.loads(data)
+        except (OSError, ManifestError, ValueError):
             return None
+        if not isinstance(written, dict) or written.pop("index_sha256", None) != _digest(written):
+            return None  # damaged, or edited by hand
         values = record.get("label_values")
         if (record.get("tar") != identity or record.get("index_schema") != INDEX_SCHEMA
                 or record.get("shard") != name or record.get("sha256") != _sha_of(identity)
@@ -461,6 +466,11 @@ def _is_label_value(value: Any) -> bool:
     if isinstance(value, str):
         return 0 < len(value) <= 1000
     return isinstance(value, dict) and list(value) == ["error"] and isinstance(value["error"], str)
+
+
+def _digest(record: Dict[str, Any]) -> str:
+    """The sha256 of an index's content as written (key order kept), its own digest left out."""
+    return hashlib.sha256(json_bytes(record)).hexdigest()
 
 
 def _sha_of(identity: Dict[str, Any]) -> str:
