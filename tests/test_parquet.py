@@ -391,6 +391,10 @@ def test_memory_flat_reads_record_batches(tmp_path, monkeypatch):
     source = parquet_source(path, None)
     assert len(source.samples) == rows
     calls = spy_on_batches(monkeypatch)
+    whole: List[int] = []
+    real_group = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
+                        lambda self, g, *a, **k: whole.append(g) or real_group(self, g, *a, **k))
     seen = 0
 
     def count(spec, sample, contents):
@@ -403,9 +407,15 @@ def test_memory_flat_reads_record_batches(tmp_path, monkeypatch):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert n == 3300 and seen > 3300 * 4000
-    assert [c["row_groups"] for c in calls] == [[g] for g in range(1, 8)]  # rows 600..3899: groups 1..7 only
+    # rows 600..3899: groups 1..7 only; those wholly wanted streamed, the two cut read whole once
+    assert [c["row_groups"] for c in calls] == [[g] for g in range(2, 7)] and whole == [1, 7]
     assert all(c["batch_size"] == 256 for c in calls)
-    assert peak < size / 3, (peak, size)  # about a row group's bytes, not the file's
+    assert peak < size / 3, (peak, size)  # about two row groups' bytes, not the file's
+    # the next shard in a cut group finds it kept, instead of reading the group from its start
+    del whole[:]
+    for a, b in ((0, 600), (600, 1000), (1000, 1400)):
+        assert sum(1 for _ in read_parquet_samples(spec_of(source, source.samples[a:b]), count)) == b - a
+    assert whole == [1, 2]
 
 
 def test_workers_give_identical_bytes(tmp_path):

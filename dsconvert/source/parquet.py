@@ -20,7 +20,9 @@ Each row is one sample, keyed ``STEM/NNNNNNNNN`` (the file's name without ``.par
 row number); its inputs name the file (``container``) and the row (``offset``). Conversion
 reads each file once, only the row groups holding its rows, one at a time, in record batches
 of 256 rows, so memory is flat in the file's size (pyarrow decodes a row group's column chunk
-whole: a file of one huge row group costs about 3x that row group). A row whose image is null, or a Hugging Face image
+whole: a file of one huge row group costs about 3x that row group). A row group that a shard
+boundary cuts is read whole once and kept by the worker for the neighbouring shard (one group
+at a time), rather than read again from its start. A row whose image is null, or a Hugging Face image
 that only names an external ``path`` (bytes not embedded), is skipped with its reason.
 """
 
@@ -428,29 +430,43 @@ def _json_columns(schema: Any, image: str) -> List[str]:
     return [str(f.name) for f in schema if f.name != image and not has_binary(f.type)]
 
 
-def _rows(pf: Any, image: str, json_cols: Optional[List[str]], first: int, last: int
+_last_group: Dict[str, Any] = {}  # this process's last row group read whole: {"key": ..., "table": ...}
+
+
+def _rows(pf: Any, image: str, json_cols: Optional[List[str]], first: int, last: int, identity: Any = None
           ) -> Iterator[Tuple[int, Any, Optional[str], Optional[bytes]]]:
     """(row, image bytes or None, the image's path, json bytes) for rows first..last, reading
-    only the row groups that hold them, in record batches."""
+    only the row groups that hold them, one at a time. A group whose rows are all wanted is
+    streamed in record batches; one cut by first or last (shared with a neighbouring shard,
+    which this worker likely reads next) is read whole and kept until another is, since
+    pyarrow reads a row group only from its start. ``identity`` names the file's version;
+    without it nothing is kept."""
     meta = pf.metadata
-    groups, start, at = [], None, 0
+    columns = [image] + (json_cols or [])
+    at = 0
     for g in range(meta.num_row_groups):
         n = meta.row_group(g).num_rows
-        if at + n > first and at <= last:
-            groups.append(g)
-            start = at if start is None else start
+        if at > last:
+            return
+        if at + n > first:
+            if identity is None or (first <= at and at + n - 1 <= last):  # wholly this shard's: streamed
+                batches: Iterator[Any] = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns,
+                                                         use_threads=False)
+                start = at
+            else:
+                key = (identity, g, tuple(columns))
+                if _last_group.get("key") != key:
+                    _last_group.clear()  # one group held at a time
+                    _last_group.update(key=key, table=pf.read_row_group(g, columns=columns, use_threads=False))
+                start = max(at, first)
+                batches = iter(_last_group["table"].slice(start - at).to_batches(max_chunksize=BATCH_ROWS))
+            try:
+                yield from _batch_rows(batches, start, first, last, json_cols)
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
         at += n
-    if not groups:
-        return
-    columns = [image] + (json_cols or [])
-    row = start
-    for g in groups:  # one row group at a time: pyarrow buffers the column chunks of all it is given
-        batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False)
-        try:
-            yield from _batch_rows(batches, row, first, last, json_cols)
-        finally:
-            batches.close()
-        row += meta.row_group(g).num_rows
 
 
 def _batch_rows(batches: Iterator[Any], row: int, first: int, last: int, json_cols: Optional[List[str]]
@@ -498,7 +514,8 @@ def _read_file(location: Location, name: str, mtime_ns: int, dict_samples: bool,
                 yield ("error", "the file has no image column any more")
                 return
             json_cols = _json_columns(schema, image) if dict_samples else None
-            for row, data, img_path, js in _rows(pf, image, json_cols, first, last):
+            identity = (location.url, name, mtime_ns)
+            for row, data, img_path, js in _rows(pf, image, json_cols, first, last, identity):
                 yield ("row", row, data, img_path, js, unchanged)
     except Exception as exc:  # pyarrow's ArrowInvalid, OSError: the file changed or went
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
