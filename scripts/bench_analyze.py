@@ -1,7 +1,11 @@
-"""Benchmark: analyze's own time on a 100k-file tree, against listing the tree with
-`find` and with os.walk + stat, in the same run.
+"""Benchmark: analyze's own time on a large tree of small files, against listing the tree with
+`find` and with os.walk + stat, in interleaved rounds (every step once per round, in a
+rotating order), median and range of the seconds and of the same-round ratios.
 
-    python scripts/bench_analyze.py --files 100000 --json bench_analyze.json
+    python scripts/bench_analyze.py --files 100000 --rounds 3 --json docs/bench/analyze.json
+
+The tree (tiny JPEGs, ``--per-dir`` to a folder) is made once under ``--work`` and kept; the
+page cache is warm for its metadata (every step lists it).
 """
 
 from __future__ import annotations
@@ -10,18 +14,24 @@ import argparse
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from PIL import Image  # noqa: E402
 
+from benchmeta import meta  # noqa: E402
 from dsconvert.analyze import analyze  # noqa: E402
 from dsconvert.analyze.inventory import take_inventory  # noqa: E402
+
+BUDGET = 0.2  # seconds: the time-budgeted inventory's budget
 
 
 def make_tree(root: str, files: int, per_dir: int = 1000) -> None:
@@ -48,38 +58,90 @@ def walk_stat(root: str) -> int:
     return n
 
 
-def timed(fn):
+def timed(fn: Callable[[], Any]) -> Any:
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
 
 
+def stats(values: List[float]) -> Dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+# (key, what the table calls it): every step is one measurement per round
+STEPS = (("find", "`find ROOT -type f` (listing only, no stat from Python)"),
+         ("os_walk_stat", "`os.walk` + `os.stat` per file (the Python floor)"),
+         ("inventory_1_thread", "inventory, 1 thread"),
+         ("inventory_2_threads", "inventory, 2 threads"),
+         ("inventory_8_threads", "inventory, 8 threads"),
+         ("inventory_default", "inventory, default threads (2 on a local disk)"),
+         ("inventory_budget", f"inventory with `--time-budget {BUDGET:g}`"),
+         ("analyze", "whole `analyze` (inventory + sample: reads, sweep, decode, DataLoader passes)"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=100_000)
+    p.add_argument("--per-dir", type=int, default=1000, help="files per folder")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-analyze"))
     p.add_argument("--json")
     args = p.parse_args()
-    root = os.path.join(args.work, "tree")
-    make_tree(root, args.files)
-    res = {}
-    res["find_seconds"], _ = timed(lambda: subprocess.run(["find", root, "-type", "f"], check=True,
-                                                          stdout=subprocess.DEVNULL))
-    res["os_walk_stat_seconds"], n = timed(lambda: walk_stat(root))
-    for threads in (1, 2, 8):
-        res[f"inventory_{threads}_threads_seconds"], inv = timed(lambda: take_inventory(root, threads=threads))
-    res["inventory_default_seconds"], inv = timed(lambda: take_inventory(root))
-    res["inventory_files"] = inv.files
-    res["inventory_budget_0.2s_seconds"], partial = timed(lambda: take_inventory(root, time_budget=0.2))
-    res["inventory_budget_0.2s"] = {"files_seen": partial.files, "estimated_files": partial.estimated_files,
-                                  "complete": partial.complete}
-    res["analyze_seconds"], report = timed(lambda: analyze(root))
-    res["analyze_phases"] = {"inventory_seconds": report["inventory"]["seconds"]}
-    res["analyze_verdict"] = report["verdict"]["bottleneck"]
-    res["analyze_overhead_vs_find"] = res["analyze_seconds"] / res["find_seconds"]
-    res["inventory_vs_os_walk_stat"] = res["inventory_default_seconds"] / res["os_walk_stat_seconds"]
-    for k, v in res.items():
-        print(f"{k:34s} {v}")
+    root = os.path.join(args.work, f"tree-{args.files}-{args.per_dir}")
+    t = time.perf_counter()
+    make_tree(root, args.files, args.per_dir)
+    print(f"tree of {args.files:,} files ready in {time.perf_counter() - t:.1f} s", flush=True)
+
+    def run_step(key: str) -> Any:
+        if key == "find":
+            return timed(lambda: subprocess.run(["find", root, "-type", "f"], check=True, stdout=subprocess.DEVNULL))
+        if key == "os_walk_stat":
+            return timed(lambda: walk_stat(root))
+        if key == "inventory_default":
+            return timed(lambda: take_inventory(root))
+        if key == "inventory_budget":
+            return timed(lambda: take_inventory(root, time_budget=BUDGET))
+        if key == "analyze":
+            return timed(lambda: analyze(root))
+        threads = int(key.split("_")[1])
+        return timed(lambda: take_inventory(root, threads=threads))
+
+    keys = [k for k, _ in STEPS]
+    seconds: Dict[str, List[float]] = {k: [] for k in keys}
+    budget: Dict[str, List[Any]] = {"files_seen": [], "estimated_files": [], "complete": []}
+    analyzed: Dict[str, List[Any]] = {"verdict": [], "inventory_seconds": [], "report_seconds": []}
+    inventory_files: List[int] = []
+    started = time.perf_counter()
+    for r in range(args.rounds):
+        order = keys[r % len(keys):] + keys[: r % len(keys)]  # rotate: no step always runs first
+        for key in order:
+            s, out = run_step(key)
+            seconds[key].append(s)
+            if key == "inventory_default":
+                inventory_files.append(out.files)
+            elif key == "inventory_budget":
+                budget["files_seen"].append(out.files)
+                budget["estimated_files"].append(out.estimated_files)
+                budget["complete"].append(out.complete)
+            elif key == "analyze":
+                analyzed["verdict"].append(out["verdict"]["bottleneck"])
+                analyzed["inventory_seconds"].append(out["inventory"]["seconds"])
+                analyzed["report_seconds"].append(out["seconds"])
+            print(f"round {r + 1} {key:20s} {s:8.3f} s", flush=True)
+    ratios = {"inventory_vs_os_walk_stat": [a / b for a, b in zip(seconds["inventory_default"],
+                                                                   seconds["os_walk_stat"])],
+              "analyze_vs_find": [a / b for a, b in zip(seconds["analyze"], seconds["find"])]}
+    res = {"meta": meta(__file__), "files": args.files, "folders": -(-args.files // args.per_dir),
+           "rounds": args.rounds, "wall_s": time.perf_counter() - started, "inventory_files": inventory_files,
+           "steps": [dict(stats(seconds[k]), name=k, label=label) for k, label in STEPS],
+           "budget": dict(budget, seconds=BUDGET), "analyze": analyzed,
+           "ratios": {k: stats(v) for k, v in ratios.items()}}
+    print(f"\n{args.files:,} files, {args.rounds} rounds: seconds, median [range]")
+    for row in res["steps"]:
+        print(f"{row['name']:20s} {row['median']:8.3f} [{row['min']:.3f}-{row['max']:.3f}]")
+    for k, v in res["ratios"].items():
+        print(f"{k:26s} {v['median']:8.2f}x [{v['min']:.2f}-{v['max']:.2f}]")
+    print(f"analyze's verdict per round: {', '.join(analyzed['verdict'])}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

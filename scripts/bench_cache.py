@@ -1,6 +1,7 @@
-"""Benchmark: reading decoded caches against decoding the original JPEGs, in one run.
+"""Benchmark: reading decoded caches against decoding the original JPEGs, in interleaved rounds.
 
-Readers (samples/s, page cache warm; each in a fresh process, whose peak RSS is reported):
+Readers (samples/s, page cache warm; each measurement a fresh process, whose own peak RSS, VmHWM,
+is reported):
   pil_decode        the original JPEGs, read and decoded by Pillow (ImageFolder's loader)
   turbojpeg_decode  the same, decoded by PyTurboJPEG (when libturbojpeg loads)
   hdf5_encoded      dsconvert hdf5 (encoded bytes), decode="numpy"
@@ -8,12 +9,17 @@ Readers (samples/s, page cache warm; each in a fresh process, whose peak RSS is 
   npy_cache         dsconvert npy, decode="numpy" (zero-copy views of the memory map)
   bare_mmap_slices  np.load(mmap_mode="r") and slicing by the index, nothing else: the floor
 Every reader hands each image to the same consumer, a copy into a fresh array (what a collate
-does), so that memory is really touched; "npy_view"/"bare_view" skip the copy.
+does), so that memory is really touched; "npy_view"/"bare_view" skip the copy. A process takes
+the best of 3 passes after a warm-up read.
 Then the same through a torch DataLoader with 2 workers: a 224x224 crop of each image as a
-tensor, stacked into batches of 64 (peak RSS counts the memory-mapped pages a reader touched,
-and torch's ~300 MB where the reader imports it).
+tensor, stacked into batches of 64, best of 2 epochs after a warm-up epoch (peak RSS counts the
+memory-mapped pages a reader touched, and torch's ~300 MB where the reader imports it).
 
-    python scripts/bench_cache.py --photos 2000 --json bench_cache.json
+The caches are converted once, outside the timing. Each round runs every measurement once, in a
+shuffled order; the figures are the median and range over rounds, the ratios the median of the
+per-round ratios.
+
+    python scripts/bench_cache.py --photos 2000 --rounds 3 --json docs/bench/cache.json
 """
 
 from __future__ import annotations
@@ -22,21 +28,24 @@ import argparse
 import glob
 import json
 import os
+import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from dsconvert import convert, open_dataset  # noqa: E402
-from dsconvert.demo import make_demo_dataset  # noqa: E402
+from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset  # noqa: E402
 from dsconvert.source import scan  # noqa: E402
 
 
@@ -133,7 +142,20 @@ def child(reader: str, work: str, mode: str) -> Dict[str, float]:
             t = time.perf_counter()
             n = sum(len(labels) for _, labels in loader)
             best = max(best, n / (time.perf_counter() - t))
-    return {"per_s": best, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"per_s": best, "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS: VmHWM, which starts again at exec (ru_maxrss keeps the
+    parent's peak across fork + exec, so a child would report at least the parent's)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_child(reader: str, work: str, mode: str) -> Dict[str, float]:
@@ -142,58 +164,105 @@ def run_child(reader: str, work: str, mode: str) -> Dict[str, float]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+SINGLE = ("pil_decode", "turbojpeg_decode", "hdf5_encoded", "hdf5_decoded", "npy_cache", "bare_mmap_slices",
+          "npy_view", "bare_view")
+LOADER = ("pil_decode", "turbojpeg_decode", "hdf5_encoded", "npy_cache", "bare_mmap_slices")
+MODES = {"single": "single", "dataloader_2_workers": "loader"}
+# (name, mode, reader, baseline): the reader's rate over the baseline's, in the same round
+RATIOS = (("npy_vs_pil_decode", "single", "npy_cache", "pil_decode"),
+          ("npy_vs_turbojpeg_decode", "single", "npy_cache", "turbojpeg_decode"),
+          ("hdf5_decoded_vs_pil_decode", "single", "hdf5_decoded", "pil_decode"),
+          ("npy_vs_bare_mmap (copying)", "single", "npy_cache", "bare_mmap_slices"),
+          ("npy_vs_bare_mmap (views)", "single", "npy_view", "bare_view"),
+          ("dataloader_npy_vs_pil_decode", "dataloader_2_workers", "npy_cache", "pil_decode"))
+
+
+def _spread(values: List[float]) -> Dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+def prepare(work: str, photos: int) -> Dict[str, Any]:
+    """The demo photos and their three conversions (once: reused while they match)."""
+    src = os.path.join(work, "photos")
+    make_demo_dataset(src, num_per_class=-(-photos // len(load_photos(PHOTOS))))  # those this scikit-image ships
+    n = len(scan(src).samples)
+    mb = {}
+    for folder, kw in (("npy", {"format": "npy"}), ("hdf5", {"format": "hdf5"}),
+                       ("hdf5_decoded", {"format": "hdf5", "decode": True})):
+        out = os.path.join(work, folder)
+        m = None
+        if os.path.exists(os.path.join(out, "dsconvert.json")):
+            m = open_dataset(out).manifest
+            if m.num_samples != n:
+                m = None
+        if m is None:
+            shutil.rmtree(out, ignore_errors=True)
+            t = time.perf_counter()
+            m = convert(src, out, samples_per_shard=1000, **kw).manifest
+            print(f"converted {folder}: {m.num_samples} samples, "
+                  f"{sum(s.bytes for s in m.shards) / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s", flush=True)
+        mb[folder] = sum(s.bytes for s in m.shards) / 1e6
+    rows = np.concatenate([np.load(p) for p in sorted(glob.glob(os.path.join(work, "npy", "*.samples.npy")))])
+    return {"photos": n, "mb": mb, "mean_height": float(rows["height"].mean()),
+            "mean_width": float(rows["width"].mean())}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--photos", type=int, default=2000)
-    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-cache"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--work", help="a scratch folder, kept for reuse (default: one per --photos in the temp dir)")
     p.add_argument("--json")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
         return
-    src = os.path.join(args.work, "photos")
-    make_demo_dataset(src, num_per_class=-(-args.photos // 8))
-    for folder, kw in (("npy", {"format": "npy"}), ("hdf5", {"format": "hdf5"}),
-                       ("hdf5_decoded", {"format": "hdf5", "decode": True})):
-        out = os.path.join(args.work, folder)
-        if not os.path.exists(os.path.join(out, "dsconvert.json")):
-            shutil.rmtree(out, ignore_errors=True)
-            t = time.perf_counter()
-            m = convert(src, out, samples_per_shard=1000, **kw).manifest
-            print(f"converted {folder}: {m.num_samples} samples, "
-                  f"{sum(s.bytes for s in m.shards) / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s", flush=True)
+    work = args.work or os.path.join(tempfile.gettempdir(), f"dsconvert-bench-cache-{args.photos}")
+    data = prepare(work, args.photos)
+    print(f"dataset: {data['photos']} photos, mean {data['mean_width']:.0f}x{data['mean_height']:.0f}; "
+          + ", ".join(f"{k} {v:.0f} MB" for k, v in data["mb"].items()), flush=True)
     from dsconvert.codecs import jpeg_decoders
 
-    readers = ["pil_decode", "turbojpeg_decode", "hdf5_encoded", "hdf5_decoded", "npy_cache",
-               "bare_mmap_slices", "npy_view", "bare_view"]
-    if "turbojpeg" not in [n for n, _ in jpeg_decoders()]:
-        readers.remove("turbojpeg_decode")
-    results: Dict[str, Dict] = {"single": {}, "dataloader_2_workers": {}}
-    for reader in readers:
-        results["single"][reader] = r = run_child(reader, args.work, "single")
-        print(f"single      {reader:18s} {r['per_s']:10.0f} samples/s   peak RSS {r['peak_rss_mb']:7.0f} MB", flush=True)
-    for reader in ("pil_decode", "turbojpeg_decode", "hdf5_encoded", "npy_cache", "bare_mmap_slices"):
-        if reader in readers:
-            results["dataloader_2_workers"][reader] = r = run_child(reader, args.work, "loader")
-            print(f"dataloader  {reader:18s} {r['per_s']:10.0f} samples/s", flush=True)
-    s = results["single"]
-    ratios = {
-        "npy_vs_pil_decode": s["npy_cache"]["per_s"] / s["pil_decode"]["per_s"],
-        "npy_vs_bare_mmap (copying)": s["npy_cache"]["per_s"] / s["bare_mmap_slices"]["per_s"],
-        "npy_vs_bare_mmap (views)": s["npy_view"]["per_s"] / s["bare_view"]["per_s"],
-        "hdf5_decoded_vs_pil_decode": s["hdf5_decoded"]["per_s"] / s["pil_decode"]["per_s"],
-    }
-    if "turbojpeg_decode" in s:
-        ratios["npy_vs_turbojpeg_decode"] = s["npy_cache"]["per_s"] / s["turbojpeg_decode"]["per_s"]
-    d = results["dataloader_2_workers"]
-    ratios["dataloader_npy_vs_pil_decode"] = d["npy_cache"]["per_s"] / d["pil_decode"]["per_s"]
-    results["ratios"] = ratios
-    for k, v in ratios.items():
-        print(f"ratio       {k:32s} {v:8.2f}x")
+    has_turbo = "turbojpeg" in [n for n, _ in jpeg_decoders()]
+    jobs = [(mode, reader) for mode, readers in (("single", SINGLE), ("dataloader_2_workers", LOADER))
+            for reader in readers if has_turbo or reader != "turbojpeg_decode"]
+    got: Dict[Tuple[str, str], List[Dict[str, float]]] = {job: [] for job in jobs}
+    for r in range(args.rounds):
+        order = list(jobs)
+        random.Random(r).shuffle(order)
+        for mode, reader in order:
+            res = run_child(reader, work, MODES[mode])
+            got[(mode, reader)].append(res)
+            print(f"round {r + 1}: {mode:20s} {reader:18s} {res['per_s']:10,.0f} samples/s   "
+                  f"peak RSS {res['peak_rss_mb']:7,.0f} MB", flush=True)
+
+    results: Dict[str, Any] = {"single": [], "dataloader_2_workers": []}
+    for mode, reader in jobs:
+        rates = [x["per_s"] for x in got[(mode, reader)]]
+        rss = [x["peak_rss_mb"] for x in got[(mode, reader)]]
+        results[mode].append({"reader": reader, "median_per_s": statistics.median(rates), "min_per_s": min(rates),
+                              "max_per_s": max(rates), "rounds": rates, "peak_rss_mb": statistics.median(rss),
+                              "peak_rss_mb_min": min(rss), "peak_rss_mb_max": max(rss), "peak_rss_mb_rounds": rss})
+    results["ratios"] = []
+    for name, mode, reader, base in RATIOS:
+        if (mode, reader) in got and (mode, base) in got:
+            per_round = [a["per_s"] / b["per_s"] for a, b in zip(got[(mode, reader)], got[(mode, base)])]
+            results["ratios"].append(dict(name=name, **_spread(per_round)))
+
+    print(f"\n{data['photos']} photos, {args.rounds} rounds: median [range]")
+    for mode in MODES:
+        for row in results[mode]:
+            print(f"{mode:20s} {row['reader']:18s} {row['median_per_s']:10,.0f} samples/s "
+                  f"[{row['min_per_s']:,.0f}-{row['max_per_s']:,.0f}]   peak RSS {row['peak_rss_mb']:7,.0f} MB")
+    for row in results["ratios"]:
+        print(f"ratio {row['name']:34s} {row['median']:8.2f}x [{row['min']:.2f}-{row['max']:.2f}]")
     if args.json:
+        from benchmeta import meta as record
+
+        meta = dict(record(__file__), rounds=args.rounds, **data)
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"meta": meta, **results}, f, indent=1)
 
 
 if __name__ == "__main__":

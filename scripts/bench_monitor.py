@@ -1,7 +1,12 @@
 """Benchmark: DataLoadingMonitor's cost per training step, against the bare loop and against
-timing the loop by hand with two perf_counter() calls, in the same run.
+timing the loop by hand with two perf_counter() calls, in interleaved rounds.
 
-    python scripts/bench_monitor.py --steps 1000000 --json bench_monitor.json
+Each round times the three loops over the same list of ``--steps`` items (best of
+``--repeats`` each, in a rotating order, one process) and the monitor's ``summary()`` over a
+100-step window. The figures are the median and range over rounds; the overheads (ns per step
+over the bare loop's) and their ratio are computed per round, and their median reported.
+
+    python scripts/bench_monitor.py --steps 1000000 --rounds 7 --json docs/bench/monitor.json
 """
 
 from __future__ import annotations
@@ -9,10 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
+from typing import Any, Callable, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from dsconvert import DataLoadingMonitor  # noqa: E402
 
@@ -39,6 +48,9 @@ def monitored(items) -> None:
         pass
 
 
+LOOPS: Dict[str, Callable[[Any], None]] = {"bare": bare, "by_hand": by_hand, "monitor": monitored}
+
+
 def best_ns(fn, items, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -48,30 +60,59 @@ def best_ns(fn, items, repeats: int) -> float:
     return best / len(items) * 1e9
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=1_000_000)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json")
-    args = p.parse_args()
-    items = list(range(args.steps))
-    res = {name: best_ns(fn, items, args.repeats) for name, fn in
-           (("bare_ns", bare), ("by_hand_ns", by_hand), ("monitor_ns", monitored))}
+def summary_us(items) -> float:
     m = DataLoadingMonitor(window=100)
     for _ in m.wrap(items[:1000]):
         pass
     t = time.perf_counter()
     for _ in range(1000):
         m.summary()
-    res["summary_us"] = (time.perf_counter() - t) / 1000 * 1e6
-    res["monitor_overhead_us"] = (res["monitor_ns"] - res["bare_ns"]) / 1000
-    res["by_hand_overhead_us"] = (res["by_hand_ns"] - res["bare_ns"]) / 1000
-    res["monitor_vs_by_hand"] = res["monitor_overhead_us"] / res["by_hand_overhead_us"]
-    for k, v in res.items():
-        print(f"{k:24s} {v:10.3f}")
+    return (time.perf_counter() - t) / 1000 * 1e6
+
+
+def _spread(values: List[float]) -> Dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=1_000_000)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--json")
+    args = p.parse_args()
+    items = list(range(args.steps))
+    names = list(LOOPS)
+    ns: Dict[str, List[float]] = {name: [] for name in names}
+    summary: List[float] = []
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            ns[name].append(best_ns(LOOPS[name], items, args.repeats))
+        summary.append(summary_us(items))
+        print(f"round {r + 1}: " + "  ".join(f"{name} {ns[name][-1]:.0f} ns" for name in names)
+              + f"  summary() {summary[-1]:.0f} us", flush=True)
+
+    overhead = {name: [(a - b) / 1000 for a, b in zip(ns[name], ns["bare"])] for name in ("by_hand", "monitor")}
+    ratio = [m / h for m, h in zip(overhead["monitor"], overhead["by_hand"])]
+    res = {"loops": [dict(loop=name, **_spread(ns[name])) for name in names],
+           "overhead_us": [dict(loop=name, **_spread(v)) for name, v in overhead.items()],
+           "monitor_vs_by_hand": _spread(ratio), "summary_us": _spread(summary)}
+    print(f"\n{args.steps} steps, best of {args.repeats}, {args.rounds} rounds: median [range]")
+    for row in res["loops"]:
+        print(f"{row['loop']:10s} {row['median']:8.0f} ns per step [{row['min']:.0f}-{row['max']:.0f}]")
+    for row in res["overhead_us"]:
+        print(f"{row['loop']:10s} {row['median']:8.3f} us per step over bare [{row['min']:.3f}-{row['max']:.3f}]")
+    r = res["monitor_vs_by_hand"]
+    print(f"monitor overhead / by-hand overhead {r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
+    s = res["summary_us"]
+    print(f"summary() {s['median']:.0f} us [{s['min']:.0f}-{s['max']:.0f}]")
     if args.json:
+        from benchmeta import meta as record
+
+        meta = dict(record(__file__), steps=args.steps, repeats=args.repeats, rounds=args.rounds)
         with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump({"meta": meta, **res}, f, indent=1)
 
 
 if __name__ == "__main__":

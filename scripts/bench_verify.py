@@ -1,8 +1,15 @@
 """Benchmark: `dsconvert verify` against `sha256sum` of the same shard files (the checksum
 floor) and, for --decode, against decoding the source JPEGs with Pillow in one process, in
-the same run. Page cache warm.
+interleaved rounds. Page cache warm.
 
-    python scripts/bench_verify.py --photos 2000 --json bench_verify.json
+The demo photos are converted to wds and to hdf5 (encoded) once, at most 500 samples a shard
+(spread over up to 16 shards), outside the timing. Each round runs every check once, in a
+shuffled order: `sha256sum` (a fresh process), `verify` with 1 thread and with the default
+threads (the CPUs) best of 3 each, `verify --decode` and Pillow's decode once each. The figures
+are the median and range over rounds; the ratios are times over the baseline's time in the same
+round (below 1x: faster), their median.
+
+    python scripts/bench_verify.py --photos 4000 --rounds 3 --json docs/bench/verify.json
 """
 
 from __future__ import annotations
@@ -11,65 +18,110 @@ import argparse
 import glob
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from PIL import Image  # noqa: E402
 
-from dsconvert import convert  # noqa: E402
-from dsconvert.demo import make_demo_dataset  # noqa: E402
+from dsconvert import convert, open_dataset  # noqa: E402
+from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset  # noqa: E402
+from dsconvert.processes import available_cpus  # noqa: E402
 from dsconvert.verify import verify  # noqa: E402
 
+FORMATS = ("wds", "hdf5")
+# (name, check, format, baseline check, baseline format): a time over the baseline's, same round
+RATIOS = (("verify, default threads / sha256sum, wds", "verify", "wds", "sha256sum", "wds"),
+          ("verify, default threads / sha256sum, hdf5", "verify", "hdf5", "sha256sum", "hdf5"),
+          ("verify 1 thread / sha256sum, wds", "verify_1thread", "wds", "sha256sum", "wds"),
+          ("verify 1 thread / sha256sum, hdf5", "verify_1thread", "hdf5", "sha256sum", "hdf5"),
+          ("verify --decode / Pillow 1 process, wds", "verify_decode", "wds", "pil_decode_1proc", ""),
+          ("verify --decode / Pillow 1 process, hdf5", "verify_decode", "hdf5", "pil_decode_1proc", ""))
 
-def timed(fn, repeats=3):
+
+def timed(fn: Callable[[], Any], repeats: int = 3) -> float:
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         out = fn()
         best = min(best, time.perf_counter() - t)
-    return best, out
+        if isinstance(out, dict):
+            assert out["ok"], out
+    return best
+
+
+def _spread(values: List[float]) -> Dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--photos", type=int, default=2000)
-    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-verify"))
+    p.add_argument("--photos", type=int, default=4000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--work", help="a scratch folder (default: one per --photos in the temp dir)")
     p.add_argument("--json")
     args = p.parse_args()
-    src = make_demo_dataset(os.path.join(args.work, "photos"), num_per_class=args.photos // 8)
-    res = {}
-    for fmt in ("wds", "hdf5"):
-        out = os.path.join(args.work, fmt)
+    work = args.work or os.path.join(tempfile.gettempdir(), f"dsconvert-bench-verify-{args.photos}")
+    classes = len(load_photos(PHOTOS))  # those this scikit-image ships
+    src = make_demo_dataset(os.path.join(work, "photos"), num_per_class=-(-args.photos // classes))
+    jpegs = sorted(glob.glob(os.path.join(src, "*", "*.jpg")))
+    mb: Dict[str, float] = {}
+    nshards: Dict[str, int] = {}
+    checks: Dict[Tuple[str, str], Callable[[], float]] = {}
+    for fmt in FORMATS:
+        out = os.path.join(work, fmt)
         convert(src, out, fmt, samples_per_shard=500)
         shards = sorted(glob.glob(os.path.join(out, "shard-*")))
-        mb = sum(os.path.getsize(f) for f in shards if not f.endswith(".json")) / 1e6
-        res[f"{fmt}_mb"] = mb
-        res[f"{fmt}_sha256sum_s"], _ = timed(lambda: subprocess.run(["sha256sum", *shards], check=True,
-                                                                    stdout=subprocess.DEVNULL))
-        res[f"{fmt}_verify_1thread_s"], r = timed(lambda: verify(out, workers=1))
-        assert r["ok"]
-        res[f"{fmt}_verify_s"], _ = timed(lambda: verify(out))
-        res[f"{fmt}_verify_decode_s"], r = timed(lambda: verify(out, decode=True), repeats=1)
-        res[f"{fmt}_verify_vs_sha256sum"] = res[f"{fmt}_sha256sum_s"] / res[f"{fmt}_verify_s"]
-    jpegs = sorted(glob.glob(os.path.join(src, "*", "*.jpg")))
+        mb[fmt] = sum(os.path.getsize(f) for f in shards if not f.endswith(".json")) / 1e6
+        nshards[fmt] = len(open_dataset(out).manifest.shards)
+        checks[("sha256sum", fmt)] = lambda shards=shards: timed(
+            lambda: subprocess.run(["sha256sum", *shards], check=True, stdout=subprocess.DEVNULL))
+        checks[("verify_1thread", fmt)] = lambda out=out: timed(lambda: verify(out, workers=1))
+        checks[("verify", fmt)] = lambda out=out: timed(lambda: verify(out))
+        checks[("verify_decode", fmt)] = lambda out=out: timed(lambda: verify(out, decode=True), repeats=1)
 
-    def pil_decode_all():
+    def pil_decode_all() -> None:
         for path in jpegs:
             with Image.open(path) as img:
                 img.convert("RGB")
-    res["pil_decode_all_1proc_s"], _ = timed(pil_decode_all, repeats=1)
-    res["samples"] = len(jpegs)
-    res["wds_verify_decode_vs_pil_1proc"] = res["pil_decode_all_1proc_s"] / res["wds_verify_decode_s"]
-    for k, v in res.items():
-        print(f"{k:34s} {v:10.3f}")
+
+    checks[("pil_decode_1proc", "")] = lambda: timed(pil_decode_all, repeats=1)
+    print(f"{len(jpegs)} photos; " + ", ".join(f"{k} {nshards[k]} shards, {v:.0f} MB" for k, v in mb.items()),
+          flush=True)
+
+    seconds: Dict[Tuple[str, str], List[float]] = {job: [] for job in checks}
+    for r in range(args.rounds):
+        order = list(checks)
+        random.Random(r).shuffle(order)
+        for job in order:
+            seconds[job].append(checks[job]())
+            print(f"round {r + 1}: {job[0]:18s} {job[1]:5s} {seconds[job][-1]:8.3f} s", flush=True)
+
+    rows = [dict(check=check, format=fmt, **_spread(v)) for (check, fmt), v in seconds.items()]
+    ratios = []
+    for name, check, fmt, base, base_fmt in RATIOS:
+        per_round = [a / b for a, b in zip(seconds[(check, fmt)], seconds[(base, base_fmt)])]
+        ratios.append(dict(name=name, **_spread(per_round)))
+    print(f"\n{len(jpegs)} photos, {args.rounds} rounds: seconds, median [range]")
+    for row in rows:
+        print(f"{row['check']:18s} {row['format']:5s} {row['median']:8.3f} [{row['min']:.3f}-{row['max']:.3f}]")
+    for row in ratios:
+        print(f"{row['name']:42s} {row['median']:6.2f}x [{row['min']:.2f}-{row['max']:.2f}]")
     if args.json:
+        from benchmeta import meta as record
+
+        meta = dict(record(__file__), photos=len(jpegs), mb=mb, shards=nshards, samples_per_shard=500,
+                    threads=available_cpus(), rounds=args.rounds)
         with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump({"meta": meta, "rows": rows, "ratios": ratios}, f, indent=1)
 
 
 if __name__ == "__main__":
