@@ -285,6 +285,34 @@ def render_remote(data: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_wds_reads(data: Dict[str, Any]) -> str:
+    read, ratios = data["read"], data["ratios"]
+    d = data["dataset"]
+    lines = [f"{d['photos']:,} photos ({d['bytes'] / 1e6:.0f} MB), the same photos as small files, in wds shards "
+             "(read by dsconvert and by webdataset's `WebDataset`) and written by `litdata.optimize()`. Every "
+             "consumer reads one byte of each 4 kB page of each sample, so readers that hand out views pay for the "
+             "data as the copying ones do. Each reader in its own process: warm, best of 5 after a warm-up; cold, "
+             f"pages evicted first; {data['rounds']} rounds, the readers in a rotating order; median [range]; "
+             "each ratio is the median of the same round's ratios.", "",
+             "| reader | warm samples/s | cold samples/s | warm MB/s | cold MB/s |", "| --- | --- | --- | --- | --- |"]
+    for reader in dict.fromkeys(k.rsplit("_", 1)[0] for k in read):
+        w, c = read[f"{reader}_warm"], read[f"{reader}_cold"]
+        lines.append(f"| {reader} | {_range(w['per_s'], w['min_per_s'], w['max_per_s'])} | "
+                     f"{_range(c['per_s'], c['min_per_s'], c['max_per_s'])} | {w['mb_per_s']:,.0f} | "
+                     f"{c['mb_per_s']:,.0f} |")
+    lines += ["", "| ratio (same round) | median [range] |", "| --- | --- |"]
+    for name, r in ratios.items():
+        if isinstance(r, dict):
+            lines.append(f"| {name} | {_range(r['median'], r['min'], r['max'], '{:.2f}x')} |")
+    slow = data.get("slow_mount")
+    if slow:
+        lines += ["", "Behind a FUSE passthrough (`scripts/slowfs.py`) that sleeps in every `open()` and `read()`, as "
+                  "network storage would (one run):", "", "| reader | samples/s | MB/s |", "| --- | --- | --- |"]
+        for name, r in slow.items():
+            lines.append(f"| {name} | {r['per_s']:,.0f} | {r['mb_per_s']:,.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _peer_args(a: argparse.Namespace) -> List[str]:
     out = []
     for flag in ("python_ffcv", "python_dali", "python_peers", "python"):
@@ -303,6 +331,9 @@ BENCHMARKS: Dict[str, Dict[str, Any]] = {
     "resume": {"argv": lambda a: ["scripts/bench_resume.py", "--rounds", str(a.rounds)]
                + (["--out", a.wds] if a.wds else ["--photos", a.photo_folder]),
                "render": render_resume, "needs": lambda a: a.wds or a.photo_folder},
+    "wds_reads": {"argv": lambda a: ["scripts/bench_wds.py", "--photos", str(a.photos), "--no-convert",
+                                     "--rounds", str(a.rounds)],
+                  "render": render_wds_reads},
     "foreign": {"argv": lambda a: ["scripts/bench_foreign.py", "--photos", str(a.photos), "--rounds", str(a.rounds)],
                 "render": render_foreign},
     "cache": {"argv": lambda a: ["scripts/bench_cache.py", "--photos", "2000", "--rounds", str(a.rounds)],

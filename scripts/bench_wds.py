@@ -22,11 +22,12 @@ import glob
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -206,22 +207,31 @@ def _child(args: List[str]) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
 
-def measure_reads(pairs: List[List[str]], n: int, nbytes: int, res: Dict, repeats: int = 5) -> None:
-    # Each reader in its own process (one reader's garbage must not tax another's allocator),
-    # and the readers take turns, round after round, so that all of them see the same
-    # background load, which a shared 2-core machine varies from second to second.
-    warm = {reader: 0.0 for reader, _ in pairs}
-    for _ in range(3):
-        for reader, path in pairs:
-            rate = float(_child(["--child", reader, path, "warm", "--repeats", str(repeats)]))
-            warm[reader] = max(warm[reader], rate)
-    for reader, path in pairs:
-        cold = sorted(float(_child(["--child", reader, path, "cold"])) for _ in range(repeats))[repeats // 2]
-        for label, per_s in (("warm", warm[reader]), ("cold", cold)):
-            res[f"{reader}_{label}"] = {"per_s": per_s, "items": n, "mb_per_s": per_s * nbytes / n / 1e6}
+def measure_reads(pairs: List[List[str]], n: int, nbytes: int, res: Dict, rounds: int = 3,
+                  repeats: int = 5) -> List[Dict[str, float]]:
+    """Each reader in its own process (one reader's garbage must not tax another's allocator),
+    warm (best of ``repeats`` after a warm-up) and cold (pages evicted), the readers taking
+    turns in a rotating order, round after round, so that all of them see the same background
+    load. ``res`` gets each reader's median [min-max] over rounds; the per-round rates are
+    returned for same-round ratios."""
+    per_round: List[Dict[str, float]] = []
+    for i in range(rounds):
+        rates: Dict[str, float] = {}
+        for reader, path in pairs[i % len(pairs):] + pairs[:i % len(pairs)]:
+            rates[f"{reader}_warm"] = float(_child(["--child", reader, path, "warm", "--repeats", str(repeats)]))
+            rates[f"{reader}_cold"] = float(_child(["--child", reader, path, "cold"]))
+        per_round.append(rates)
+        print(f"read round {i + 1}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()), flush=True)
+    for key in per_round[0]:
+        values = [r[key] for r in per_round]
+        med = statistics.median(values)
+        res[key] = {"per_s": med, "min_per_s": min(values), "max_per_s": max(values), "rounds": values,
+                    "items": n, "mb_per_s": med * nbytes / n / 1e6}
+    return per_round
 
 
-def bench_read(src: str, ours_out: str, work: str, with_litdata: bool) -> Dict[str, Dict]:
+def bench_read(src: str, ours_out: str, work: str, with_litdata: bool, rounds: int = 3
+               ) -> Tuple[Dict[str, Dict], List[Dict[str, float]]]:
     res: Dict[str, Dict] = {}
     small = files_of(src)
     n, nbytes = len(small), sum(os.path.getsize(p) for p in small)
@@ -231,8 +241,7 @@ def bench_read(src: str, ours_out: str, work: str, with_litdata: bool) -> Dict[s
         lit = os.path.join(work, "litdata")
         litdata_optimize(src, lit)
         pairs.append(["litdata_streaming", lit])
-    measure_reads(pairs, n, nbytes, res)
-    return res
+    return res, measure_reads(pairs, n, nbytes, res, rounds)
 
 
 def litdata_optimize(src: str, out: str) -> None:
@@ -301,7 +310,9 @@ def main() -> None:
     p.add_argument("--no-litdata", action="store_true")
     p.add_argument("--no-fuse", action="store_true")
     p.add_argument("--no-read", action="store_true", help="conversion only")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved conversion rounds")
+    p.add_argument("--no-convert", action="store_true",
+                   help="reads only (the output they read is converted once, untimed)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--child", nargs=3, metavar=("READER", "PATH", "MODE"), help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=3, help=argparse.SUPPRESS)
@@ -318,8 +329,13 @@ def main() -> None:
     print(f"dataset: {n} photos, {total / 1e6:.1f} MB, mean {total / n / 1e3:.0f} kB", flush=True)
     from benchmeta import meta
 
-    results = {"meta": meta(__file__), "rounds": args.rounds, "dataset": {"photos": n, "bytes": total},
-               "convert": bench_convert(src, args.work, args.per_shard, args.workers, args.rounds)}
+    results: Dict[str, Any] = {"meta": meta(__file__), "rounds": args.rounds, "dataset": {"photos": n, "bytes": total}}
+    ours_out = os.path.join(args.work, "dsconvert_noverify_1proc")
+    if args.no_convert:
+        shutil.rmtree(ours_out, ignore_errors=True)
+        convert(src, ours_out, samples_per_shard=args.per_shard, workers=1, verify=False)
+    else:
+        results["convert"] = bench_convert(src, args.work, args.per_shard, args.workers, args.rounds)
     if args.no_read:
         for name, r in results["convert"].items():
             print(f"convert    {name:44s} {r['per_s']:8.0f} /s ({r['min_per_s']:.0f}-{r['max_per_s']:.0f}), {r['cores']:.2f} cores, "
@@ -328,33 +344,37 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
         return
-    results["read"] = bench_read(src, os.path.join(args.work, "dsconvert_noverify_1proc"), args.work, not args.no_litdata)
+    results["read"], per_round = bench_read(src, ours_out, args.work, not args.no_litdata, args.rounds)
     if not args.no_fuse:
         results["slow_mount"] = bench_slow_mount(src, args.work, args.delay_ms, args.slow_files)
     for section in ("convert", "read", "slow_mount"):
         for name, r in results.get(section, {}).items():
             extra = f"  {r['mb_per_s']:8.1f} MB/s" if "mb_per_s" in r else ""
             print(f"{section:10s} {name:36s} {r['per_s']:12.0f} /s{extra}")
-    c, r = results["convert"], results["read"]
-    ratios = {
-        "convert_noverify_vs_shardwriter": c["dsconvert_noverify_1proc"]["per_s"] / c["webdataset_shardwriter_1proc"]["per_s"],
-        "read_warm_vs_small_files": r["dsconvert_wds_warm"]["per_s"] / r["small_files_warm"]["per_s"],
-        "read_cold_vs_small_files": r["dsconvert_wds_cold"]["per_s"] / r["small_files_cold"]["per_s"],
-        "read_warm_vs_webdataset": r["dsconvert_wds_warm"]["per_s"] / r["webdataset_reader_warm"]["per_s"],
-    }
-    if "litdata_streaming_warm" in r:
-        # litdata hands out memoryviews of its chunks: compare like with like (zero-copy
-        # decode="buffer"), and also our bytes-copying decode="raw"
-        for ours, mode in (("dsconvert_wds_buffer", "buffer"), ("dsconvert_wds", "raw")):
-            for t in ("warm", "cold"):
-                ratios[f"read_{t}_{mode}_vs_litdata"] = (
-                    r[f"{ours}_{t}"]["per_s"] / r[f"litdata_streaming_{t}"]["per_s"])
+    pairs = {"read_warm_vs_small_files": ("dsconvert_wds_warm", "small_files_warm"),
+             "read_cold_vs_small_files": ("dsconvert_wds_cold", "small_files_cold"),
+             "read_warm_vs_webdataset": ("dsconvert_wds_warm", "webdataset_reader_warm"),
+             "read_cold_vs_webdataset": ("dsconvert_wds_cold", "webdataset_reader_cold")}
+    # litdata hands out memoryviews of its chunks: compare like with like (zero-copy
+    # decode="buffer"), and also our bytes-copying decode="raw"
+    for ours, mode in (("dsconvert_wds_buffer", "buffer"), ("dsconvert_wds", "raw")):
+        for t in ("warm", "cold"):
+            pairs[f"read_{t}_{mode}_vs_litdata"] = (f"{ours}_{t}", f"litdata_streaming_{t}")
+    ratios: Dict[str, Any] = {}
+    for name, (a, b) in pairs.items():  # each the median of the same round's ratios
+        if a in per_round[0] and b in per_round[0]:
+            values = [r[a] / r[b] for r in per_round]
+            ratios[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    if "convert" in results:
+        c = results["convert"]
+        ratios["convert_noverify_vs_shardwriter"] = c["dsconvert_noverify_1proc"]["vs_shardwriter"]
     if "slow_mount" in results:
         s = results["slow_mount"]
         ratios["slow_mount_vs_small_files"] = s["slow_dsconvert_wds"]["per_s"] / s["slow_small_files"]["per_s"]
     results["ratios"] = ratios
     for k, v in ratios.items():
-        print(f"ratio      {k:36s} {v:12.2f}x")
+        print(f"ratio      {k:36s} " + (f"{v['median']:12.2f}x [{v['min']:.2f}-{v['max']:.2f}]"
+                                         if isinstance(v, dict) else f"{v:12.2f}x"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
