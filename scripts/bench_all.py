@@ -45,6 +45,18 @@ def _range(median: float, lo: float, hi: float, fmt: str = "{:,.0f}") -> str:
     return f"{fmt.format(median)} [{fmt.format(lo)}-{fmt.format(hi)}]"
 
 
+def _spread(r: Dict[str, Any], fmt: str = "{:,.0f}") -> str:
+    """A record of benchmeta.spread(): its median [range]."""
+    return _range(r["median"], r["min"], r["max"], fmt)
+
+
+def _ratio_table(title: str, rows: Any) -> List[str]:
+    """A table of ratios, (name, spread record) per row, after a blank line."""
+    return ["", f"| {title} | median [range] |", "| --- | --- |"] + [
+        f"| {name} | {_spread(r, '{:.2f}x')} |" for name, r in rows]
+
+
+
 def render_wds_convert(data: Dict[str, Any]) -> str:
     rounds = data.get("rounds")
     lines = [f"{data['dataset']['photos']:,} photos ({data['dataset']['bytes'] / 1e6:.0f} MB); each writer once "
@@ -97,14 +109,14 @@ def render_foreign(data: Dict[str, Any]) -> str:
              f"one Parquet file by Hugging Face datasets; {meta['workers']} DataLoader workers, batches of "
              f"{meta['batch']}, {meta['rounds']} interleaved rounds, median [range]; the ratio is the median of the "
              f"per-round ratios. Indexing the tars on first open: {meta['index_s']:.2f} s.", "",
-             "| reading the same tars | samples/s | vs webdataset |", "| --- | --- | --- |"]
-    for r in data["reading"]:
-        lines.append(f"| {r['name']} | {_range(r['median'], r['min'], r['max'])} | "
-                     f"{_range(r['ratio'], r['ratio_min'], r['ratio_max'], '{:.2f}x')} |")
-    lines += ["", "| converting the Parquet file | photos/s | vs pyarrow + ShardWriter |", "| --- | --- | --- |"]
-    for r in data["converting"]:
-        lines.append(f"| {r['name']} | {_range(r['median'], r['min'], r['max'])} | "
-                     f"{_range(r['ratio'], r['ratio_min'], r['ratio_max'], '{:.2f}x')} |")
+             "| reading the same tars | samples/s | vs webdataset |"]
+    for key, header in (("reading", None), ("converting", "| converting the Parquet file | photos/s | "
+                                                          "vs pyarrow + ShardWriter |")):
+        lines += ["", header] if header else []
+        lines.append("| --- | --- | --- |")
+        for r in data[key]:
+            lines.append(f"| {r['name']} | {_spread(r)} | "
+                         f"{_range(r['ratio'], r['ratio_min'], r['ratio_max'], '{:.2f}x')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -125,9 +137,7 @@ def render_cache(data: Dict[str, Any]) -> str:
               "| --- | --- |"]
     for r in data["dataloader_2_workers"]:
         lines.append(f"| {r['reader']} | {_range(r['median_per_s'], r['min_per_s'], r['max_per_s'])} |")
-    lines += ["", "| ratio of rates (same round) | median [range] |", "| --- | --- |"]
-    for r in data["ratios"]:
-        lines.append(f"| {r['name']} | {_range(r['median'], r['min'], r['max'], '{:.2f}x')} |")
+    lines += _ratio_table("ratio of rates (same round)", ((r["name"], r) for r in data["ratios"]))
     return "\n".join(lines) + "\n"
 
 
@@ -146,16 +156,15 @@ def render_verify(data: Dict[str, Any]) -> str:
               ("verify", f"`verify`, {threads} threads (the CPUs), best of 3"),
               ("verify_decode", f"`verify --decode` (every image decoded in full, {threads} processes)"))
     for check, label in labels:
-        cells = [_range(rows[(check, f)]["median"], rows[(check, f)]["min"], rows[(check, f)]["max"], "{:.3f}")
+        cells = [_spread(rows[(check, f)], "{:.3f}")
                  for f in fmts]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     pil = rows.get(("pil_decode_1proc", ""))
     if pil:
         lines.append(f"| Pillow decoding the {meta['photos']:,} source JPEGs, 1 process (baseline) | "
-                     f"{_range(pil['median'], pil['min'], pil['max'], '{:.3f}')} |" + " |" * (len(fmts) - 1))
-    lines += ["", "| time over the baseline's (same round; below 1x: faster) | median [range] |", "| --- | --- |"]
-    for r in data["ratios"]:
-        lines.append(f"| {r['name']} | {_range(r['median'], r['min'], r['max'], '{:.2f}x')} |")
+                     f"{_spread(pil, '{:.3f}')} |" + " |" * (len(fmts) - 1))
+    lines += _ratio_table("time over the baseline's (same round; below 1x: faster)",
+                          ((r["name"], r) for r in data["ratios"]))
     return "\n".join(lines) + "\n"
 
 
@@ -173,13 +182,13 @@ def render_monitor(data: Dict[str, Any]) -> str:
     for name, label in labels:
         r = loops[name]
         o = over.get(name)
-        cell = _range(o["median"], o["min"], o["max"], "{:.3f}") if o else "(baseline)"
-        lines.append(f"| {label} | {_range(r['median'], r['min'], r['max'])} | {cell} |")
+        cell = _spread(o, "{:.3f}") if o else "(baseline)"
+        lines.append(f"| {label} | {_spread(r)} | {cell} |")
     ratio, s = data["monitor_vs_by_hand"], data["summary_us"]
     lines += ["", "| same run | median [range] |", "| --- | --- |",
               f"| the monitor's overhead over the hand-written timing's | "
-              f"{_range(ratio['median'], ratio['min'], ratio['max'], '{:.2f}x')} |",
-              f"| `summary()` over a 100-step window, µs | {_range(s['median'], s['min'], s['max'])} |"]
+              f"{_spread(ratio, '{:.2f}x')} |",
+              f"| `summary()` over a 100-step window, µs | {_spread(s)} |"]
     return "\n".join(lines) + "\n"
 
 
@@ -193,7 +202,7 @@ def render_analyze(data: Dict[str, Any]) -> str:
              "| step | seconds |", "| --- | --- |"]
     budget = data["budget"]
     for s in data["steps"]:
-        cell = _range(s["median"], s["min"], s["max"], "{:.3f}" if s["median"] < 0.1 else "{:.2f}")
+        cell = _spread(s, "{:.3f}" if s["median"] < 0.1 else "{:.2f}")
         if s["name"] == "inventory_budget" and budget["files_seen"]:
             cell += (f": saw {statistics.median(budget['files_seen']):,.0f} files, estimated "
                      f"{statistics.median(budget['estimated_files']):,.0f} (true: {data['files']:,}), medians")
@@ -203,7 +212,7 @@ def render_analyze(data: Dict[str, Any]) -> str:
     lines += ["", "| ratio (same round) | median [range] |", "| --- | --- |"]
     for key, r in data["ratios"].items():
         fmt = "{:.2f}x" if r["median"] < 10 else "{:,.0f}x"
-        lines.append(f"| {names.get(key, key)} | {_range(r['median'], r['min'], r['max'], fmt)} |")
+        lines.append(f"| {names.get(key, key)} | {_spread(r, fmt)} |")
     verdicts = Counter(data["analyze"]["verdict"])
     lines += ["", "analyze's verdict: " + ", ".join(f"`{v}` ({n} of {data['rounds']} rounds)"
                                                    for v, n in verdicts.most_common()) + "."]
@@ -235,7 +244,7 @@ def render_diagnose(data: Dict[str, Any]) -> str:
             _range(slow["median"] * 100, slow["min"] * 100, slow["max"] * 100, "{:.0f} %") if slow else "n/a")
         seen = Counter(f"{v} ({b})" if b else v for v, b in zip(p.get("verdicts", []), p.get("bottlenecks", [])))
         verdict = ", ".join(f"{v}: {n} of {len(p['rounds'])}" for v, n in seen.most_common())
-        lines.append(f"| {label} | {_range(p['median'], p['min'], p['max'], '{:.1f}')} | {slow_cell} | {verdict} |")
+        lines.append(f"| {label} | {_spread(p, '{:.1f}')} | {slow_cell} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -244,7 +253,7 @@ def render_remote(data: Dict[str, Any]) -> str:
     read, ratios, conv = data["reading"], data["ratios"], data["convert"]
 
     def cells(per_tag: Dict[str, Any], fmt: str) -> str:
-        return " | ".join(_range(per_tag[t]["median"], per_tag[t]["min"], per_tag[t]["max"], fmt)
+        return " | ".join(_spread(per_tag[t], fmt)
                           if t in per_tag else "" for t in tags)
 
     lines = [f"{data['photos']:,} demo photos in {data['shards']} wds shards of at most "
@@ -257,7 +266,7 @@ def render_remote(data: Dict[str, Any]) -> str:
              "in a shuffled order), median [range]; each ratio is the median of the per-round ratios.", "",
              "| reader | " + " | ".join(f"{t} ms, samples/s" for t in tags) + " |", "| --- |" + " --- |" * len(tags)]
     loc = read["local"]
-    lines.append("| local wds shards (baseline) | " + _range(loc["median"], loc["min"], loc["max"])
+    lines.append("| local wds shards (baseline) | " + _spread(loc)
                  + " |" * len(tags))
     names = {"small_files": "the source's small files from S3 (one GET each)",
              "s3_wds": "wds shards from S3, no cache (4 MB ranged GETs, 8 at a time)",
@@ -276,12 +285,12 @@ def render_remote(data: Dict[str, Any]) -> str:
     lines += ["", f"Conversion of the same {data['photos']:,} photos (verification on), same rounds, after one "
               "untimed conversion by each executor:", "",
               "| executor | photos/s | vs the process pool |", "| --- | --- | --- |",
-              f"| local process pool, 2 workers | {_range(pool['median'], pool['min'], pool['max'])} | 1.00x |",
+              f"| local process pool, 2 workers | {_spread(pool)} | 1.00x |",
               f"| Dask LocalCluster, 2 single-threaded worker processes | "
-              f"{_range(dask['median'], dask['min'], dask['max'])} | "
-              f"{_range(vs['median'], vs['min'], vs['max'], '{:.2f}x')} |",
+              f"{_spread(dask)} | "
+              f"{_spread(vs, '{:.2f}x')} |",
               "", f"The cluster's start and close, not included above: "
-              f"{_range(start['median'], start['min'], start['max'], '{:.2f}')} s."]
+              f"{_spread(start, '{:.2f}')} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -300,10 +309,7 @@ def render_wds_reads(data: Dict[str, Any]) -> str:
         lines.append(f"| {reader} | {_range(w['per_s'], w['min_per_s'], w['max_per_s'])} | "
                      f"{_range(c['per_s'], c['min_per_s'], c['max_per_s'])} | {w['mb_per_s']:,.0f} | "
                      f"{c['mb_per_s']:,.0f} |")
-    lines += ["", "| ratio (same round) | median [range] |", "| --- | --- |"]
-    for name, r in ratios.items():
-        if isinstance(r, dict):
-            lines.append(f"| {name} | {_range(r['median'], r['min'], r['max'], '{:.2f}x')} |")
+    lines += _ratio_table("ratio (same round)", ((name, r) for name, r in ratios.items() if isinstance(r, dict)))
     slow = data.get("slow_mount")
     if slow:
         lines += ["", "Behind a FUSE passthrough (`scripts/slowfs.py`) that sleeps in every `open()` and `read()`, as "

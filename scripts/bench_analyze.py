@@ -14,7 +14,6 @@ import argparse
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ sys.path.insert(0, HERE)
 
 from PIL import Image  # noqa: E402
 
-from benchmeta import meta  # noqa: E402
+from benchmeta import meta, spread  # noqa: E402
 from dsconvert.analyze import analyze  # noqa: E402
 from dsconvert.analyze.inventory import take_inventory  # noqa: E402
 
@@ -63,9 +62,6 @@ def timed(fn: Callable[[], Any]) -> Any:
     out = fn()
     return time.perf_counter() - t, out
 
-
-def stats(values: List[float]) -> Dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
 # (key, what the table calls it): every step is one measurement per round
@@ -133,9 +129,9 @@ def main() -> None:
               "analyze_vs_find": [a / b for a, b in zip(seconds["analyze"], seconds["find"])]}
     res = {"meta": meta(__file__), "files": args.files, "folders": -(-args.files // args.per_dir),
            "rounds": args.rounds, "wall_s": time.perf_counter() - started, "inventory_files": inventory_files,
-           "steps": [dict(stats(seconds[k]), name=k, label=label) for k, label in STEPS],
+           "steps": [dict(spread(seconds[k]), name=k, label=label) for k, label in STEPS],
            "budget": dict(budget, seconds=BUDGET), "analyze": analyzed,
-           "ratios": {k: stats(v) for k, v in ratios.items()}}
+           "ratios": {k: spread(v) for k, v in ratios.items()}}
     print(f"\n{args.files:,} files, {args.rounds} rounds: seconds, median [range]")
     for row in res["steps"]:
         print(f"{row['name']:20s} {row['median']:8.3f} [{row['min']:.3f}-{row['max']:.3f}]")

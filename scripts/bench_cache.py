@@ -44,6 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from benchmeta import spread  # noqa: E402
+
 from dsconvert import convert, open_dataset  # noqa: E402
 from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset  # noqa: E402
 from dsconvert.source import scan  # noqa: E402
@@ -177,9 +179,6 @@ RATIOS = (("npy_vs_pil_decode", "single", "npy_cache", "pil_decode"),
           ("dataloader_npy_vs_pil_decode", "dataloader_2_workers", "npy_cache", "pil_decode"))
 
 
-def _spread(values: List[float]) -> Dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
-
 
 def prepare(work: str, photos: int) -> Dict[str, Any]:
     """The demo photos and their three conversions (once: reused while they match)."""
@@ -248,7 +247,7 @@ def main() -> None:
     for name, mode, reader, base in RATIOS:
         if (mode, reader) in got and (mode, base) in got:
             per_round = [a["per_s"] / b["per_s"] for a, b in zip(got[(mode, reader)], got[(mode, base)])]
-            results["ratios"].append(dict(name=name, **_spread(per_round)))
+            results["ratios"].append(dict(name=name, **spread(per_round)))
 
     print(f"\n{data['photos']} photos, {args.rounds} rounds: median [range]")
     for mode in MODES:

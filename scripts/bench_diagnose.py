@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from benchmeta import meta  # noqa: E402
+from benchmeta import meta, spread  # noqa: E402
 from dsconvert.demo import load_photos  # noqa: E402
 
 PHASES = ("baseline", "pyspy", "syscalls")
@@ -92,9 +92,6 @@ def run_diagnose(pid: int, extra: List[str]) -> Dict[str, Any]:
     return {"verdict": report["diagnosis"]["verdict"], "bottleneck": report["diagnosis"].get("bottleneck"),
             "tracer": (report.get("syscalls") or {}).get("tracer")}
 
-
-def stats(values: List[float]) -> Dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
 def main() -> None:
@@ -160,10 +157,10 @@ def main() -> None:
         if why_not[name] or not rates[name]:
             res["phases"][name] = {"measured": False, "reason": why_not[name] or "no rounds"}
             continue
-        row: Dict[str, Any] = dict(stats(rates[name]), measured=True)
+        row: Dict[str, Any] = dict(spread(rates[name]), measured=True)
         if name != "baseline":
             slow = [1 - v / base[r] for v, r in zip(rates[name], round_of[name]) if base.get(r)]
-            row["slowdown"] = stats(slow) if slow else None
+            row["slowdown"] = spread(slow) if slow else None
             row["verdicts"] = [i["verdict"] for i in runs[name]]
             row["bottlenecks"] = [i["bottleneck"] for i in runs[name]]
         if name == "syscalls":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any, Callable, Dict, List
@@ -22,6 +21,8 @@ from typing import Any, Callable, Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+from benchmeta import spread  # noqa: E402
 
 from dsconvert import DataLoadingMonitor  # noqa: E402
 
@@ -70,9 +71,6 @@ def summary_us(items) -> float:
     return (time.perf_counter() - t) / 1000 * 1e6
 
 
-def _spread(values: List[float]) -> Dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -95,9 +93,9 @@ def main() -> None:
 
     overhead = {name: [(a - b) / 1000 for a, b in zip(ns[name], ns["bare"])] for name in ("by_hand", "monitor")}
     ratio = [m / h for m, h in zip(overhead["monitor"], overhead["by_hand"])]
-    res = {"loops": [dict(loop=name, **_spread(ns[name])) for name in names],
-           "overhead_us": [dict(loop=name, **_spread(v)) for name, v in overhead.items()],
-           "monitor_vs_by_hand": _spread(ratio), "summary_us": _spread(summary)}
+    res = {"loops": [dict(loop=name, **spread(ns[name])) for name in names],
+           "overhead_us": [dict(loop=name, **spread(v)) for name, v in overhead.items()],
+           "monitor_vs_by_hand": spread(ratio), "summary_us": spread(summary)}
     print(f"\n{args.steps} steps, best of {args.repeats}, {args.rounds} rounds: median [range]")
     for row in res["loops"]:
         print(f"{row['loop']:10s} {row['median']:8.0f} ns per step [{row['min']:.0f}-{row['max']:.0f}]")

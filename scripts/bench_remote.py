@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 
 import latency_proxy  # noqa: E402
 import s3server  # noqa: E402
-from benchmeta import meta  # noqa: E402
+from benchmeta import meta, spread  # noqa: E402
 
 from dsconvert import convert, open_dataset  # noqa: E402
 from dsconvert.demo import make_demo_dataset  # noqa: E402
@@ -52,19 +52,6 @@ def rate(fn: Callable[[], int], n_expected: int) -> float:
     assert n == n_expected, (n, n_expected)
     return n / seconds
 
-
-def stats(values: List[float]) -> Dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
-
-
-def end(proc: subprocess.Popen) -> None:
-    """End a proxy this script started (by its own Popen: its PID only)."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def main() -> None:
@@ -167,25 +154,25 @@ def main() -> None:
                 f"{k} {v[-1]:,.2f}" for k, v in vals.items()), flush=True)
     finally:
         for proxy in proxies:
-            end(proxy)
+            s3server.end(proxy)
         s3server.stop(server)
 
     def ratio(a: str, b: str) -> Dict[str, Any]:
-        return stats([x / y for x, y in zip(vals[a], vals[b])])
+        return spread([x / y for x, y in zip(vals[a], vals[b])])
 
     res: Dict[str, Any] = {
         "meta": meta(__file__), "photos": n, "shards": shards, "shard_samples": SHARD_SAMPLES,
         "shard_bytes": shard_bytes, "small_files": len(subset), "delays_ms": tags, "rounds": args.rounds,
         "wall_s": time.perf_counter() - started,
-        "reading": {"local": stats(vals["local"]),
-                    **{kind: {tag: stats(vals[f"{kind}@{tag}"]) for tag in tags}
+        "reading": {"local": spread(vals["local"]),
+                    **{kind: {tag: spread(vals[f"{kind}@{tag}"]) for tag in tags}
                        for kind in ("small_files", "s3_wds", "cached_first", "cached_second")}},
         "ratios": {"wds_vs_small_files": {tag: ratio(f"s3_wds@{tag}", f"small_files@{tag}") for tag in tags},
                    "cached_second_vs_uncached": {tag: ratio(f"cached_second@{tag}", f"s3_wds@{tag}") for tag in tags},
                    "cached_second_vs_local": {tag: ratio(f"cached_second@{tag}", "local") for tag in tags}},
-        "convert": {"pool": stats(vals["convert_pool"]), "dask": stats(vals["convert_dask"]),
+        "convert": {"pool": spread(vals["convert_pool"]), "dask": spread(vals["convert_dask"]),
                     "dask_vs_pool": ratio("convert_dask", "convert_pool"),
-                    "dask_cluster_start_s": stats(vals["dask_start_s"])},
+                    "dask_cluster_start_s": spread(vals["dask_start_s"])},
     }
     print(f"\n{n} samples, {args.rounds} rounds: median [range]")
     for k, v in vals.items():

@@ -19,7 +19,6 @@ import glob
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from typing import Any, Callable, Dict, List, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+from benchmeta import spread  # noqa: E402
 
 from PIL import Image  # noqa: E402
 
@@ -57,9 +58,6 @@ def timed(fn: Callable[[], Any], repeats: int = 3) -> float:
             assert out["ok"], out
     return best
 
-
-def _spread(values: List[float]) -> Dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
 def main() -> None:
@@ -105,11 +103,11 @@ def main() -> None:
             seconds[job].append(checks[job]())
             print(f"round {r + 1}: {job[0]:18s} {job[1]:5s} {seconds[job][-1]:8.3f} s", flush=True)
 
-    rows = [dict(check=check, format=fmt, **_spread(v)) for (check, fmt), v in seconds.items()]
+    rows = [dict(check=check, format=fmt, **spread(v)) for (check, fmt), v in seconds.items()]
     ratios = []
     for name, check, fmt, base, base_fmt in RATIOS:
         per_round = [a / b for a, b in zip(seconds[(check, fmt)], seconds[(base, base_fmt)])]
-        ratios.append(dict(name=name, **_spread(per_round)))
+        ratios.append(dict(name=name, **spread(per_round)))
     print(f"\n{len(jpegs)} photos, {args.rounds} rounds: seconds, median [range]")
     for row in rows:
         print(f"{row['check']:18s} {row['format']:5s} {row['median']:8.3f} [{row['min']:.3f}-{row['max']:.3f}]")

@@ -327,7 +327,7 @@ def main() -> None:
     n = len(scan(src).samples)
     total = sum(os.path.getsize(f) for f in files_of(src))
     print(f"dataset: {n} photos, {total / 1e6:.1f} MB, mean {total / n / 1e3:.0f} kB", flush=True)
-    from benchmeta import meta
+    from benchmeta import meta, spread
 
     results: Dict[str, Any] = {"meta": meta(__file__), "rounds": args.rounds, "dataset": {"photos": n, "bytes": total}}
     ours_out = os.path.join(args.work, "dsconvert_noverify_1proc")
@@ -363,8 +363,7 @@ def main() -> None:
     ratios: Dict[str, Any] = {}
     for name, (a, b) in pairs.items():  # each the median of the same round's ratios
         if a in per_round[0] and b in per_round[0]:
-            values = [r[a] / r[b] for r in per_round]
-            ratios[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            ratios[name] = spread([r[a] / r[b] for r in per_round])
     if "convert" in results:
         c = results["convert"]
         ratios["convert_noverify_vs_shardwriter"] = c["dsconvert_noverify_1proc"]["vs_shardwriter"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import sys
 import time
 from importlib import metadata
@@ -56,3 +57,8 @@ def meta(script: str, argv: Optional[List[str]] = None) -> Dict[str, Any]:
     return {"command": " ".join(["python", f"scripts/{os.path.basename(script)}", *args]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
             "versions": versions()}
+
+
+def spread(values: List[float]) -> Dict[str, Any]:
+    """Figures over interleaved rounds: the median, the range, and the rounds themselves."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": list(values)}

@@ -58,13 +58,18 @@ def start(timeout: float = 30.0) -> Tuple[subprocess.Popen, str]:
             time.sleep(0.1)
 
 
-def stop(proc: subprocess.Popen) -> None:
+def end(proc: subprocess.Popen) -> None:
+    """End a process this script's caller started (by its own Popen: its PID only)."""
     proc.terminate()
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    end(proc)
     with contextlib.suppress(OSError):
         os.unlink(proc.log_path)  # type: ignore[attr-defined]
 
