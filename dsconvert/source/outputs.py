@@ -86,12 +86,12 @@ def read_output_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]
                     shard = None
                 shard_name = container
                 entry = entries.get(container)
+                damaged = False
                 if entry is None:
                     unchanged = False
                 else:
                     now = mtime_ns_of(access.location.fs.info(access.location.path(container)))
                     unchanged = now == sample.files[0].mtime_ns
-                    damaged = False
                     try:
                         local = access.local_shard(entry)  # a local shard is checked whole before use
                         damaged = local is not None and file_sha256(local) != entry.sha256

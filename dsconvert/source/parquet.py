@@ -410,6 +410,11 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _json_bytes(row: Dict[str, Any]) -> bytes:
+    """A row's other columns as the ``json`` field's bytes."""
+    return json.dumps(_jsonable(row), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
 def _json_columns(schema: Any, image: str) -> List[str]:
     """The columns that go into the json field: all but the image, and none holding binary."""
     import pyarrow as pa
@@ -433,14 +438,13 @@ def _json_columns(schema: Any, image: str) -> List[str]:
 _last_group: Dict[str, Any] = {}  # this process's last row group read whole: {"key": ..., "table": ...}
 
 
-def _rows(pf: Any, image: str, json_cols: Optional[List[str]], first: int, last: int, identity: Any = None
+def _rows(pf: Any, image: str, json_cols: Optional[List[str]], first: int, last: int, identity: Any
           ) -> Iterator[Tuple[int, Any, Optional[str], Optional[bytes]]]:
     """(row, image bytes or None, the image's path, json bytes) for rows first..last, reading
     only the row groups that hold them, one at a time. A group whose rows are all wanted is
     streamed in record batches; one cut by first or last (shared with a neighbouring shard,
     which this worker likely reads next) is read whole and kept until another is, since
-    pyarrow reads a row group only from its start. ``identity`` names the file's version;
-    without it nothing is kept."""
+    pyarrow reads a row group only from its start. ``identity`` names the file's version."""
     meta = pf.metadata
     columns = [image] + (json_cols or [])
     at = 0
@@ -449,7 +453,7 @@ def _rows(pf: Any, image: str, json_cols: Optional[List[str]], first: int, last:
         if at > last:
             return
         if at + n > first:
-            if identity is None or (first <= at and at + n - 1 <= last):  # wholly this shard's: streamed
+            if first <= at and at + n - 1 <= last:  # wholly this shard's: streamed
                 batches: Iterator[Any] = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns,
                                                          use_threads=False)
                 start = at
@@ -491,7 +495,7 @@ def _batch_rows(batches: Iterator[Any], row: int, first: int, last: int, json_co
         jsons: List[Optional[bytes]] = [None] * len(datas)
         if json_cols is not None:
             other = part.select(json_cols).to_pylist()
-            jsons = [json.dumps(_jsonable(r), ensure_ascii=False, allow_nan=False).encode("utf-8") for r in other]
+            jsons = [_json_bytes(r) for r in other]
         for i in range(len(datas)):
             yield row + lo + i, datas[i], paths[i], jsons[i]
         row += n
@@ -617,7 +621,7 @@ class ParquetRows:
         i = row - self.starts[g]
         if f.field == "json":
             other = self.table.select(self.json_cols or []).slice(i, 1).to_pylist()[0]
-            return json.dumps(_jsonable(other), ensure_ascii=False, allow_nan=False).encode("utf-8")
+            return _json_bytes(other)
         value = self.table.column(self.image)[i].as_py()
         data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, None)
         if data is None:

@@ -178,13 +178,14 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
         fields[-1][ext] = (m.offset_data, m.size)
         if label is not None and ext == label[0]:
             label_members[-1] = (m.offset_data, m.size)
-    rest = _unread_after(f, tf.offset, size)
-    if rest and not any(s["path"].endswith("/(rest of the tar)") for s in skipped):
-        skip("(rest of the tar)", f"truncated: the tar ends {rest:,} bytes into a header at byte {tf.offset:,}"
-             if rest < tarfile.BLOCKSIZE else f"an invalid tar header at byte {tf.offset:,}: the {rest:,} bytes "
-             "after it are not read (tar tf says more)")
-    if bounded.overrun and not any(s["path"].endswith("/(rest of the tar)") for s in skipped):
-        skip("(rest of the tar)", f"truncated: the tar ends {bounded.overrun:,} bytes short of a header it began")
+    if not any(s["path"].endswith("/(rest of the tar)") for s in skipped):  # the end said once, first cause first
+        rest = _unread_after(f, tf.offset, size)
+        if rest:
+            skip("(rest of the tar)", f"truncated: the tar ends {rest:,} bytes into a header at byte {tf.offset:,}"
+                 if rest < tarfile.BLOCKSIZE else f"an invalid tar header at byte {tf.offset:,}: the {rest:,} "
+                 "bytes after it are not read (tar tf says more)")
+        elif bounded.overrun:
+            skip("(rest of the tar)", f"truncated: the tar ends {bounded.overrun:,} bytes short of a header it began")
     values: Optional[List[Any]] = None
     if label is not None:
         values = []
@@ -429,10 +430,10 @@ class TarShards:
             with open_regular(self.index_path(name)) as f:
                 data = f.read()
             record = Wds.load_record(self.index_path(name), data).d
-            written = json.loads(data)
-        except (OSError, ManifestError, ValueError):
+        except (OSError, ManifestError):
             return None
-        if not isinstance(written, dict) or written.pop("index_sha256", None) != _digest(written):
+        written = {k: v for k, v in record.items() if k != "index_sha256"}  # as parsed, key order kept
+        if record.get("index_sha256") != _digest(written):
             return None  # damaged, or edited by hand
         values = record.get("label_values")
         if (record.get("tar") != identity or record.get("index_schema") != INDEX_SCHEMA
