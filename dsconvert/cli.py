@@ -581,8 +581,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     a = m.accounting
     counts = ("files_seen", "files_written", "files_skipped", "files_ignored")
     if all(k in a for k in counts):
+        first = m.ignored[0] if m.ignored else None  # hidden files, other files, a tar's members not kept
         print(f"inputs:      {a['files_seen']} seen = {a['files_written']} written + "
-              f"{a['files_skipped']} skipped ({a['files_ignored']} hidden/OS files ignored)")
+              f"{a['files_skipped']} skipped ({a['files_ignored']} ignored"
+              + (f"; first: {first.get('path')}: {first.get('reason')}" if first else "") + ")")
     else:
         print(f"inputs:      not recorded; {len(m.skipped)} skipped, {len(m.ignored)} ignored")
     if m.skipped:
