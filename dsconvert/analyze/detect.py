@@ -298,6 +298,21 @@ def _list_dir(store: _Store, path: str, real_root: str, walk: _Walk) -> List[Tup
 # ---------------------------------------------------------------------------------------------
 # one file: what its first and last bytes say
 
+def _pickle_damage(head: bytes, whole: bool) -> str:
+    """Why the first bytes of a pickle are not one ("" when they parse as far as they go: to
+    its STOP when ``head`` is the whole file). ``pickletools.genops`` only disassembles:
+    nothing is loaded, nothing runs."""
+    try:
+        for _ in pickletools.genops(io.BytesIO(head)):
+            pass
+    except Exception as exc:  # ValueError mostly; whatever a malformed argument makes the readers raise
+        text = str(exc)
+        cut = any(c in text for c in ("exhausted", "no newline found", "not enough data", "but only"))
+        if whole or not cut:  # an unknown opcode, a malformed argument, or a whole file without its end
+            return f"not a pickle: {text[:120]}"
+    return ""
+
+
 @dataclass
 class _Sniff:
     kind: str  # a KINDS value, or "other": an image or any other file the scanner takes
@@ -471,13 +486,14 @@ def _sniff_unsafe(store: _Store, e: _Entry) -> _Sniff:
                 return _Sniff("tfrecord", f"truncated: the first record declares {length:,} bytes")
             return _Sniff("tfrecord", info={"first_record": length})
     if len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and chr(head[2]) in pickletools.code2op:
-        return _Sniff("pickle", info={"protocol": head[1]})
+        return _Sniff("pickle", _pickle_damage(head, size <= len(head)), info={"protocol": head[1]})
     if size > 512:
         at = _hdf5_userblock(store, e.path, size)
         if at:
             return _Sniff("hdf5", info={"userblock": at})
     if hint == "pickle" and head[:1] in (b"(", b"]", b"}", b"c", b"I", b"S", b"V", b"N", b"\x80"):
-        return _Sniff("pickle", info={"protocol": "0 or 1"})  # the old text protocols have no magic
+        # the old text protocols have no magic: their opcodes must parse
+        return _Sniff("pickle", _pickle_damage(head, size <= len(head)), info={"protocol": "0 or 1"})
     if hint == "webdataset" and len(head) >= 1024 and not head.strip(b"\0"):
         return _Sniff("webdataset", "an empty tar archive (only end-of-archive blocks)")
     if hint:
