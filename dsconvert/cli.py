@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="resize every image to exactly H x W pixels (bilinear)")
     d.add_argument("--decoder", choices=DECODERS, default="auto",
                    help="JPEG decoder: auto = PyTurboJPEG or simplejpeg when they load (within one "
-                   "level of Pillow on average), pil = Pillow's exact pixels (default: %(default)s)")
+                   "level of Pillow on average; with --resize/--size large JPEGs are decoded at reduced DCT "
+                   "scale), pil = Pillow's exact pixels and resize (default: %(default)s)")
     d.add_argument("--force", action="store_true",
                    help="write even when the estimated output is larger than the free space")
     p.set_defaults(func=_cmd_shard)
@@ -569,7 +570,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
         o = m.options
         shape = f"resize {o['resize']}" if o.get("resize") else (
             f"size {o['size'][0]}x{o['size'][1]}" if o.get("size") else "full size")
-        print(f"pixels:      RGB uint8, {shape}, JPEG decoder {_known(o.get('decoder'))}")
+        how = (", decoded at reduced DCT scale where it covers the size" if o.get("scaled_decode") else "") + (
+            f", resized by {o['resampler']}'s bilinear kernel" if o.get("resampler") else "")
+        print(f"pixels:      RGB uint8, {shape}, JPEG decoder {_known(o.get('decoder'))}{how}")
     elif m.options.get("max_size"):
         print(f"images:      longer side at most {m.options['max_size']} (larger ones re-encoded, JPEG "
               f"quality {m.options.get('quality')})")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 from . import __version__
-from .codecs import resolve_decoder
+from .codecs import resolve_decoder, resolve_resampler
 from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
                      OutputExistsError, OutputLockedError, SourceError)
 from .formats import FORMATS, Format, get
@@ -315,6 +315,7 @@ def convert(
     resize: Optional[int] = None,
     size: Optional[Tuple[int, int]] = None,
     decoder: str = "auto",
+    resampler: str = "auto",
     max_size: Optional[int] = None,
     quality: int = DEFAULT_QUALITY,
     min_shards: int = MIN_SHARDS,
@@ -334,8 +335,11 @@ def convert(
     Decoded outputs (``format="npy"``, or ``"hdf5"`` with ``decode=True``) hold RGB pixels,
     optionally resized (``resize`` = shorter side, or ``size`` = (height, width)); JPEGs are
     decoded with ``decoder`` (``auto``: the fastest that loads; ``pil`` for Pillow's exact
-    pixels). Encoded outputs shrink images whose longer side exceeds ``max_size`` (re-encoded
-    once, JPEGs at ``quality``: :mod:`dsconvert.reencode`). Before writing, the output's size is estimated and a file system without room
+    pixels); with ``resize`` or ``size`` a fast decoder decodes large JPEGs at 1/2, 1/4 or 1/8
+    DCT scale where that covers the output, then resizes with ``resampler`` (``auto``: torch's
+    kernel where torch is installed, else Pillow's; the same bilinear filter:
+    :func:`dsconvert.codecs.decode_resized`). Encoded outputs shrink images whose longer side
+    exceeds ``max_size`` (re-encoded once, JPEGs at ``quality``: :mod:`dsconvert.reencode`). Before writing, the output's size is estimated and a file system without room
     for it refuses the conversion with :class:`InsufficientSpaceError` unless ``force``.
 
     Shards hold at most ``samples_per_shard`` samples and ``shard_size`` bytes; a source those
@@ -388,6 +392,14 @@ def convert(
         raise OptionError(f"min_shards must be a positive int, not {min_shards!r}")
     spread = {"min_shards": min_shards} if min_shards != MIN_SHARDS else {}  # recorded when not the default
     decoder_name = resolve_decoder(decoder) if decode else None
+    # resizing, a fast decoder decodes large JPEGs at a reduced DCT scale, and the bilinear filter
+    # runs on torch's kernel where torch is installed (codecs.decode_resized); both recorded,
+    # because the bytes depend on them. decoder="pil" keeps Pillow's exact pipeline.
+    resampling: Dict[str, Any] = {}
+    if decode and (resize is not None or size is not None):
+        if decoder_name != "pil":
+            resampling["scaled_decode"] = True
+        resampling["resampler"] = "pil" if decoder_name == "pil" else resolve_resampler(resampler)
     shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
     workers = available_cpus() if workers is None else max(1, int(workers))
     src_abs = src.rstrip("/") if is_remote(src) else os.path.abspath(src)
@@ -399,7 +411,7 @@ def convert(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
         verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,
         decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name, **shrink,
-        **spread, **({"label": label} if label is not None else {}),
+        **resampling, **spread, **({"label": label} if label is not None else {}),
     )
     started = time.perf_counter()
     location.makedirs()
@@ -445,7 +457,7 @@ def convert(
             _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * fmt.overhead,
                                                        estimate.sampled, estimate.exact), fmt)
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
-                          "decoder": decoder_name, **shrink, **fmt.writer_options(source)}
+                          "decoder": decoder_name, **resampling, **shrink, **fmt.writer_options(source)}
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes and estimate.bytes else 1.0
         specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes, min_shards,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}))

@@ -38,8 +38,13 @@ def _watch_parent(parent: int) -> None:
         time.sleep(1.0)
 
 
+IN_POOL = False  # True in the workers of process_pool: one core each, so no intra-op threads
+
+
 def die_with_parent(parent: int) -> None:
     """Pool initializer: end this process when ``parent`` dies."""
+    global IN_POOL
+    IN_POOL = True
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0

@@ -231,3 +231,116 @@ def test_option_errors(tmp_path, image_folder, photos):
     write(os.path.join(flat, "a.json"), b"{}")
     with pytest.raises(SourceError, match="needs an ImageFolder or list source"):
         convert(flat, str(tmp_path / "y"), format="npy")
+
+
+def _jpeg(path, photo, size, **save):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    photo.convert(save.pop("mode", "RGB")).resize(size, Image.Resampling.BICUBIC).save(path, "JPEG", **save)
+
+
+def test_resize_decodes_at_reduced_scale_within_a_level(tmp_path, photos):
+    """A fast decoder decodes at the smallest n/8 DCT scale covering the resized output: the
+    pixels stay within 1.5 mean levels (and 35 dB) of Pillow's full decode + bilinear resize,
+    across sizes that are no multiple of 8, every chroma subsampling, progressive and grey JPEGs."""
+    from dsconvert.codecs import decode_resized, jpeg_decoders, scaled_eighths
+
+    fast = [name for name, _ in jpeg_decoders() if name != "pil"]
+    if not fast:
+        pytest.skip("no libjpeg-turbo binding (PyTurboJPEG or simplejpeg) loads")
+    src = str(tmp_path / "src")
+    names = sorted(photos)
+    cases = [((491, 373), {}), ((1203, 797), {"subsampling": 0}), ((640, 480), {"subsampling": 1}),
+             ((900, 1300), {"progressive": True}), ((517, 389), {"mode": "L"}), ((300, 200), {}),
+             ((2000, 1500), {"quality": 95})]
+    for i, (size, save) in enumerate(cases):
+        _jpeg(os.path.join(src, f"c{i % 2}", f"{i}.jpg"), photos[names[i % len(names)]], size,
+              **{"quality": 90, **save})
+    for resize in (256, 150):
+        out = str(tmp_path / f"npy{resize}")
+        m = convert(src, out, format="npy", resize=resize, decoder=fast[0], workers=1).manifest
+        assert m.options["scaled_decode"] is True and not m.skipped
+        ds = open_dataset(out, decode="numpy")
+        scaled = 0
+        for i, (path, _) in enumerate(reference_image_folder(src)):
+            ref = pil_loader(path)
+            h, w = resized_shape(ref.height, ref.width, resize=resize)
+            expected = np.asarray(ref.resize((w, h), Image.Resampling.BILINEAR)).astype(np.int16)
+            got = ds[i][0].astype(np.int16)
+            assert got.shape == expected.shape
+            mae = np.abs(got - expected).mean()
+            psnr = 10 * np.log10(255 ** 2 / max(np.mean((got - expected) ** 2.0), 1e-9))
+            assert mae < 1.5 and psnr > 35, (path, resize, mae, psnr)
+            scaled += scaled_eighths(ref.height, ref.width, h, w) < 8
+            with open(path, "rb") as f:  # the cache holds exactly what decode_resized gives
+                assert np.array_equal(ds[i][0], decode_resized(f.read(), fast[0], resize, scaled=True,
+                                                               resampler=m.options["resampler"]))
+        assert scaled >= 3  # the large ones reached the reduced-scale path (1/2 or 1/4)
+    # the same bytes from a pool of workers (one torch thread each) as from the main process
+    out2 = str(tmp_path / "npy150-2")
+    convert(src, out2, format="npy", resize=150, decoder=fast[0], workers=2, samples_per_shard=3)
+    out1 = str(tmp_path / "npy150-1")
+    convert(src, out1, format="npy", resize=150, decoder=fast[0], workers=1, samples_per_shard=3)
+    tree = [{name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d))} for d in (out1, out2)]
+    assert tree[0] == tree[1] and len(tree[0]) > 4
+    # Pillow's exact pipeline stays: decoder="pil" records no scaled decoding
+    m = convert(src, str(tmp_path / "pil"), format="npy", resize=150, decoder="pil", workers=1).manifest
+    assert "scaled_decode" not in m.options and m.options["resampler"] == "pil"
+
+
+def test_scaled_decode_falls_back_where_libjpeg_cannot(tmp_path, photos):
+    """CMYK, a truncated JPEG and an enlargement take the full path: CMYK and enlargement
+    as Pillow decodes and resizes them, the truncated file skipped with its reason as before."""
+    from dsconvert.codecs import decode_resized, jpeg_decoders
+
+    fast = [name for name, _ in jpeg_decoders() if name != "pil"]
+    if not fast:
+        pytest.skip("no libjpeg-turbo binding loads")
+    src = str(tmp_path / "src")
+    photo = next(iter(photos.values()))
+    _jpeg(os.path.join(src, "a", "cmyk.jpg"), photo, (640, 480), mode="CMYK")
+    _jpeg(os.path.join(src, "a", "small.jpg"), photo, (100, 80))
+    _jpeg(os.path.join(src, "b", "whole.jpg"), photo, (640, 480))
+    with open(os.path.join(src, "b", "whole.jpg"), "rb") as f:
+        data = f.read()
+    write(os.path.join(src, "b", "zcut.jpg"), data[: len(data) // 2])  # last: the others keep their index
+    out = str(tmp_path / "out")
+    m = convert(src, out, format="npy", resize=160, decoder=fast[0], workers=1, verify=False).manifest
+    assert [os.path.basename(s["path"]) for s in m.skipped] == ["zcut.jpg"]
+    assert "decode" in m.skipped[0]["reason"]
+    ds = open_dataset(out, decode="numpy")
+    for i, (path, _) in enumerate(reference_image_folder(src)):
+        if path.endswith("zcut.jpg"):
+            continue
+        ref = pil_loader(path)
+        h, w = resized_shape(ref.height, ref.width, resize=160)
+        expected = np.asarray(ref.resize((w, h), Image.Resampling.BILINEAR))
+        got = ds[i][0].astype(np.int16)
+        with open(path, "rb") as f:
+            assert np.array_equal(ds[i][0], decode_resized(f.read(), fast[0], 160, scaled=True,
+                                                           resampler=m.options["resampler"]))
+        # Pillow's decode and filter (torch's kernel differs by one level on a few pixels)
+        assert np.abs(got - expected).mean() < (0.05 if path.endswith(("cmyk.jpg", "small.jpg")) else 1.5), path
+
+
+@pytest.mark.parametrize("box", [None, "fractional"])
+def test_torch_resampler_is_pillows_filter(photos, box):
+    """The torch kernel, given Pillow's scales, makes Pillow's antialiased bilinear pixels:
+    reductions with and without a fractional box, enlargements, odd sizes, one channel
+    difference at most, on well under 1 % of the values."""
+    pytest.importorskip("torch")
+    from dsconvert.codecs import bilinear
+
+    rng = np.random.default_rng(0)
+    names = sorted(photos)
+    for i, (h, w, oh, ow) in enumerate([(375, 500, 256, 341), (282, 368, 256, 334), (801, 1203, 224, 224),
+                                        (80, 100, 160, 200), (97, 131, 45, 61), (600, 400, 600, 300)]):
+        px = np.asarray(photos[names[i % len(names)]].convert("RGB").resize((w, h)))
+        if box == "fractional" and oh < h - 1 and ow < w - 1:  # as the scaled decode's box: reductions only
+            b = (w - rng.uniform(0.01, 0.99), h - rng.uniform(0.01, 0.99))
+        else:
+            b = None
+        t = bilinear(px, oh, ow, b, "torch").astype(np.int16)
+        p = bilinear(px, oh, ow, b, "pil").astype(np.int16)
+        assert t.shape == p.shape == (oh, ow, 3)
+        diff = np.abs(t - p)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01, (h, w, oh, ow, b, diff.max(), (diff > 0).mean())

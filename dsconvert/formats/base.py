@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from ..codecs import decode_rgb, field_kind, pixel_limit, resize_rgb
+from ..codecs import decode_resized, field_kind, pixel_limit
 from ..errors import BadInputError, ManifestError
 from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
@@ -181,9 +181,10 @@ def pixels_for(spec: ShardSpec, data: bytes) -> np.ndarray:
     BadInputError when it does not decode."""
     opts = spec.options
     try:
-        pixels = decode_rgb(data, opts.get("decoder", "pil"))
         size = tuple(opts["size"]) if opts.get("size") else None
-        return np.ascontiguousarray(resize_rgb(pixels, opts.get("resize"), size))
+        return np.ascontiguousarray(decode_resized(data, opts.get("decoder", "pil"), opts.get("resize"), size,
+                                                   scaled=bool(opts.get("scaled_decode")),
+                                                   resampler=opts.get("resampler", "pil")))
     except BadInputError:
         raise
     except Exception as exc:  # --no-verify let a bad image through: skip it now

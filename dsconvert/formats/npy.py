@@ -19,7 +19,9 @@ Without dsconvert::
 
 Pixels are what ``Image.open(f).convert("RGB")`` gives (PNG exactly; JPEG exactly through
 Pillow, within one level on average through PyTurboJPEG/simplejpeg), then resized with
-Pillow's bilinear filter when ``--resize SHORT`` or ``--size HxW`` was given.
+Pillow's bilinear filter when ``--resize SHORT`` or ``--size HxW`` was given (torch's kernel for
+it where torch is installed, and large JPEGs decoded at reduced DCT scale by the fast decoders:
+:func:`dsconvert.codecs.decode_resized`; the manifest's options say which).
 """
 
 from __future__ import annotations
