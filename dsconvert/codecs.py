@@ -584,6 +584,7 @@ def decode_resized(data: bytes, decoder: str = "pil", resize: Optional[int] = No
             if not cmyk and height > 0 and width > 0:
                 check_pixels(width, height)
                 out_h, out_w = resized_shape(height, width, resize, size)
+                _check_resized(height, width, out_h, out_w)
                 n = scaled_eighths(height, width, out_h, out_w)
                 if n < 8:
                     try:
@@ -593,7 +594,18 @@ def decode_resized(data: bytes, decoder: str = "pil", resize: Optional[int] = No
                     if pixels is not None:
                         return bilinear(pixels, out_h, out_w, (width * n / 8, height * n / 8), resampler)
     pixels = decode_rgb(data, decoder)
-    return bilinear(pixels, *resized_shape(pixels.shape[0], pixels.shape[1], resize, size), resampler=resampler)
+    out_h, out_w = resized_shape(pixels.shape[0], pixels.shape[1], resize, size)
+    _check_resized(pixels.shape[0], pixels.shape[1], out_h, out_w)
+    return bilinear(pixels, out_h, out_w, resampler=resampler)
+
+
+def _check_resized(height: int, width: int, out_h: int, out_w: int) -> None:
+    """The pixel limit on what a resize would allocate: ``--resize 256`` makes a 1 x 65000
+    strip (65,000 pixels, within any limit) 256 x 16,640,000, a 12 GB array."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and out_h * out_w > limit:
+        raise BadInputError(f"resizing {width}x{height} to {out_w}x{out_h} = {out_h * out_w} pixels exceeds the "
+                            f"limit of {limit} (PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
 
 
 def image_size(path: str) -> Tuple[int, int]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 from . import __version__
-from .codecs import resolve_decoder, resolve_resampler
+from .codecs import pixel_limit, resolve_decoder, resolve_resampler
 from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
                      OutputExistsError, OutputLockedError, SourceError)
 from .formats import FORMATS, Format, get
@@ -450,8 +450,9 @@ def convert(
                 f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "
                 f"source{hint}, and {src_abs} was scanned as {source.layout} (use --format {able})", src_abs)
         classification = source.sample_type == "classification"
-        estimate = estimate_output_bytes(source, decode, resize, size,
-                                         stored_bytes=lambda s: fmt.sample_bytes(s, classification))
+        with pixel_limit(max_image_pixels):  # images past it are skipped, and take no room
+            estimate = estimate_output_bytes(source, decode, resize, size,
+                                             stored_bytes=lambda s: fmt.sample_bytes(s, classification))
         if not force and not location.remote:  # each shard also has a fixed part (a tar's end, HDF5 headers)
             shards_at_least = -(-len(source.samples) // samples_per_shard)
             _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * fmt.overhead,

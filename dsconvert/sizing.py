@@ -82,6 +82,9 @@ def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] =
             h, w = resized_shape(*_image_size(source, f), resize=resize)
         except Exception:
             continue  # unreadable now: it will be skipped, and takes no room
+        limit = Image.MAX_IMAGE_PIXELS
+        if limit and h * w > limit:
+            continue  # past the pixel limit (a strip --resize would blow up): skipped too
         total += h * w * 3
         counted += 1
     if counted == 0:

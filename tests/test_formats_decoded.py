@@ -344,3 +344,21 @@ def test_torch_resampler_is_pillows_filter(photos, box):
         assert t.shape == p.shape == (oh, ow, 3)
         diff = np.abs(t - p)
         assert diff.max() <= 1 and (diff > 0).mean() < 0.01, (h, w, oh, ow, b, diff.max(), (diff > 0).mean())
+
+
+@pytest.mark.parametrize("decoder", ["pil", "auto"])
+def test_a_strip_that_resize_would_blow_up_is_a_counted_skip(tmp_path, photos, decoder):
+    """A 2 x 40000 JPEG is 80,000 pixels, within any limit; `--resize 256` would make it
+    256 x 5,120,000 (3.9 GB). It is skipped with its reason, the others are written, and the
+    size estimate does not count it (so it cannot make the free-space check refuse the run)."""
+    src = str(tmp_path / "src")
+    photo = next(iter(photos.values()))
+    _jpeg(os.path.join(src, "a", "ok.jpg"), photo, (120, 90))
+    _jpeg(os.path.join(src, "a", "strip.jpg"), photo, (40000, 2))
+    m = convert(src, str(tmp_path / "out"), format="npy", resize=256, decoder=decoder, workers=1).manifest
+    assert m.num_samples == 1 and [os.path.basename(s["path"]) for s in m.skipped] == ["strip.jpg"]
+    assert "exceeds the limit" in m.skipped[0]["reason"] and "256" in m.skipped[0]["reason"]
+    from dsconvert.sizing import estimate_output_bytes
+    from dsconvert.source import scan
+
+    assert estimate_output_bytes(scan(src), decoded=True, resize=256).bytes == 256 * 341 * 3
