@@ -310,12 +310,136 @@ def render_wds_reads(data: Dict[str, Any]) -> str:
                      f"{_range(c['per_s'], c['min_per_s'], c['max_per_s'])} | {w['mb_per_s']:,.0f} | "
                      f"{c['mb_per_s']:,.0f} |")
     lines += _ratio_table("ratio (same round)", ((name, r) for name, r in ratios.items() if isinstance(r, dict)))
+    env = data.get("litdata_env")
+    if env:
+        lines += ["", "litdata ran in its own virtual environment (`--python-litdata`), with "
+                  + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "libturbojpeg") + "."]
+    else:
+        lines += ["", "litdata ran in dsconvert's own environment (no `--python-litdata` given)."]
     slow = data.get("slow_mount")
     if slow:
         lines += ["", "Behind a FUSE passthrough (`scripts/slowfs.py`) that sleeps in every `open()` and `read()`, as "
                   "network storage would (one run):", "", "| reader | samples/s | MB/s |", "| --- | --- | --- |"]
         for name, r in slow.items():
             lines.append(f"| {name} | {r['per_s']:,.0f} | {r['mb_per_s']:,.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_loader(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    mb = {name: b / 1e6 for name, b in meta["bytes"].items()}
+    lines = [f"{meta['photos']:,} demo photos ({', '.join(f'{n}: {v:,.0f} MB' for n, v in mb.items())}), read by "
+             f"`dsconvert bench` through `torch.utils.data.DataLoader` with the eval transform (shorter side to 256, "
+             f"centre crop 224, uint8 tensor), batches of {meta['batch']}. Rates are steady-state (first batch to "
+             "last); cold evicts every file's pages first. "
+             f"{meta['rounds']} interleaved rounds (the datasets in a rotating order), median [range]; the ratio is "
+             "the median of the same round's ratios to the source.", "",
+             "| dataset | workers | cache | samples/s | vs source | wait p50 ms | worker CPU |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in data["rows"]:
+        cpu = f"{r['worker_cpu_pct']:.0f} %" if r.get("worker_cpu_pct") is not None else "-"
+        vs = "(baseline)" if r["dataset"].startswith("source") else _spread(r["vs_source"], "{:.2f}x")
+        lines.append(f"| {r['dataset']} | {r['workers']} | {r['cache']} | {_spread(r['per_s'])} | {vs} | "
+                     f"{_spread(r['wait_p50_ms'], '{:.1f}')} | {cpu} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_scenarios(data: Dict[str, Any]) -> str:
+    from collections import Counter
+
+    meta, rows = data["meta"], data["rows"]
+    rounds = meta["rounds"]
+    right = sum(r["right"] for r in rows)
+    total = sum(len(r["rounds"]) for r in rows)
+    load = meta["load"]
+    lines = [f"Each situation built for real and judged {rounds} {'time' if rounds == 1 else 'times'}, each round "
+             f"from scratch, beside {load} busy background {'process' if load == 1 else 'processes'}; every command a "
+             "verdict prints is then run as printed. "
+             "*got* lists the verdicts over the rounds; *right* counts the rounds whose verdict was expected and "
+             "whose commands all exited 0.", "",
+             "| tool | situation | expected | got | right | commands run (exit 0 / run) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        got = ", ".join(f"{v}" + (f" ({n})" if rounds > 1 else "")
+                        for v, n in Counter(str(x["got"]) for x in r["rounds"]).most_common())
+        cmds = [code for x in r["rounds"] for _, code in (x.get("commands") or [])]
+        ran = f"{sum(c == 0 for c in cmds)} / {len(cmds)}"
+        lines.append(f"| {r['tool']} | {r['scenario']} | {' or '.join(str(e) for e in r['expected'])} | {got} | "
+                     f"{r['right']} of {len(r['rounds'])} | {ran} |")
+    lines += ["", f"**{right} of {total}** verdicts right."]
+    return "\n".join(lines) + "\n"
+
+
+def render_predictions(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    lines = [f"{meta['workers']} DataLoader workers, the eval transform; {meta['rounds']} interleaved rounds (analyze, "
+             "then bench of every output, per round); predicted and measured samples/s are medians, the ratio is "
+             "predicted / measured, median [range] of the per-round ratios. Goal: within 0.70-1.30."]
+    import statistics
+
+    medians = []
+    for res in data["results"]:
+        lines += ["", f"**{res['dataset']}** (batch {res['batch_size']}, bench reads {res['max_samples']:,} samples):",
+                  "", "| output | pass | predicted samples/s | measured | predicted / measured |",
+                  "| --- | --- | --- | --- | --- |"]
+        groups: Dict[tuple, List[Dict[str, Any]]] = {}
+        for r in res["rows"]:  # --max-size comes from each round's sample: one row for its values
+            groups.setdefault((re.sub(r"--max-size \d+", "--max-size N", r["output"]), r["cache"]), []).append(r)
+        for (output, cache), rows in groups.items():
+            if len(rows) == 1:
+                r = rows[0]
+                ratio, lo, hi = r["ratio_median"], *r["ratio_range"]
+                predicted, measured = r["predicted"], r["measured"]
+            else:  # one round each (different N): the medians over the rounds
+                ratio = statistics.median(r["ratio_median"] for r in rows)
+                lo, hi = min(r["ratio_range"][0] for r in rows), max(r["ratio_range"][1] for r in rows)
+                predicted = statistics.median(r["predicted"] for r in rows)
+                measured = statistics.median(r["measured"] for r in rows)
+            medians.append(ratio)
+            lines.append(f"| {output} | {cache} | {predicted:,.0f} | {measured:,.0f} | "
+                         f"{_range(ratio, lo, hi, '{:.2f}')} |")
+    if medians:
+        inside = sum(0.7 <= m <= 1.3 for m in medians)
+        lines += ["", f"{inside} of {len(medians)} median ratios within 0.70-1.30 (all: {min(medians):.2f}-"
+                  f"{max(medians):.2f})."]
+    return "\n".join(lines) + "\n"
+
+
+def render_tracers(data: Dict[str, Any]) -> str:
+    labels = {"untraced": "untraced", "pyspy": "py-spy (diagnose's two recordings, 100 Hz, `--nonblocking`)",
+              "perf": "perf trace (`--tracer perf`, with the block-layer recording)",
+              "strace": "strace (`--tracer strace`)"}
+    lines = [f"One decode-bound job (`scripts/train_job.py`, large JPEGs, {data['workers']} workers) prints its "
+             f"steps per second; {data['rounds']} interleaved rounds of {data['seconds_per_phase']:g} s per phase "
+             "against the same running job; steps/s, median [range]; the slowdown is the median of the per-round "
+             "slowdowns against that round's untraced rate.", "",
+             "| phase | steps/s | slowdown | tracer used |", "| --- | --- | --- | --- |"]
+    for name, p in data["phases"].items():
+        rng = p.get("slowdown_range")
+        slow = ("-" if name == "untraced" else
+                _range(p["slowdown_vs_untraced"] * 100, rng[0] * 100, rng[1] * 100, "{:.0f} %") if rng else
+                f"{p['slowdown_vs_untraced']:.0%}")
+        used = ", ".join(sorted({run.get("tracer") for run in p.get("runs", []) if run.get("tracer")})) or "-"
+        lines.append(f"| {labels.get(name, name)} | {_range(p['median'], p['min'], p['max'], '{:.1f}')} | {slow} | "
+                     f"{used} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_resize(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    labels = {"before": f"before: revision {meta['rev']} (when issue 16 was filed)",
+              "previous": f"previous: revision {meta.get('previous_rev')} (fast decoder in full, Pillow's resize)",
+              "pil": "`--decoder pil` (Pillow's full decode, then its bilinear resize)",
+              "full": "the fast decoder in full, then torch's bilinear kernel (the DCT scaling switched off)",
+              "scaled": "default: the fast decoder at 1/2, 1/4 or 1/8 DCT scale where that covers the output, "
+                        "then torch's bilinear kernel"}
+    lines = [f"`dsconvert shard SRC --format npy --resize 256`, {meta['workers']} workers, verification on; each "
+             f"writer a fresh process per round, {meta['rounds']} interleaved rounds (the writers in a rotating "
+             "order), photos/s, median [range]; the ratio is the median of the same round's ratios to *before*.", "",
+             "| source | writer | photos/s | vs before |", "| --- | --- | --- | --- |"]
+    for r in data["rows"]:
+        vs = "(baseline)" if r["writer"] == "before" else _spread(r["vs_before"], "{:.2f}x")
+        lines.append(f"| {r['source']} | {labels.get(r['writer'], r['writer'])} | {_spread(r['per_s'])} | {vs} |")
     return "\n".join(lines) + "\n"
 
 
@@ -338,7 +462,8 @@ BENCHMARKS: Dict[str, Dict[str, Any]] = {
                + (["--out", a.wds] if a.wds else ["--photos", a.photo_folder]),
                "render": render_resume, "needs": lambda a: a.wds or a.photo_folder},
     "wds_reads": {"argv": lambda a: ["scripts/bench_wds.py", "--photos", str(a.photos), "--no-convert",
-                                     "--rounds", str(a.rounds)],
+                                     "--rounds", str(a.rounds)]
+                  + (["--python-litdata", a.python_litdata] if a.python_litdata else []),
                   "render": render_wds_reads},
     "foreign": {"argv": lambda a: ["scripts/bench_foreign.py", "--photos", str(a.photos), "--rounds", str(a.rounds)],
                 "render": render_foreign},
@@ -357,6 +482,17 @@ BENCHMARKS: Dict[str, Dict[str, Any]] = {
                  "render": render_diagnose},
     "remote": {"argv": lambda a: ["scripts/bench_remote.py", "--photos", "2000", "--rounds", str(a.rounds + 2)],
                "render": render_remote},
+    "resize": {"argv": lambda a: ["scripts/bench_resize.py", "--photos", str(a.photos), "--large", "600",
+                                  "--rounds", str(a.rounds)],
+               "render": render_resize},
+    "loader": {"argv": lambda a: ["scripts/bench_loader.py", "--photos", "1200", "--rounds", str(a.rounds)],
+               "render": render_loader},
+    "tracers": {"argv": lambda a: ["scripts/bench_tracers.py", "--seconds", "8", "--rounds", str(a.rounds + 1)],
+                "render": render_tracers},
+    "predictions": {"argv": lambda a: ["scripts/bench_predictions.py", "--rounds", str(a.rounds)],
+                    "render": render_predictions},
+    "scenarios": {"argv": lambda a: ["scripts/scenarios.py", "--load", "1", "--rounds", str(a.rounds)],
+                  "render": render_scenarios},
 }
 
 
@@ -413,6 +549,8 @@ def main() -> None:
     ap.add_argument("--python-ffcv")
     ap.add_argument("--python-dali")
     ap.add_argument("--python-peers")
+    ap.add_argument("--python-litdata", help="wds_reads: an interpreter where litdata was installed with its own "
+                    "dependencies (without it, litdata runs in this interpreter)")
     a = ap.parse_args()
     names = a.only or list(BENCHMARKS)
     if not a.render_only:  # one at a time: benchmarks must not share the CPUs

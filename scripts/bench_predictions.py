@@ -1,6 +1,6 @@
 """Does analyze predict what a DataLoader then delivers? Prediction vs measurement, per output.
 
-    python scripts/bench_predictions.py [--out docs/bench/predictions.json] [--rounds 2]
+    python scripts/bench_predictions.py [--json docs/bench/predictions.json] [--rounds 2]
 
 For each dataset (the demo photos, and a decode-heavy set of large JPEGs generated from the
 same photographs), ``dsconvert.analyze`` predicts samples/s for the source as it is and for
@@ -12,16 +12,19 @@ analyze and bench; the table gives the median ratio predicted / measured and its
 
 import argparse
 import json
+import re
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dsconvert import __version__, convert  # noqa: E402
+from benchmeta import meta  # noqa: E402
+
+from dsconvert import convert  # noqa: E402
 from dsconvert.analyze import analyze  # noqa: E402
 from dsconvert.bench import bench  # noqa: E402
 from dsconvert.demo import make_demo_dataset  # noqa: E402
@@ -61,12 +64,15 @@ def one_dataset(name: str, src: str, scratch: str, workers: int, rounds: int, sa
                 convert(src, out, row["format"], verify=False, force=True, workers=workers, **row.get("options", {}))
                 outputs[option] = (out, row["decode"])
         paths = {"source": (src, "pil")}
-        paths.update(outputs)
+        # the candidates come from each round's sample (a --max-size from its geometry): bench
+        # what this round predicted
+        paths.update((option, out) for option, out in outputs.items() if option in passes)
         for option, (path, decode) in paths.items():
             measured = bench([path], workers=[workers], batch_sizes=[batch], decode=decode, max_samples=max_samples,
                              transform="eval", seed=r)
             for run in measured["runs"]:
-                key = (option, run["cache"])
+                # --max-size comes from each round's sample: one row for all its values
+                key = (re.sub(r"--max-size \d+", "--max-size N", option), run["cache"])
                 entry = rows.setdefault(key, {"predicted": [], "measured": []})
                 entry["predicted"].append(passes[option].get(run["cache"], 0.0))
                 entry["measured"].append(run["samples_per_s"])
@@ -83,7 +89,7 @@ def one_dataset(name: str, src: str, scratch: str, workers: int, rounds: int, sa
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="docs/bench/predictions.json")
+    p.add_argument("--json", "--out", dest="json", default="docs/bench/predictions.json")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workers", type=int, default=available_cpus())
     args = p.parse_args()
@@ -98,12 +104,10 @@ def main() -> None:
             scratch = os.path.join(tmp, f"out-{name}")
             os.makedirs(scratch)
             results.append(one_dataset(name, src, scratch, args.workers, args.rounds, 256, max_samples, batch))
-    doc = {"date": time.strftime("%Y-%m-%d"), "dsconvert": __version__, "python": platform.python_version(),
-           "machine": platform.machine(), "cpus": available_cpus(), "workers": args.workers,
-           "command": "python scripts/bench_predictions.py " + " ".join(sys.argv[1:]),
-           "seconds": round(time.time() - started), "results": results}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
+    doc = {"meta": dict(meta(__file__), workers=args.workers, rounds=args.rounds,
+                        seconds=round(time.time() - started)), "results": results}
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)
     for res in results:
         print(f"\n{res['dataset']} ({args.workers} workers, eval transform)")

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from bench_diagnose import RateReader, make_data  # noqa: E402
+from benchmeta import meta  # noqa: E402
 
 from dsconvert.diagnose import syscalls  # noqa: E402
 from dsconvert.diagnose.procs import descendants  # noqa: E402
@@ -85,14 +86,16 @@ def main() -> None:
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
-    base = statistics.median(per_round["untraced"])
-    res = {"rounds": args.rounds, "seconds_per_phase": args.seconds, "workers": args.workers,
+    res = {"meta": meta(__file__), "rounds": args.rounds, "seconds_per_phase": args.seconds, "workers": args.workers,
            "wall_s": time.monotonic() - started, "phases": {}}
     for name in PHASES:
         vals = per_round[name]
         med = statistics.median(vals)
+        # the slowdown is the median of the per-round slowdowns against that round's untraced rate
+        slow = [1 - v / u for v, u in zip(vals, per_round["untraced"]) if u]
         res["phases"][name] = {"steps_per_s_per_round": vals, "median": med, "min": min(vals), "max": max(vals),
-                               "slowdown_vs_untraced": 1 - med / base if base else None, "runs": infos[name]}
+                               "slowdown_vs_untraced": statistics.median(slow) if slow else None,
+                               "slowdown_range": [min(slow), max(slow)] if slow else None, "runs": infos[name]}
     print(f"\n{'phase':10s}{'median':>9s}{'range':>16s}{'slowdown':>10s}   (steps/s, {args.rounds} rounds)")
     for name, r in res["phases"].items():
         print(f"{name:10s}{r['median']:9.1f}{r['min']:8.1f}-{r['max']:<7.1f}{r['slowdown_vs_untraced']:10.1%}")

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -202,24 +202,27 @@ def warm_child(reader: str, path: str, repeats: int) -> float:
     return max(timed(fn)["per_s"] for _ in range(repeats))
 
 
-def _child(args: List[str]) -> str:
-    cmd = [sys.executable, os.path.abspath(__file__)] + args
+def _child(args: List[str], python: str = sys.executable) -> str:
+    cmd = [python, os.path.abspath(__file__)] + args
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
 
 def measure_reads(pairs: List[List[str]], n: int, nbytes: int, res: Dict, rounds: int = 3,
-                  repeats: int = 5) -> List[Dict[str, float]]:
+                  repeats: int = 5, pythons: Optional[Dict[str, str]] = None) -> List[Dict[str, float]]:
     """Each reader in its own process (one reader's garbage must not tax another's allocator),
     warm (best of ``repeats`` after a warm-up) and cold (pages evicted), the readers taking
     turns in a rotating order, round after round, so that all of them see the same background
     load. ``res`` gets each reader's median [min-max] over rounds; the per-round rates are
-    returned for same-round ratios."""
+    returned for same-round ratios. ``pythons``: the interpreter a reader runs in (a peer in
+    its own virtual environment), by reader name."""
+    pythons = pythons or {}
     per_round: List[Dict[str, float]] = []
     for i in range(rounds):
         rates: Dict[str, float] = {}
         for reader, path in pairs[i % len(pairs):] + pairs[:i % len(pairs)]:
-            rates[f"{reader}_warm"] = float(_child(["--child", reader, path, "warm", "--repeats", str(repeats)]))
-            rates[f"{reader}_cold"] = float(_child(["--child", reader, path, "cold"]))
+            py = pythons.get(reader, sys.executable)
+            rates[f"{reader}_warm"] = float(_child(["--child", reader, path, "warm", "--repeats", str(repeats)], py))
+            rates[f"{reader}_cold"] = float(_child(["--child", reader, path, "cold"], py))
         per_round.append(rates)
         print(f"read round {i + 1}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()), flush=True)
     for key in per_round[0]:
@@ -230,8 +233,8 @@ def measure_reads(pairs: List[List[str]], n: int, nbytes: int, res: Dict, rounds
     return per_round
 
 
-def bench_read(src: str, ours_out: str, work: str, with_litdata: bool, rounds: int = 3
-               ) -> Tuple[Dict[str, Dict], List[Dict[str, float]]]:
+def bench_read(src: str, ours_out: str, work: str, with_litdata: bool, rounds: int = 3,
+               python_litdata: Optional[str] = None) -> Tuple[Dict[str, Dict], List[Dict[str, float]]]:
     res: Dict[str, Dict] = {}
     small = files_of(src)
     n, nbytes = len(small), sum(os.path.getsize(p) for p in small)
@@ -239,9 +242,16 @@ def bench_read(src: str, ours_out: str, work: str, with_litdata: bool, rounds: i
              ["webdataset_reader", ours_out]]
     if with_litdata:
         lit = os.path.join(work, "litdata")
-        litdata_optimize(src, lit)
+        if python_litdata:  # litdata in its own virtual environment, with the torch it installs
+            subprocess.run([python_litdata, os.path.abspath(__file__), "--child-optimize", src, lit], check=True)
+        else:
+            litdata_optimize(src, lit)
         pairs.append(["litdata_streaming", lit])
-    return res, measure_reads(pairs, n, nbytes, res, rounds)
+    pythons = {"litdata_streaming": python_litdata} if python_litdata else {}
+    # the outputs were just written: their pages go to disk now, not while the first round reads
+    # (the first readers measured 0.6x of later rounds while the kernel wrote them back)
+    os.sync()
+    return res, measure_reads(pairs, n, nbytes, res, rounds, pythons=pythons)
 
 
 def litdata_optimize(src: str, out: str) -> None:
@@ -314,11 +324,17 @@ def main() -> None:
                    help="reads only (the output they read is converted once, untimed)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--python-litdata", help="run litdata (optimize and its reader) with this interpreter: a venv "
+                   "where `pip install litdata` installed it with its own dependencies")
     p.add_argument("--child", nargs=3, metavar=("READER", "PATH", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--child-optimize", nargs=2, metavar=("SRC", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(read_child(*args.child, repeats=args.repeats))
+        return
+    if args.child_optimize:
+        litdata_optimize(*args.child_optimize)
         return
 
     src = os.path.join(args.work, "photos")
@@ -344,7 +360,13 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
         return
-    results["read"], per_round = bench_read(src, ours_out, args.work, not args.no_litdata, args.rounds)
+    results["read"], per_round = bench_read(src, ours_out, args.work, not args.no_litdata, args.rounds,
+                                            args.python_litdata)
+    if args.python_litdata and not args.no_litdata:  # what litdata ran with, in its own environment
+        code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import benchmeta; "
+                "print(json.dumps(benchmeta.versions(('litdata', 'torch', 'numpy'))))")
+        out = subprocess.run([args.python_litdata, "-c", code], capture_output=True, text=True, check=True).stdout
+        results["litdata_env"] = {"python": args.python_litdata, "versions": json.loads(out)}
     if not args.no_fuse:
         results["slow_mount"] = bench_slow_mount(src, args.work, args.delay_ms, args.slow_files)
     for section in ("convert", "read", "slow_mount"):

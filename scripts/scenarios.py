@@ -1,7 +1,7 @@
 """Is the diagnosis right? Held-out situations, each built for real, each with the verdict a
 user should get, run under background CPU load.
 
-    python scripts/scenarios.py [--load N] [--only analyze|diagnose] [--out docs/bench/scenarios.json]
+    python scripts/scenarios.py [--load N] [--rounds N] [--only analyze|diagnose] [--json docs/bench/scenarios.json]
 
 analyze scenarios: the demo photos on local disk, large JPEGs, small JPEGs behind a FUSE mount
 adding latency, dsconvert shards behind a FUSE mount capping bandwidth, dsconvert outputs of
@@ -9,6 +9,8 @@ every format, a folder of decoded arrays, tiny records read cold, pickles, an HD
 loader that meets its target. diagnose scenarios (real training jobs, scripts/train_job.py):
 see DIAGNOSE below. Every command a verdict suggests is then run as printed and must succeed.
 ``--load N`` runs N busy processes (nice 10) beside everything, as a shared machine would.
+``--rounds N`` builds and judges every situation N times, each round from scratch in its own
+folder: a verdict that flips with the machine's load shows as right in fewer than N rounds.
 """
 
 import argparse
@@ -27,6 +29,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from PIL import Image  # noqa: E402
 
@@ -185,43 +188,67 @@ def analyze_scenarios(tmp: str) -> List[Tuple[str, Callable[[], Dict], Tuple[str
     ]
 
 
+def one_round(tmp: str, only: str) -> List[Dict]:
+    rows = []
+    os.makedirs(os.path.join(tmp, "out"))
+    if only in (None, "analyze"):
+        for name, run, expected in analyze_scenarios(tmp):
+            t = time.perf_counter()
+            try:
+                report = run()
+            except Exception as exc:  # a scenario that cannot run here is reported, not hidden
+                rows.append({"tool": "analyze", "scenario": name, "expected": list(expected), "got": "error",
+                             "ok": False, "summary": f"{type(exc).__name__}: {exc}"})
+                print(f"analyze  {name}: ERROR {exc}", flush=True)
+                continue
+            v = report["verdict"]
+            ran = report.pop("_ran", None) or run_commands(v["commands"] + v["alternative"])
+            ok = v["bottleneck"] in expected and all(code == 0 for _, code in ran)
+            rows.append({"tool": "analyze", "scenario": name, "expected": list(expected), "got": v["bottleneck"],
+                         "ok": ok, "summary": v["summary"], "commands": ran,
+                         "seconds": round(time.perf_counter() - t, 1)})
+            print(f"analyze  {'ok  ' if ok else 'MISS'} {name}: {v['bottleneck']} ({v['summary']})"
+                  + "".join(f"\n         ran {c!r}: exit {code}" for c, code in ran), flush=True)
+    if only in (None, "diagnose"):
+        from diagnose_scenarios import run_all  # scripts/diagnose_scenarios.py
+
+        rows += run_all(tmp)
+    return rows
+
+
 def main() -> None:
+    from benchmeta import meta
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--load", type=int, default=1, help="busy background processes (default 1)")
+    p.add_argument("--rounds", type=int, default=1, help="judge every situation this many times (default 1)")
     p.add_argument("--only", choices=("analyze", "diagnose"))
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "scenarios.json"))
+    p.add_argument("--json", "--out", dest="json", default=os.path.join(ROOT, "docs", "bench", "scenarios.json"))
     args = p.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="dsconvert-scenarios-") as tmp, background_load(args.load):
-        os.makedirs(os.path.join(tmp, "out"))
-        if args.only in (None, "analyze"):
-            for name, run, expected in analyze_scenarios(tmp):
-                t = time.perf_counter()
-                try:
-                    report = run()
-                except Exception as exc:  # a scenario that cannot run here is reported, not hidden
-                    rows.append({"tool": "analyze", "scenario": name, "expected": list(expected), "got": "error",
-                                 "ok": False, "summary": f"{type(exc).__name__}: {exc}"})
-                    print(f"analyze  {name}: ERROR {exc}", flush=True)
-                    continue
-                v = report["verdict"]
-                ran = report.pop("_ran", None) or run_commands(v["commands"] + v["alternative"])
-                ok = v["bottleneck"] in expected and all(code == 0 for _, code in ran)
-                rows.append({"tool": "analyze", "scenario": name, "expected": list(expected), "got": v["bottleneck"],
-                             "ok": ok, "summary": v["summary"], "commands": ran,
-                             "seconds": round(time.perf_counter() - t, 1)})
-                print(f"analyze  {'ok  ' if ok else 'MISS'} {name}: {v['bottleneck']} ({v['summary']})"
-                      + "".join(f"\n         ran {c!r}: exit {code}" for c, code in ran), flush=True)
-        if args.only in (None, "diagnose"):
-            from diagnose_scenarios import run_all  # scripts/diagnose_scenarios.py
-
-            rows += run_all(tmp)
-    right = sum(r["ok"] for r in rows)
-    print(f"\n{right} of {len(rows)} verdicts right (background load: {args.load} busy process(es))")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "load": args.load, "cpus": os.cpu_count(),
-                   "command": "python scripts/scenarios.py " + " ".join(sys.argv[1:]), "rows": rows}, f, indent=1)
+    rounds = []
+    with background_load(args.load):
+        for r in range(args.rounds):
+            with tempfile.TemporaryDirectory(prefix="dsconvert-scenarios-") as tmp:
+                rounds.append(one_round(tmp, args.only))
+            right = sum(row["ok"] for row in rounds[-1])
+            print(f"\nround {r + 1}: {right} of {len(rounds[-1])} verdicts right "
+                  f"(background load: {args.load} busy process(es))\n", flush=True)
+    # one row per situation, with what each round got
+    rows: Dict[Tuple[str, str], Dict] = {}
+    for got in rounds:
+        for row in got:
+            entry = rows.setdefault((row["tool"], row["scenario"]), {
+                "tool": row["tool"], "scenario": row["scenario"], "expected": row["expected"], "rounds": []})
+            entry["rounds"].append({k: row.get(k) for k in ("got", "ok", "summary", "commands", "seconds")})
+    table = list(rows.values())
+    for entry in table:
+        entry["right"] = sum(bool(x["ok"]) for x in entry["rounds"])
+    right = sum(e["right"] for e in table)
+    total = sum(len(e["rounds"]) for e in table)
+    print(f"{right} of {total} verdicts right over {args.rounds} round(s)")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"meta": dict(meta(__file__), load=args.load, rounds=args.rounds), "rows": table}, f, indent=1)
 
 
 if __name__ == "__main__":
