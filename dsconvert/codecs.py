@@ -502,14 +502,18 @@ def resize_rgb(pixels: np.ndarray, resize: Optional[int] = None,
 
 def scaled_eighths(height: int, width: int, out_h: int, out_w: int) -> int:
     """The smallest n of 1/8, 2/8, 4/8 (DCT scaling) at which a ``height`` x ``width`` JPEG
-    still covers ``out_h`` x ``out_w`` pixels with 12/11 to spare; 8 (a full decode) when none
-    does. libjpeg-turbo's other n/8 scales (3/8, 5/8, 3/4, 7/8) decode slower than the full
-    size, whose IDCT and colour conversion are SIMD (3/4: 0.89 ms against 0.55 ms for a 375x500
-    photo, 8.1 ms against 4.4 ms at 1600x1200; 1/4: 0.40 and 3.0 ms). The spare leaves the bilinear filter a reduction of its own: where the DCT
-    scaling alone made the output, the pixels were its sharper filter's, up to 3 mean levels
-    from Pillow's bilinear; with it, within about 1.2."""
+    still covers ``out_h`` x ``out_w`` pixels 2.5 times over; 8 (a full decode) when none does.
+
+    The DCT scaling filters unlike the bilinear filter (at 1/8 each pixel is its 8x8 block's
+    mean), so the bilinear filter must still reduce by 2.5 for the output to stay within 1.5
+    mean levels of a full decode and Pillow's resize: on 725 photos, odd sizes, subsamplings and
+    a scanned text page at 32-256 pixels the worst was 1.37 (with 12/11 to spare it was 8.4, on
+    the text page, and 5.0 on a photo at 32 pixels; with 2, 2.5). libjpeg-turbo's other n/8
+    scales (3/8, 5/8, 3/4, 7/8) decode slower than the full size, whose IDCT and colour
+    conversion are SIMD (3/4: 0.89 ms against 0.55 ms for a 375x500 photo, 8.1 ms against 4.4 ms
+    at 1600x1200; 1/4: 0.40 and 3.0 ms)."""
     for n in (1, 2, 4):
-        if height * n * 11 >= out_h * 8 * 12 and width * n * 11 >= out_w * 8 * 12:
+        if height * n * 2 >= out_h * 8 * 5 and width * n * 2 >= out_w * 8 * 5:
             return n
     return 8
 
@@ -543,7 +547,9 @@ def bilinear(pixels: np.ndarray, out_h: int, out_w: int, box: Optional[Tuple[flo
     box_w, box_h = box if box is not None else (float(w), float(h))
     if (out_h, out_w) == (h, w) and (box_w, box_h) == (w, h):
         return pixels
-    if resampler == "torch":
+    # torch's kernel resizes the width first, through a height x out_w array: a 1 x 4,000,000
+    # strip at --size 224x224 would take 2.7 GB there (Pillow's reads only the rows it needs)
+    if resampler == "torch" and h * out_w <= 4 * max(h * w, out_h * out_w):
         import torch
         import torch.nn.functional as F
 

@@ -482,7 +482,7 @@ BENCHMARKS: Dict[str, Dict[str, Any]] = {
                  "render": render_diagnose},
     "remote": {"argv": lambda a: ["scripts/bench_remote.py", "--photos", "2000", "--rounds", str(a.rounds + 2)],
                "render": render_remote},
-    "resize": {"argv": lambda a: ["scripts/bench_resize.py", "--photos", str(a.photos), "--large", "600",
+    "resize": {"argv": lambda a: ["scripts/bench_resize.py", "--photos", str(a.photos), "--large", "400",
                                   "--rounds", str(a.rounds)],
                "render": render_resize},
     "loader": {"argv": lambda a: ["scripts/bench_loader.py", "--photos", "1200", "--rounds", str(a.rounds)],

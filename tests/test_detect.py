@@ -732,3 +732,19 @@ def test_garbage_that_starts_like_a_text_pickle_is_damaged(tmp_path, first):
         assert d.kind == "pickle" and not d.damaged, (proto, d)
         d = detect(write(str(tmp_path / f"cut{proto}.pkl"), data[:50]))  # a whole file without its STOP
         assert d.damaged, (proto, d)
+
+
+def test_pickles_of_protocols_0_and_1_start_with_any_of_their_opcodes(tmp_path):
+    """No magic: a float, a long, a small int, an empty tuple, a 70 kB string are all pickles;
+    a head whose argument declares more bytes than the file holds is not."""
+    import pickle
+
+    for i, (proto, obj) in enumerate([(0, 1.5), (0, 2 ** 40), (1, 5), (1, ()), (1, "hello"), (1, 1.5), (1, -1),
+                                      (1, "y" * 70000)]):
+        d = detect(write(str(tmp_path / f"v{i}.pkl"), pickle.dumps(obj, protocol=proto)))
+        assert d.kind == "pickle" and not d.damaged, (proto, obj, d)
+    rng = np.random.default_rng(0)
+    for i, head in enumerate([b"\x80\x04B\xff\xff\xff\x7f", b"\x80\x03X\x00\x00\x10\x00", b"T\x00\x00\x02\x00"]):
+        body = rng.integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+        d = detect(write(str(tmp_path / f"g{i}.pkl"), head + body))
+        assert d.kind == "pickle" and d.damaged and "past the file's end" in d.description, d

@@ -238,10 +238,22 @@ def _jpeg(path, photo, size, **save):
     photo.convert(save.pop("mode", "RGB")).resize(size, Image.Resampling.BICUBIC).save(path, "JPEG", **save)
 
 
+def _text_page(size):
+    from PIL import ImageDraw
+
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    for row in range(0, size[1] - 12, 14):
+        draw.text((8, row), "The quick brown fox jumps over the lazy dog 0123456789 " * 6, fill="black")
+    return img
+
+
 def test_resize_decodes_at_reduced_scale_within_a_level(tmp_path, photos):
-    """A fast decoder decodes at the smallest n/8 DCT scale covering the resized output: the
-    pixels stay within 1.5 mean levels (and 35 dB) of Pillow's full decode + bilinear resize,
-    across sizes that are no multiple of 8, every chroma subsampling, progressive and grey JPEGs."""
+    """A fast decoder decodes at 1/2, 1/4 or 1/8 DCT scale where that covers the resized output
+    2.5 times over: the pixels stay within 1.5 mean levels (and 30 dB) of Pillow's full decode +
+    bilinear resize, across sizes that are no multiple of 8, every chroma subsampling,
+    progressive and grey JPEGs, a page of text, and small outputs; the same bytes from a pool of
+    workers (one torch thread each) as from the main process."""
     from dsconvert.codecs import decode_resized, jpeg_decoders, scaled_eighths
 
     fast = [name for name, _ in jpeg_decoders() if name != "pil"]
@@ -251,14 +263,18 @@ def test_resize_decodes_at_reduced_scale_within_a_level(tmp_path, photos):
     names = sorted(photos)
     cases = [((491, 373), {}), ((1203, 797), {"subsampling": 0}), ((640, 480), {"subsampling": 1}),
              ((900, 1300), {"progressive": True}), ((517, 389), {"mode": "L"}), ((300, 200), {}),
-             ((2000, 1500), {"quality": 95})]
+             ((1600, 1200), {"quality": 95}), ((1601, 1203), {"text": True})]
     for i, (size, save) in enumerate(cases):
-        _jpeg(os.path.join(src, f"c{i % 2}", f"{i}.jpg"), photos[names[i % len(names)]], size,
-              **{"quality": 90, **save})
-    for resize in (256, 150):
-        out = str(tmp_path / f"npy{resize}")
-        m = convert(src, out, format="npy", resize=resize, decoder=fast[0], workers=1).manifest
+        img = _text_page(size) if save.pop("text", False) else photos[names[i % len(names)]]
+        _jpeg(os.path.join(src, f"c{i % 2}", f"{i}.jpg"), img, size, **{"quality": 90, **save})
+    outs = {}
+    for resize, workers in ((150, 2), (150, 1), (48, 1)):
+        out = outs[(resize, workers)] = str(tmp_path / f"npy{resize}-{workers}")
+        m = convert(src, out, format="npy", resize=resize, decoder=fast[0], workers=workers,
+                    samples_per_shard=3).manifest
         assert m.options["scaled_decode"] is True and not m.skipped
+        if workers == 2:
+            continue
         ds = open_dataset(out, decode="numpy")
         scaled = 0
         for i, (path, _) in enumerate(reference_image_folder(src)):
@@ -269,18 +285,14 @@ def test_resize_decodes_at_reduced_scale_within_a_level(tmp_path, photos):
             assert got.shape == expected.shape
             mae = np.abs(got - expected).mean()
             psnr = 10 * np.log10(255 ** 2 / max(np.mean((got - expected) ** 2.0), 1e-9))
-            assert mae < 1.5 and psnr > 35, (path, resize, mae, psnr)
+            assert mae < 1.5 and psnr > 30, (path, resize, mae, psnr)
             scaled += scaled_eighths(ref.height, ref.width, h, w) < 8
             with open(path, "rb") as f:  # the cache holds exactly what decode_resized gives
                 assert np.array_equal(ds[i][0], decode_resized(f.read(), fast[0], resize, scaled=True,
                                                                resampler=m.options["resampler"]))
-        assert scaled >= 3  # the large ones reached the reduced-scale path (1/2 or 1/4)
-    # the same bytes from a pool of workers (one torch thread each) as from the main process
-    out2 = str(tmp_path / "npy150-2")
-    convert(src, out2, format="npy", resize=150, decoder=fast[0], workers=2, samples_per_shard=3)
-    out1 = str(tmp_path / "npy150-1")
-    convert(src, out1, format="npy", resize=150, decoder=fast[0], workers=1, samples_per_shard=3)
-    tree = [{name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d))} for d in (out1, out2)]
+        assert scaled >= 3  # the large ones reached the reduced-scale path
+    tree = [{name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d))}
+            for d in (outs[(150, 1)], outs[(150, 2)])]
     assert tree[0] == tree[1] and len(tree[0]) > 4
     # Pillow's exact pipeline stays: decoder="pil" records no scaled decoding
     m = convert(src, str(tmp_path / "pil"), format="npy", resize=150, decoder="pil", workers=1).manifest
@@ -362,3 +374,39 @@ def test_a_strip_that_resize_would_blow_up_is_a_counted_skip(tmp_path, photos, d
     from dsconvert.source import scan
 
     assert estimate_output_bytes(scan(src), decoded=True, resize=256).bytes == 256 * 341 * 3
+
+
+def test_a_tall_strip_at_a_fixed_size_does_not_take_gigabytes(tmp_path):
+    """`--size 224x224` of a 1 x 2,000,000 PNG (within the pixel limit): torch's kernel would
+    resize the width first through a 2,000,000 x 224 array (1.3 GB); Pillow's kernel takes it."""
+    pytest.importorskip("torch")
+    import resource
+    import sys
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    Image.new("RGB", (1, 2_000_000), (10, 200, 30)).save(src / "tall.png")
+    Image.new("RGB", (64, 48), (1, 2, 3)).save(src / "small.png")
+    code = ("import sys; from dsconvert import convert; "
+            "m = convert(sys.argv[1], sys.argv[2], 'npy', size=(224, 224), workers=1).manifest; "
+            "assert m.num_samples == 2 and m.options['resampler'] == 'torch', m.options")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "src"), str(tmp_path / "out")], check=True)
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert peak_mb < 900, peak_mb
+    arr, _ = open_dataset(str(tmp_path / "out"), decode="numpy")[1]  # small.png sorts first
+    assert arr.shape == (224, 224, 3) and abs(int(arr[100, 100, 1]) - 200) <= 1
+
+
+def test_an_unidentifiable_image_has_the_same_reason_every_run(tmp_path, photos):
+    """With --no-verify an image Pillow cannot identify is skipped when decoded; its reason must
+    not name a Python object's address, or two runs would write different manifests."""
+    src = str(tmp_path / "src")
+    _jpeg(os.path.join(src, "a", "ok.jpg"), next(iter(photos.values())), (64, 48))
+    write(os.path.join(src, "a", "junk.jpg"), b"\xff\xd8\xff" + b"junk" * 50)
+    write(os.path.join(src, "a", "text.png"), b"not a png at all")
+    reasons = []
+    for run in range(2):
+        m = convert(src, str(tmp_path / f"out{run}"), format="npy", resize=32, verify=False, workers=1).manifest
+        reasons.append(sorted(s["reason"] for s in m.skipped))
+    assert reasons[0] == reasons[1] and len(reasons[0]) == 2
+    assert not any("0x" in r for r in reasons[0]), reasons[0]

@@ -22,6 +22,7 @@ import io
 import json
 import os
 import pickletools
+import re
 import posixpath
 import stat as stat_mod
 import struct
@@ -298,10 +299,16 @@ def _list_dir(store: _Store, path: str, real_root: str, walk: _Walk) -> List[Tup
 # ---------------------------------------------------------------------------------------------
 # one file: what its first and last bytes say
 
-def _pickle_damage(head: bytes, whole: bool) -> str:
-    """Why the first bytes of a pickle are not one ("" when they parse as far as they go: to
-    its STOP when ``head`` is the whole file). ``pickletools.genops`` only disassembles:
-    nothing is loaded, nothing runs."""
+# protocols 0 and 1 have no magic: a pickle of theirs starts with any of their opcodes
+_TEXT_PICKLE_STARTS = frozenset(op.code.encode("latin-1") for op in pickletools.opcodes if op.proto <= 1)
+_DECLARED = re.compile(r"expected (\d+) bytes in a .*, but only (\d+) remain")
+
+
+def _pickle_damage(head: bytes, size: int) -> str:
+    """Why the first bytes of a ``size``-byte pickle are not one ("" when they parse as far as
+    they go: to its STOP when ``head`` is the whole file; an argument cut by the head's end
+    must fit in the file). ``pickletools.genops`` only disassembles: nothing is loaded or run."""
+    whole = size <= len(head)
     try:
         for _ in pickletools.genops(io.BytesIO(head)):
             pass
@@ -310,6 +317,9 @@ def _pickle_damage(head: bytes, whole: bool) -> str:
         cut = any(c in text for c in ("exhausted", "no newline found", "not enough data", "but only"))
         if whole or not cut:  # an unknown opcode, a malformed argument, or a whole file without its end
             return f"not a pickle: {text[:120]}"
+        m = _DECLARED.search(text)
+        if m and len(head) - int(m.group(2)) + int(m.group(1)) > size:
+            return f"not a pickle: an argument declares {int(m.group(1)):,} bytes, past the file's end"
     return ""
 
 
@@ -486,14 +496,14 @@ def _sniff_unsafe(store: _Store, e: _Entry) -> _Sniff:
                 return _Sniff("tfrecord", f"truncated: the first record declares {length:,} bytes")
             return _Sniff("tfrecord", info={"first_record": length})
     if len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and chr(head[2]) in pickletools.code2op:
-        return _Sniff("pickle", _pickle_damage(head, size <= len(head)), info={"protocol": head[1]})
+        return _Sniff("pickle", _pickle_damage(head, size), info={"protocol": head[1]})
     if size > 512:
         at = _hdf5_userblock(store, e.path, size)
         if at:
             return _Sniff("hdf5", info={"userblock": at})
-    if hint == "pickle" and head[:1] in (b"(", b"]", b"}", b"c", b"I", b"S", b"V", b"N", b"\x80"):
-        # the old text protocols have no magic: their opcodes must parse
-        return _Sniff("pickle", _pickle_damage(head, size <= len(head)), info={"protocol": "0 or 1"})
+    if hint == "pickle" and head[:1] in _TEXT_PICKLE_STARTS:
+        # the old protocols have no magic: their opcodes must parse
+        return _Sniff("pickle", _pickle_damage(head, size), info={"protocol": "0 or 1"})
     if hint == "webdataset" and len(head) >= 1024 and not head.strip(b"\0"):
         return _Sniff("webdataset", "an empty tar archive (only end-of-archive blocks)")
     if hint:

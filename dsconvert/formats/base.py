@@ -24,10 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
+from PIL import UnidentifiedImageError
 
 from ..codecs import decode_resized, field_kind, pixel_limit
 from ..errors import BadInputError, ManifestError
@@ -187,8 +189,10 @@ def pixels_for(spec: ShardSpec, data: bytes) -> np.ndarray:
                                                    resampler=opts.get("resampler", "pil")))
     except BadInputError:
         raise
+    except UnidentifiedImageError:  # its message names a BytesIO by address: not the same twice
+        raise BadInputError("cannot decode image: Pillow cannot identify the format") from None
     except Exception as exc:  # --no-verify let a bad image through: skip it now
-        raise BadInputError(f"cannot decode image: {exc}") from None
+        raise BadInputError(f"cannot decode image: {re.sub(' at 0x[0-9a-fA-F]+', '', str(exc))}") from None
 
 
 class Sink:
