@@ -431,8 +431,8 @@ def render_resize(data: Dict[str, Any]) -> str:
               "previous": f"previous: revision {meta.get('previous_rev')} (fast decoder in full, Pillow's resize)",
               "pil": "`--decoder pil` (Pillow's full decode, then its bilinear resize)",
               "full": "the fast decoder in full, then torch's bilinear kernel (the DCT scaling switched off)",
-              "scaled": "default: the fast decoder at 1/2, 1/4 or 1/8 DCT scale where that covers the output, "
-                        "then torch's bilinear kernel"}
+              "scaled": "default: the fast decoder at 1/2, 1/4 or 1/8 DCT scale where that covers the output "
+                        "2.5 times over, then torch's bilinear kernel"}
     lines = [f"`dsconvert shard SRC --format npy --resize 256`, {meta['workers']} workers, verification on; each "
              f"writer a fresh process per round, {meta['rounds']} interleaved rounds (the writers in a rotating "
              "order), photos/s, median [range]; the ratio is the median of the same round's ratios to *before*.", "",

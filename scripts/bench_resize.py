@@ -9,9 +9,9 @@ revision ``--previous-rev``: the last version before the DCT scaling and torch's
 which decoded with the fast decoder and resized with Pillow), ``pil`` (this
 checkout, ``--decoder pil``: Pillow's full decode, then its bilinear resize), ``full`` (this
 checkout's fast decoder with the DCT scaling switched off: what the code did before it) and
-``scaled`` (this checkout's default: the smallest n/8 DCT scale that covers the output, then
-the bilinear filter). Two sources: the demo photos (375-pixel short side: 3/4 scale) and large
-photos (2400x1800: 1/2). photos/s, median [range]; each ratio is the median of the same
+``scaled`` (this checkout's default: 1/2, 1/4 or 1/8 DCT scale where that covers the output 2.5
+times over, then the bilinear filter). Two sources: the demo photos (375-pixel short side: no
+scale covers 256 so, they decode in full) and large photos (2400x1800: 1/2). photos/s, median [range]; each ratio is the median of the same
 round's ratios to ``before``.
 """
 
