@@ -570,7 +570,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         o = m.options
         shape = f"resize {o['resize']}" if o.get("resize") else (
             f"size {o['size'][0]}x{o['size'][1]}" if o.get("size") else "full size")
-        how = (", decoded at reduced DCT scale where it covers the size" if o.get("scaled_decode") else "") + (
+        how = (", large JPEGs decoded at 1/2-1/8 DCT scale (covering the size 2.5x over)" if o.get("scaled_decode")
+               else "") + (
             f", resized by {o['resampler']}'s bilinear kernel" if o.get("resampler") else "")
         print(f"pixels:      RGB uint8, {shape}, JPEG decoder {_known(o.get('decoder'))}{how}")
     elif m.options.get("max_size"):
