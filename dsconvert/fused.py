@@ -6,10 +6,11 @@ transforms, and folds them into decoding:
 
 * ``RandomResizedCrop`` picks its crop box first, with torch's generator in exactly the order
   torchvision's ``get_params`` draws (so a seeded run crops the same boxes), then decodes the
-  JPEG at the largest DCT-domain reduction (1/2, 1/4, 1/8) that still leaves the box at least
-  the output size, and resizes only the box;
+  JPEG at the largest DCT-domain reduction (1/2, 1/4, 1/8) that still leaves the box 2.5 times
+  the output size (``DCT_MARGIN``: the bilinear filter must still do most of the reduction,
+  or text and fine detail drift from torchvision's pixels), and resizes only the box;
 * ``Resize`` (shorter side or exact size), optionally followed by ``CenterCrop``, decodes at the
-  largest reduction that leaves the image at least the resized size; ``RandomCrop`` and
+  largest reduction that leaves the image 2.5 times the resized size; ``RandomCrop`` and
   ``CenterCrop`` alone crop the decoded pixels;
 * a following ``RandomHorizontalFlip`` and the conversion to a tensor (``PILToTensor``,
   ``ToTensor``, v2's ``ToImage``) are applied to the array, never through a PIL image; every
@@ -36,11 +37,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from .codecs import _JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, check_pixels, fast_decode, jpeg_decoders
+from .codecs import _JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode, jpeg_decoders
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
 
 REDUCTIONS = (8, 4, 2)  # DCT-domain scaling factors 1/8, 1/4, 1/2, largest reduction first
+DCT_MARGIN = 2.5  # a reduced decode must cover the output this many times over (codecs.scaled_eighths)
 _TORCH_FILTERS = {"bilinear": "bilinear", "bicubic": "bicubic"}
 _PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
                 "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS,
@@ -230,9 +232,12 @@ def resized_size(height: int, width: int, resize: Any, max_size: Optional[int] =
 
 def _reduction(height: int, width: int, need_h: float, need_w: float) -> int:
     """The largest DCT reduction k (1/k) that keeps a ``height`` x ``width`` region at least
-    ``need_h`` x ``need_w`` pixels."""
+    ``DCT_MARGIN`` times ``need_h`` x ``need_w`` pixels: the DCT scaling filters unlike the
+    bilinear filter, which must still do most of the reduction (see
+    :func:`dsconvert.codecs.scaled_eighths`; with no margin a page of text resized to 256 was 5.8
+    mean levels from torchvision's pixels)."""
     for k in REDUCTIONS:
-        if height / k >= need_h and width / k >= need_w:
+        if height / k >= need_h * DCT_MARGIN and width / k >= need_w * DCT_MARGIN:
             return k
     return 1
 
@@ -259,6 +264,13 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]]) -> Tuple
                     k = round(width / box[2])
                 return np.asarray(img.convert("RGB")), k
     return np.asarray(_pil_rgb(data)), 1
+
+
+@functools.lru_cache(maxsize=1)
+def _has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 @functools.lru_cache(maxsize=1)
@@ -328,7 +340,7 @@ class FusedTransform:
 
             def need(height: int, width: int) -> Tuple[float, float]:
                 box.append(rrc_box(height, width, g.scale, g.ratio))
-                # reduce only while the box stays at least the output size (never upsample more)
+                # reduce only while the box stays DCT_MARGIN times the output size
                 return g.size[0] * height / box[0][2], g.size[1] * width / box[0][3]
 
             pixels, k = _decode(data, need)
@@ -338,12 +350,18 @@ class FusedTransform:
         if g.kind == "resize":
             target: List[Tuple[int, int]] = []
 
+            full: List[Tuple[int, int]] = []
+
             def need_resized(height: int, width: int) -> Tuple[float, float]:
+                full.append((height, width))
                 target.append(resized_size(height, width, g.resize, g.max_size))
                 return target[0]
 
-            pixels, _ = _decode(data, need_resized)
-            return self._from_resize(pixels, target[0] if target else None)
+            pixels, k = _decode(data, need_resized)
+            # at 1/k the image's ceil(width / k) columns cover width / k of it: the resize maps
+            # exactly that area (resizing all the columns would stretch it by up to one pixel)
+            area = (full[0][1] / k, full[0][0] / k) if k > 1 and full else None
+            return self._from_resize(pixels, target[0] if target else None, area)
         pixels, _ = _decode(data, lambda h, w: (h, w))
         return self.from_pixels(pixels)
 
@@ -373,7 +391,9 @@ class FusedTransform:
 
     # --- steps -------------------------------------------------------------------------
 
-    def _from_resize(self, pixels: np.ndarray, target: Optional[Tuple[int, int]]) -> Any:
+    def _from_resize(self, pixels: np.ndarray, target: Optional[Tuple[int, int]],
+                     area: Optional[Tuple[float, float]] = None) -> Any:
+        """``area``: (width, height) of ``pixels`` that the image covers, when decoded at 1/k."""
         g = self.geometry
         assert g is not None
         if target is None:  # pixels at full resolution
@@ -381,7 +401,14 @@ class FusedTransform:
         # a 12000 x 1 image resized to a 256 shorter side would be 3 million pixels long: refused
         # as the pixel limit refuses a bomb, not allocated (torchvision would allocate it)
         check_pixels(target[1], target[0])
-        resized = _resize(pixels, target[0], target[1], g.interpolation)
+        if area is None:
+            resized = _resize(pixels, target[0], target[1], g.interpolation)
+        elif g.interpolation == "bilinear":
+            resized = bilinear(pixels, target[0], target[1], area, "torch" if _has_torch() else "pil")
+        else:
+            img = Image.fromarray(np.ascontiguousarray(pixels))
+            resized = np.asarray(img.resize((target[1], target[0]), _PIL_FILTERS[g.interpolation],
+                                            box=(0.0, 0.0, area[0], area[1])))
         if g.crop is None:
             return self._finish(resized)
         ch, cw = g.crop
