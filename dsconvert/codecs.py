@@ -43,7 +43,6 @@ __all__ = [
     "resolve_decoder",
     "decode_rgb",
     "fast_decode",
-    "resize_rgb",
     "decode_resized",
     "bilinear",
     "resolve_resampler",
@@ -195,14 +194,18 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
 # --- decoding when reading --------------------------------------------------------------
 
 
-def check_pixels(width: int, height: int) -> None:
+def check_pixels(width: int, height: int, resized_from: Optional[Tuple[int, int]] = None) -> None:
     """Refuse to decode an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (None: no limit;
     :func:`pixel_limit` sets it), for the fast JPEG decoders, which do not check at all: a
     50 kB file declaring 30000 x 30000 pixels would allocate 2.7 GB. (Pillow checks the same
-    limit itself: :func:`_pil_open`.)"""
+    limit itself: :func:`_pil_open`.) ``resized_from`` = (width, height): the same limit on what
+    a resize of that image would allocate (``--resize 256`` makes a 1 x 65000 strip, 65,000
+    pixels, 256 x 16,640,000: a 12 GB array)."""
     limit = Image.MAX_IMAGE_PIXELS
     if limit and width * height > limit:
-        raise BadInputError(f"decompression bomb: {width}x{height} = {width * height} pixels exceeds the limit "
+        what = (f"resizing {resized_from[0]}x{resized_from[1]} to" if resized_from is not None
+                else "decompression bomb:")
+        raise BadInputError(f"{what} {width}x{height} = {width * height} pixels exceeds the limit "
                             f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
 
 
@@ -488,18 +491,6 @@ def resized_shape(height: int, width: int, resize: Optional[int] = None,
     return (resize, new_long) if height <= width else (new_long, resize)
 
 
-def resize_rgb(pixels: np.ndarray, resize: Optional[int] = None,
-               size: Optional[Tuple[int, int]] = None) -> np.ndarray:
-    """Resize with Pillow's bilinear filter (antialiased when shrinking), as
-    ``torchvision.transforms.Resize`` does on PIL images."""
-    h, w = pixels.shape[:2]
-    nh, nw = resized_shape(h, w, resize, size)
-    if (nh, nw) == (h, w):
-        return pixels
-    img = Image.fromarray(pixels).resize((nw, nh), Image.Resampling.BILINEAR)
-    return np.asarray(img)
-
-
 def scaled_eighths(height: int, width: int, out_h: int, out_w: int) -> int:
     """The smallest n of 1/8, 2/8, 4/8 (DCT scaling) at which a ``height`` x ``width`` JPEG
     still covers ``out_h`` x ``out_w`` pixels 2.5 times over; 8 (a full decode) when none does.
@@ -574,44 +565,37 @@ def bilinear(pixels: np.ndarray, out_h: int, out_w: int, box: Optional[Tuple[flo
 
 def decode_resized(data: bytes, decoder: str = "pil", resize: Optional[int] = None,
                    size: Optional[Tuple[int, int]] = None, scaled: bool = True, resampler: str = "pil") -> np.ndarray:
-    """:func:`decode_rgb` then :func:`resize_rgb`, with a JPEG decoded by a fast decoder at the
-    smallest n/8 DCT scale that still covers the output (``scaled``): decode time falls with the
-    pixels, and the bilinear filter then maps the exact area those pixels cover (a float box:
+    """:func:`decode_rgb` then :func:`bilinear` to the size ``resize`` (shorter side) or ``size``
+    give, with a JPEG decoded by a fast decoder at the smallest n/8 DCT scale that still covers
+    the output (``scaled``; :func:`scaled_eighths`, 8/8 when none does): decode time falls with
+    the pixels, and the bilinear filter then maps the exact area those pixels cover (a float box:
     ceil(width * n / 8) columns cover width * n / 8 of them) to the output, so nothing shifts.
     ``decoder="pil"`` with ``resampler="pil"`` is Pillow's exact pipeline (full decode, then
     resize); ``resampler``: see :func:`resolve_resampler`."""
     if scaled and (resize is not None or size is not None) and decoder != "pil" and data[:3] == _JPEG_MAGIC:
         fast = next((fn for name, fn in jpeg_decoders() if name == decoder), None)
+        header = None
         if isinstance(fast, FastJpeg):
             try:
-                height, width, cmyk = fast.header(data)
+                header = fast.header(data)
             except Exception:
-                cmyk, height, width = True, 0, 0  # Pillow decides, below
-            if not cmyk and height > 0 and width > 0:
-                check_pixels(width, height)
-                out_h, out_w = resized_shape(height, width, resize, size)
-                _check_resized(height, width, out_h, out_w)
-                n = scaled_eighths(height, width, out_h, out_w)
-                if n < 8:
-                    try:
-                        pixels = fast.eighths(data, n)
-                    except Exception:
-                        pixels = None  # a libjpeg warning: the full decode below lets Pillow decide
-                    if pixels is not None:
-                        return bilinear(pixels, out_h, out_w, (width * n / 8, height * n / 8), resampler)
+                pass  # Pillow decides, below
+        if header is not None and not header[2] and header[0] > 0 and header[1] > 0:
+            height, width, _ = header
+            check_pixels(width, height)
+            out_h, out_w = resized_shape(height, width, resize, size)
+            check_pixels(out_w, out_h, resized_from=(width, height))
+            n = scaled_eighths(height, width, out_h, out_w)
+            try:  # one header read: the full size (n = 8) is decoded here too
+                pixels = fast.eighths(data, n)
+            except Exception:
+                pixels = None  # a libjpeg warning: the full decode below lets Pillow decide
+            if pixels is not None:
+                return bilinear(pixels, out_h, out_w, (width * n / 8, height * n / 8), resampler)
     pixels = decode_rgb(data, decoder)
     out_h, out_w = resized_shape(pixels.shape[0], pixels.shape[1], resize, size)
-    _check_resized(pixels.shape[0], pixels.shape[1], out_h, out_w)
+    check_pixels(out_w, out_h, resized_from=(pixels.shape[1], pixels.shape[0]))
     return bilinear(pixels, out_h, out_w, resampler=resampler)
-
-
-def _check_resized(height: int, width: int, out_h: int, out_w: int) -> None:
-    """The pixel limit on what a resize would allocate: ``--resize 256`` makes a 1 x 65000
-    strip (65,000 pixels, within any limit) 256 x 16,640,000, a 12 GB array."""
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit and out_h * out_w > limit:
-        raise BadInputError(f"resizing {width}x{height} to {out_w}x{out_h} = {out_h * out_w} pixels exceeds the "
-                            f"limit of {limit} (PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
 
 
 def image_size(path: str) -> Tuple[int, int]:

@@ -267,13 +267,6 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]]) -> Tuple
 
 
 @functools.lru_cache(maxsize=1)
-def _has_torch() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
-
-
-@functools.lru_cache(maxsize=1)
 def _cv2() -> Any:
     """OpenCV when it imports (optional: only for enlarging, where it equals the antialiased
     bilinear filter to within 0.2 levels)."""
@@ -404,7 +397,7 @@ class FusedTransform:
         if area is None:
             resized = _resize(pixels, target[0], target[1], g.interpolation)
         elif g.interpolation == "bilinear":
-            resized = bilinear(pixels, target[0], target[1], area, "torch" if _has_torch() else "pil")
+            resized = bilinear(pixels, target[0], target[1], area, "torch")  # fused runs on torch (_finish)
         else:
             img = Image.fromarray(np.ascontiguousarray(pixels))
             resized = np.asarray(img.resize((target[1], target[0]), _PIL_FILTERS[g.interpolation],

@@ -15,7 +15,8 @@ from typing import Callable, Optional, Tuple
 
 from PIL import Image
 
-from .codecs import image_size, is_image_field, resized_shape
+from .codecs import check_pixels, image_size, is_image_field, resized_shape
+from .errors import BadInputError
 from .io.location import is_remote
 from .source import Sample, Source, SourceFile
 
@@ -82,8 +83,9 @@ def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] =
             h, w = resized_shape(*_image_size(source, f), resize=resize)
         except Exception:
             continue  # unreadable now: it will be skipped, and takes no room
-        limit = Image.MAX_IMAGE_PIXELS
-        if limit and h * w > limit:
+        try:
+            check_pixels(w, h)
+        except BadInputError:
             continue  # past the pixel limit (a strip --resize would blow up): skipped too
         total += h * w * 3
         counted += 1
