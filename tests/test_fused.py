@@ -352,3 +352,24 @@ def test_a_resize_that_would_amplify_a_thin_image_is_refused(torch):
     data = encode(Image.new("RGB", (12000, 1), (5, 5, 5)), quality=90)
     with pytest.raises(BadInputError, match="decompression bomb"):
         fz.fuse(CropToTensor(224, resize=256)).from_bytes(data)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_eval_resizes_only_up_to_the_crop_and_equals_resizing_all_of_it(torch, interpolation):
+    """Resize + CenterCrop computes the resize only up to the crop's far edges: the pixels are
+    exactly those of resizing the whole image then cropping, on every shape around the
+    common ones (portrait, landscape, odd sizes, shrinking and mixed)."""
+    rng = np.random.default_rng(0)
+    shapes = [(375, 500), (500, 375), (427, 640), (257, 301), (300, 260), (1000, 230), (240, 900), (1999, 1501)]
+    shapes += [tuple(int(v) for v in rng.integers(180, 700, size=2)) for _ in range(40)]
+    for resize, crop in ((256, 224), (240, 224), (128, 112)):
+        g = fz.Geometry("resize", resize=resize, crop=(crop, crop), interpolation=interpolation)
+        for h, w in shapes:
+            pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+            target = fz.resized_size(h, w, resize)
+            if not fz._crop_only((h, w), target, g):
+                continue
+            full = fz._resize(pixels, target[0], target[1], interpolation)
+            top, left = int(round((target[0] - crop) / 2.0)), int(round((target[1] - crop) / 2.0))
+            assert np.array_equal(fz._resized_centre(pixels, target, (crop, crop), interpolation),
+                                  full[top:top + crop, left:left + crop]), (h, w, resize)

@@ -100,3 +100,32 @@ def test_flock_between_threads_of_one_process(tmp_path):
         t.join()
     probe()
     assert seen == [False, True]
+
+
+def _frozen_in_worker(label):
+    """A target transform that reports, from inside the worker, how many objects are frozen."""
+    import gc
+
+    return gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("fmt", ["wds", "npy"])
+def test_dataloader_workers_freeze_what_they_inherit_and_the_main_process_does_not(torch, image_folder, tmp_path,
+                                                                                   fmt):
+    """A forked worker's first full collection walks every object its parent made and copies
+    the pages they lie on; the readers freeze those objects in each worker, never in the
+    user's own process."""
+    import gc
+
+    from dsconvert import convert, open_dataset
+
+    out = str(tmp_path / fmt)
+    convert(image_folder, out, format=fmt)
+    ds = open_dataset(out, decode="numpy", target_transform=_frozen_in_worker)
+    before = gc.get_freeze_count()
+    in_main = [y for _, y in ds] if fmt == "wds" else [ds[i][1] for i in range(len(ds))]
+    assert set(in_main) == {before} and gc.get_freeze_count() == before
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=lambda b: [y for _, y in b],
+                                         multiprocessing_context="fork")
+    counts = [y for batch in loader for y in batch]
+    assert len(counts) == len(ds) and min(counts) > before + 1000

@@ -39,7 +39,7 @@ from PIL import Image
 from ..errors import ManifestError
 from ..io.localfs import atomic_write
 from ..io.locks import file_lock
-from ..processes import ProcessLocal
+from ..processes import ProcessLocal, settle_worker
 from .base import TorchDataset, Transforms
 
 __all__ = ["CachedDataset"]
@@ -117,6 +117,7 @@ class CachedDataset(Transforms, TorchDataset):
     def _st(self) -> _State:
         st = self._local.get("state")
         if st is None:
+            settle_worker()
             st = self._local["state"] = _State(self.cache_dir)
             self._load_index(st)
             self._refresh(st)

@@ -9,7 +9,7 @@ from ..codecs import ENCODED_MODES, decode_errors_naming
 from ..formats.base import ShardReader
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
-from ..processes import ProcessLocal
+from ..processes import ProcessLocal, settle_worker
 from .base import ShardDataset, TorchDataset, cumulative, locate
 
 __all__ = ["MapDataset"]
@@ -42,6 +42,7 @@ class MapDataset(ShardDataset, TorchDataset):
         """Shard k, opened in this process on first use."""
         shard = self._shards.get(k)
         if shard is None:
+            settle_worker()
             shard = self._shards[k] = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest)
         return shard
 

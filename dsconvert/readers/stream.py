@@ -25,6 +25,7 @@ from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
+from ..processes import settle_worker
 from .base import ShardDataset, TorchIterableDataset, collate
 from .epoch import SharedEpoch
 from .order import Deal, GlobalOrder, parse_position, remaining, worker_place
@@ -247,6 +248,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
     def __iter__(self) -> Iterator[Any]:
         """This worker's part of the epoch (see :mod:`dsconvert.readers.order`). The position
         is fixed here, not at the first ``next``: torchdata asks for it in between."""
+        settle_worker()
         epoch, seen, deal, skip = self._begin()
         return self._iterate(self._raw_samples(epoch, seen, deal, skip))
 
