@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import struct
 import tokenize
 import warnings
@@ -127,7 +128,11 @@ def _pil_open(data: Any) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise BadInputError(f"decompression bomb: {exc}") from None
+        # past twice the limit Pillow's error quotes 2 x MAX_IMAGE_PIXELS: say the limit applied
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{found.group(1)} pixels" if found else "the image"
+        raise BadInputError(f"decompression bomb: {size} exceeds the limit of {Image.MAX_IMAGE_PIXELS} "
+                            "(PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)") from None
     return img
 
 

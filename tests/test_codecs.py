@@ -107,3 +107,14 @@ def test_sidecar_fields():
     assert decode_field("cls", b" 7 ") == 7
     assert decode_field("txt", "héllo".encode()) == "héllo"
     assert decode_field("bin", b"\x00\x01") == b"\x00\x01"
+
+
+@pytest.mark.parametrize("width, height", [(150, 100), (300, 300)])
+def test_a_bomb_is_refused_quoting_the_limit_applied(width, height):
+    """Between the limit and twice it Pillow warns, past twice it raises quoting 2 x the limit:
+    either way the reason names the pixels and the limit that refused them."""
+    data = _png_bomb(width, height)
+    with pytest.raises(BadInputError) as exc:
+        check_image(data, max_pixels=10_000)
+    assert exc.value.reason == (f"decompression bomb: {width * height} pixels exceeds the limit of 10000 "
+                                "(PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
