@@ -334,9 +334,13 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
             warnings.simplefilter("ignore", UserWarning)
             x = torch.from_numpy(pixels[:rows])
     op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
-    # the scales of the whole resize (out / in), for an output that stops at the crop's far edge
-    out = op(x.permute(2, 0, 1).unsqueeze(0), [top + crop_h, left + crop_w], False, out_h / h, out_w / w)
-    return out[0, :, top:, left:].permute(1, 2, 0).numpy()
+    # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;
+    # torch skips an axis whose output is as long as its input whatever the scale, so such an
+    # axis (only when enlarging) gets one more pixel, sliced off below
+    stop_h, stop_w = top + crop_h, left + crop_w
+    size = [stop_h + (stop_h == rows and out_h != h), stop_w + (stop_w == w and out_w != w)]
+    out = op(x.permute(2, 0, 1).unsqueeze(0), size, False, out_h / h, out_w / w)
+    return out[0, :, top:stop_h, left:stop_w].permute(1, 2, 0).numpy()
 
 
 class FusedTransform:

@@ -18,7 +18,7 @@ that the garbage collector tracks). Its first full collection walks them all and
 each one's header, copying every page of the parent's heap: 180 ms per worker per epoch, a
 quarter of a 4,000-sample epoch of a decoded cache (measured). :func:`settle_worker` moves
 them out of the collector's reach (``gc.freeze()``, what CPython's documentation advises
-for a fork that does not exec) once per worker.
+for a fork that does not exec) once per worker; the readers and the source's dataset call it.
 """
 
 from __future__ import annotations

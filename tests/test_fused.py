@@ -360,16 +360,21 @@ def test_eval_resizes_only_up_to_the_crop_and_equals_resizing_all_of_it(torch, i
     exactly those of resizing the whole image then cropping, on every shape around the
     common ones (portrait, landscape, odd sizes, shrinking and mixed)."""
     rng = np.random.default_rng(0)
-    shapes = [(375, 500), (500, 375), (427, 640), (257, 301), (300, 260), (1000, 230), (240, 900), (1999, 1501)]
-    shapes += [tuple(int(v) for v in rng.integers(180, 700, size=2)) for _ in range(40)]
-    for resize, crop in ((256, 224), (240, 224), (128, 112)):
-        g = fz.Geometry("resize", resize=resize, crop=(crop, crop), interpolation=interpolation)
+    shapes = [(375, 500), (500, 375), (427, 640), (257, 301), (300, 260), (1000, 230), (240, 900), (1999, 1501),
+              (240, 240), (240, 320), (100, 100), (45, 60), (250, 400)]  # torch would skip an axis as long as its input
+    shapes += [tuple(int(v) for v in rng.integers(40, 700, size=2)) for _ in range(60)]
+    checked = 0
+    for resize, crop in ((256, (224, 224)), (240, (224, 224)), (128, (112, 112)), (120, (80, 80)), (50, (20, 20)),
+                         ((50, 120), (40, 80)), ((200, 300), (150, 200)), ((256, 256), (224, 224))):
+        g = fz.Geometry("resize", resize=resize, crop=crop, interpolation=interpolation)
         for h, w in shapes:
             pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
             target = fz.resized_size(h, w, resize)
             if not fz._crop_only((h, w), target, g):
                 continue
             full = fz._resize(pixels, target[0], target[1], interpolation)
-            top, left = int(round((target[0] - crop) / 2.0)), int(round((target[1] - crop) / 2.0))
-            assert np.array_equal(fz._resized_centre(pixels, target, (crop, crop), interpolation),
-                                  full[top:top + crop, left:left + crop]), (h, w, resize)
+            top, left = int(round((target[0] - crop[0]) / 2.0)), int(round((target[1] - crop[1]) / 2.0))
+            assert np.array_equal(fz._resized_centre(pixels, target, crop, interpolation),
+                                  full[top:top + crop[0], left:left + crop[1]]), (h, w, resize, crop)
+            checked += 1
+    assert checked > 300

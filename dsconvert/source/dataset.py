@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..codecs import decode_field
 from ..io.location import Location
+from ..processes import settle_worker
 from ..readers.base import TorchDataset, Transforms
 from .samples import Source, SourceFile
 
@@ -88,6 +89,7 @@ class SourceDataset(Transforms, TorchDataset):
         return reader.read(f)
 
     def __getitem__(self, index: int) -> Any:
+        settle_worker()  # a DataLoader worker freezes what it inherited (dsconvert.processes), as the readers do
         sample = self.source.samples[index]
         if self.classification:
             return self._finish(self._image(self._read(sample.files[0])), sample.label)
