@@ -46,6 +46,7 @@ __all__ = [
     "fast_decode",
     "decode_resized",
     "bilinear",
+    "nchw_view",
     "resolve_resampler",
     "scaled_eighths",
     "resized_shape",
@@ -131,8 +132,7 @@ def _pil_open(data: Any) -> Image.Image:
         # past twice the limit Pillow's error quotes 2 x MAX_IMAGE_PIXELS: say the limit applied
         found = re.search(r"\((\d+) pixels\)", str(exc))
         size = f"{found.group(1)} pixels" if found else "the image"
-        raise BadInputError(f"decompression bomb: {size} exceeds the limit of {Image.MAX_IMAGE_PIXELS} "
-                            "(PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)") from None
+        raise _over_limit(f"decompression bomb: {size}") from None
     return img
 
 
@@ -199,6 +199,11 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
 # --- decoding when reading --------------------------------------------------------------
 
 
+def _over_limit(what: str) -> BadInputError:
+    return BadInputError(f"{what} exceeds the limit of {Image.MAX_IMAGE_PIXELS} "
+                         "(PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
+
+
 def check_pixels(width: int, height: int, resized_from: Optional[Tuple[int, int]] = None) -> None:
     """Refuse to decode an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (None: no limit;
     :func:`pixel_limit` sets it), for the fast JPEG decoders, which do not check at all: a
@@ -210,8 +215,7 @@ def check_pixels(width: int, height: int, resized_from: Optional[Tuple[int, int]
     if limit and width * height > limit:
         what = (f"resizing {resized_from[0]}x{resized_from[1]} to" if resized_from is not None
                 else "decompression bomb:")
-        raise BadInputError(f"{what} {width}x{height} = {width * height} pixels exceeds the limit "
-                            f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
+        raise _over_limit(f"{what} {width}x{height} = {width * height} pixels")
 
 
 def _pil_rgb(data: bytes) -> Image.Image:
@@ -534,6 +538,21 @@ def resolve_resampler(name: str = "auto") -> str:
 _torch_threads = ProcessLocal()
 
 
+def nchw_view(pixels: np.ndarray) -> Any:
+    """HWC uint8 ``pixels`` as a 1 x C x H x W torch view, channels-last (torch's fast uint8
+    resize path), no copy. A read-only array (a memory map, Pillow's buffer) is only read by
+    the resize: torch warns about it all the same, so the warning is silenced for those only."""
+    import torch
+
+    if pixels.flags.writeable:
+        x = torch.from_numpy(pixels)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            x = torch.from_numpy(pixels)
+    return x.permute(2, 0, 1).unsqueeze(0)
+
+
 def bilinear(pixels: np.ndarray, out_h: int, out_w: int, box: Optional[Tuple[float, float]] = None,
              resampler: str = "pil") -> np.ndarray:
     """Pillow's antialiased bilinear resize (``torchvision.transforms.Resize`` on PIL images) of
@@ -554,10 +573,7 @@ def bilinear(pixels: np.ndarray, out_h: int, out_w: int, box: Optional[Tuple[flo
         if processes.IN_POOL and "set" not in _torch_threads:  # a pool worker has one core
             torch.set_num_threads(1)
             _torch_threads["set"] = True
-        with warnings.catch_warnings():  # a read-only array (Pillow's buffer) is only read here
-            warnings.simplefilter("ignore", UserWarning)
-            x = torch.from_numpy(np.ascontiguousarray(pixels))
-        x = x.permute(2, 0, 1).unsqueeze(0)  # channels-last: torch's uint8 path
+        x = nchw_view(np.ascontiguousarray(pixels))
         # Pillow's scales (box / output), not torch's own (input / output): the same filter
         out = F.interpolate(x, scale_factor=(out_h / box_h, out_w / box_w), recompute_scale_factor=False,
                             mode="bilinear", antialias=True, align_corners=False)

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
 
-from .codecs import _JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode, jpeg_decoders
+from .codecs import (_JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode,
+                     jpeg_decoders, nchw_view)
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
 
@@ -288,17 +288,9 @@ def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str) -> n
             return cv2.resize(pixels, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
     mode = _TORCH_FILTERS.get(interpolation)
     if mode is not None:
-        import torch
         import torch.nn.functional as F
 
-        if pixels.flags.writeable:
-            x = torch.from_numpy(pixels)
-        else:  # a read-only memory map or Pillow's buffer, only read here: torch warns all the same
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                x = torch.from_numpy(pixels)
-        x = x.permute(2, 0, 1).unsqueeze(0)  # channels-last: the fast uint8 path
-        out = F.interpolate(x, size=(out_h, out_w), mode=mode, antialias=True, align_corners=False)
+        out = F.interpolate(nchw_view(pixels), size=(out_h, out_w), mode=mode, antialias=True, align_corners=False)
         return out[0].permute(1, 2, 0).numpy()
     img = Image.fromarray(np.ascontiguousarray(pixels))
     return np.asarray(img.resize((out_w, out_h), _PIL_FILTERS[interpolation]))
@@ -327,19 +319,13 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
     top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
     scale = h / out_h  # the filter reaches 2 * max(scale, 1) rows (bicubic; bilinear half of it)
     rows = min(h, int(scale * (top + crop_h) + 2 * max(scale, 1.0)) + 2)
-    if pixels.flags.writeable:
-        x = torch.from_numpy(pixels[:rows])
-    else:  # a read-only memory map, only read here: torch warns all the same
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            x = torch.from_numpy(pixels[:rows])
     op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
     # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;
     # torch skips an axis whose output is as long as its input whatever the scale, so such an
     # axis (only when enlarging) gets one more pixel, sliced off below
     stop_h, stop_w = top + crop_h, left + crop_w
     size = [stop_h + (stop_h == rows and out_h != h), stop_w + (stop_w == w and out_w != w)]
-    out = op(x.permute(2, 0, 1).unsqueeze(0), size, False, out_h / h, out_w / w)
+    out = op(nchw_view(pixels[:rows]), size, False, out_h / h, out_w / w)
     return out[0, :, top:stop_h, left:stop_w].permute(1, 2, 0).numpy()
 
 

@@ -22,8 +22,8 @@ import io
 import json
 import os
 import pickletools
-import re
 import posixpath
+import re
 import stat as stat_mod
 import struct
 import tarfile
