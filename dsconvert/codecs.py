@@ -27,6 +27,7 @@ from PIL import Image, UnidentifiedImageError
 
 from . import optional
 from .errors import BadInputError, DsconvertError
+from .jpeg_structure import top_rows
 from .jpeg_structure import whole as jpeg_whole
 from .processes import ProcessLocal
 
@@ -68,6 +69,8 @@ PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")  # unpickled only with allow_pickle
 DECODE_MODES = ("pil", "numpy", "raw", "buffer", "fused")  # fused: decoding fused with the transform (fused.py)
 ENCODED_MODES = ("raw", "buffer")  # modes that hand out the encoded bytes themselves
 
+# the one warning a frame cut by top_rows raises: the entropy-coded data it did not read
+_CUT_WARNING = re.compile(r"Corrupt JPEG data: \d+ extraneous bytes before marker 0xd9$")
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
@@ -235,13 +238,18 @@ class FastJpeg:
 
     def __init__(self, name: str, header: Callable[[bytes], Tuple[int, int, bool]],
                  decode: Callable[[bytes], np.ndarray], reduced: Callable[[bytes, int], np.ndarray],
-                 eighths: Callable[[bytes, int], np.ndarray]):
+                 eighths: Callable[[bytes, int], np.ndarray],
+                 cut: Optional[Callable[[bytes, int], np.ndarray]] = None):
         self.name = name
         self.header = header
         self.decode = decode
         self.reduced = reduced  # (data, k) -> decoded at 1/k in the DCT domain, k in 1, 2, 4, 8
         # (data, n) -> decoded at n/8 in the DCT domain, n in 1..8: ceil(height * n / 8) rows
         self.eighths = eighths
+        # (data, k) -> a frame cut by jpeg_structure.top_rows decoded at 1/k: strict, but for the
+        # one warning the cut itself raises once every row is out; None: the binding cannot stop
+        # at its first warning, so it could not tell that one from an earlier one
+        self.cut = cut
 
     def __call__(self, data: bytes) -> np.ndarray:
         return self.decode(data)
@@ -251,7 +259,7 @@ def _turbo_decoder() -> Optional[FastJpeg]:
     tj = optional.turbojpeg()
     if tj is None:
         return None
-    from turbojpeg import TJPF_RGB
+    from turbojpeg import TJFLAG_STOPONWARNING, TJPF_RGB
 
     cmyk_spaces = (3, 4)  # TJCS_CMYK, TJCS_YCCK
 
@@ -276,7 +284,18 @@ def _turbo_decoder() -> Optional[FastJpeg]:
         f = Fraction(n, 8)
         return scaled(data, (f.numerator, f.denominator) if n != 8 else None)
 
-    return FastJpeg("turbojpeg", header, lambda data: reduced(data, 1), reduced, eighths)
+    def cut(data: bytes, k: int) -> np.ndarray:
+        # stop at the first warning: the cut's own comes only after the last row is out (when
+        # libjpeg looks for the marker after the scan), so any other comes first and is raised
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pixels = tj.decode(data, pixel_format=TJPF_RGB, scaling_factor=(1, k) if k != 1 else None,
+                               flags=TJFLAG_STOPONWARNING)
+        if caught and not (len(caught) == 1 and _CUT_WARNING.match(str(caught[0].message))):
+            raise ValueError(f"libjpeg: {caught[0].message}")
+        return pixels
+
+    return FastJpeg("turbojpeg", header, lambda data: reduced(data, 1), reduced, eighths, cut)
 
 
 def _simplejpeg_decoder() -> Optional[FastJpeg]:
@@ -455,11 +474,14 @@ def resolve_decoder(name: str = "auto") -> str:
 
 
 def fast_decode(data: bytes, fast: FastJpeg,
-                reduction: Callable[[int, int], int] = lambda height, width: 1) -> Optional[Tuple[np.ndarray, int]]:
+                reduction: Callable[[int, int], int] = lambda height, width: 1,
+                rows: Optional[Callable[[int, int, int], int]] = None) -> Optional[Tuple[np.ndarray, int]]:
     """(pixels, k): a JPEG through a libjpeg-turbo binding at 1/k, k = ``reduction(height,
     width)``; the pixel limit checked on the dimensions the decoder's own header reader gives.
-    None where Pillow must decide instead: a header libjpeg-turbo does not read cleanly, CMYK, an
-    empty frame, anything libjpeg warns about."""
+    ``rows(height, width, k)``: how many rows from the top the caller reads (at full
+    resolution); where the file allows, only those are decoded (:func:`top_rows`) and the
+    pixels may stop soon after them. None where Pillow must decide instead: a header
+    libjpeg-turbo does not read cleanly, CMYK, an empty frame, anything libjpeg warns about."""
     try:
         height, width, cmyk = fast.header(data)
     except Exception:
@@ -468,6 +490,13 @@ def fast_decode(data: bytes, fast: FastJpeg,
         return None
     check_pixels(width, height)
     k = reduction(height, width)
+    if rows is not None and fast.cut is not None:
+        cut = top_rows(data, rows(height, width, k))
+        if cut is not None:
+            try:
+                return np.asarray(fast.cut(cut, k)), k
+            except Exception:
+                pass  # the whole file decides, as it would have
     try:
         return np.asarray(fast.reduced(data, k)), k
     except Exception:

@@ -242,16 +242,20 @@ def _reduction(height: int, width: int, need_h: float, need_w: float) -> int:
     return 1
 
 
-def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]]) -> Tuple[np.ndarray, int]:
+def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
+            rows: Optional[Callable[[int, int, int], int]] = None) -> Tuple[np.ndarray, int]:
     """(pixels, k): a JPEG decoded at the largest reduction 1/k that still leaves
     ``need(height, width)`` pixels, by libjpeg-turbo or else Pillow's ``draft``; anything else
     (non-JPEG, CMYK, what libjpeg warns about) in full through Pillow (k = 1), exactly as
-    ``decode="pil"`` decodes it."""
+    ``decode="pil"`` decodes it. ``rows(height, width, k)``: the rows from the top that the
+    caller reads, at full resolution; libjpeg-turbo may stop decoding soon after them
+    (:func:`dsconvert.codecs.fast_decode`), so the pixels can have fewer rows than the image."""
     data = bytes(data) if not isinstance(data, bytes) else data
     if data[:3] == _JPEG_MAGIC:
         fast = next((fn for _, fn in jpeg_decoders() if isinstance(fn, FastJpeg)), None)
         if fast is not None:
-            decoded = fast_decode(data, fast, lambda height, width: _reduction(height, width, *need(height, width)))
+            decoded = fast_decode(data, fast, lambda height, width: _reduction(height, width, *need(height, width)),
+                                  rows)
             if decoded is not None:
                 return decoded
         else:
@@ -305,20 +309,28 @@ def _crop_only(shape: Tuple[int, int], target: Tuple[int, int], g: Geometry) -> 
     return not (g.interpolation == "bilinear" and out_h >= h and out_w >= w)
 
 
+def _centre_rows(height: int, target: Tuple[int, int], crop: Tuple[int, int]) -> int:
+    """The input rows :func:`_resized_centre` reads, from the top: up to the filter's reach
+    below the crop (bicubic reaches 2 * max(scale, 1) rows; bilinear half of that)."""
+    top = int(round((target[0] - crop[0]) / 2.0))
+    scale = height / target[0]
+    return min(height, int(scale * (top + crop[0]) + 2 * max(scale, 1.0)) + 2)
+
+
 def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int, int],
-                    interpolation: str) -> np.ndarray:
+                    interpolation: str, height: Optional[int] = None) -> np.ndarray:
     """torchvision's ``Resize(target)`` then ``CenterCrop(crop)`` of HWC uint8 ``pixels``, pixel
     for pixel, resizing only up to the crop's far edges. torch's kernel places output pixel i at
     (i + 0.5) * scale from the origin, so the rows and columns before the crop are still
     computed, but none after it, and no input row below the filter's reach is read: a quarter
-    of the resize of a 4:3 photo to 256 then 224 (the eval transform) is saved."""
+    of the resize of a 4:3 photo to 256 then 224 (the eval transform) is saved. ``height``:
+    the image's, where ``pixels`` stop soon after the first :func:`_centre_rows` rows."""
     import torch
 
-    h, w = pixels.shape[:2]
+    h, w = height or pixels.shape[0], pixels.shape[1]
     (out_h, out_w), (crop_h, crop_w) = target, crop
     top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
-    scale = h / out_h  # the filter reaches 2 * max(scale, 1) rows (bicubic; bilinear half of it)
-    rows = min(h, int(scale * (top + crop_h) + 2 * max(scale, 1.0)) + 2)
+    rows = _centre_rows(h, target, crop)
     op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
     # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;
     # torch skips an axis whose output is as long as its input whatever the scale, so such an
@@ -361,7 +373,15 @@ class FusedTransform:
                 # reduce only while the box stays DCT_MARGIN times the output size
                 return g.size[0] * height / box[0][2], g.size[1] * width / box[0][3]
 
-            pixels, k = _decode(data, need)
+            def rows(height: int, width: int, k: int) -> int:
+                top, _, h, _ = box[0]
+                if k == 1:  # the crop is sliced out, then resized
+                    return top + h
+                # Pillow's box resize reads below the box as far as its filter reaches (3 output
+                # pixels' worth for Lanczos, the widest)
+                return top + h + k * (math.ceil(3 * max(1.0, h / k / g.size[0])) + 1)  # type: ignore[index]
+
+            pixels, k = _decode(data, need, rows)
             if not box:  # decoded by Pillow without a header read: draw the box now
                 box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
             return self._finish(self._crop_resize(pixels, box[0], k, g))
@@ -375,11 +395,16 @@ class FusedTransform:
                 target.append(resized_size(height, width, g.resize, g.max_size))
                 return target[0]
 
-            pixels, k = _decode(data, need_resized)
+            def rows_resized(height: int, width: int, k: int) -> int:
+                if k == 1 and g.crop is not None and _crop_only((height, width), target[0], g):
+                    return _centre_rows(height, target[0], g.crop)
+                return height  # the whole image is resized, then cropped
+
+            pixels, k = _decode(data, need_resized, rows_resized)
             # at 1/k the image's ceil(width / k) columns cover width / k of it: the resize maps
             # exactly that area (resizing all the columns would stretch it by up to one pixel)
             area = (full[0][1] / k, full[0][0] / k) if k > 1 and full else None
-            return self._from_resize(pixels, target[0] if target else None, area)
+            return self._from_resize(pixels, target[0] if target else None, area, full[0] if full else None)
         pixels, _ = _decode(data, lambda h, w: (h, w))
         return self.from_pixels(pixels)
 
@@ -410,8 +435,10 @@ class FusedTransform:
     # --- steps -------------------------------------------------------------------------
 
     def _from_resize(self, pixels: np.ndarray, target: Optional[Tuple[int, int]],
-                     area: Optional[Tuple[float, float]] = None) -> Any:
-        """``area``: (width, height) of ``pixels`` that the image covers, when decoded at 1/k."""
+                     area: Optional[Tuple[float, float]] = None, shape: Optional[Tuple[int, int]] = None) -> Any:
+        """``area``: (width, height) of ``pixels`` that the image covers, when decoded at 1/k.
+        ``shape``: the image's (height, width) at full resolution, where ``pixels`` may stop
+        after the rows the crop needs (:func:`_centre_rows`)."""
         g = self.geometry
         assert g is not None
         if target is None:  # pixels at full resolution
@@ -419,8 +446,9 @@ class FusedTransform:
         # a 12000 x 1 image resized to a 256 shorter side would be 3 million pixels long: refused
         # as the pixel limit refuses a bomb, not allocated (torchvision would allocate it)
         check_pixels(target[1], target[0])
-        if area is None and g.crop is not None and _crop_only(pixels.shape[:2], target, g):
-            return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation))
+        shape = shape or pixels.shape[:2]
+        if area is None and g.crop is not None and _crop_only(shape, target, g):
+            return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation, shape[0]))
         if area is None:
             resized = _resize(pixels, target[0], target[1], g.interpolation)
         elif g.interpolation == "bilinear":

@@ -23,9 +23,9 @@ checks that whatever this accepts and Pillow opens, Pillow decodes.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
-__all__ = ["whole"]
+__all__ = ["whole", "top_rows"]
 
 # the first marker after entropy-coded data: 0xFF followed by neither a stuffed zero, a
 # restart marker, nor a fill byte
@@ -157,3 +157,53 @@ def _whole(data: bytes) -> bool:
         else:  # progressive, lossless or arithmetic frames, DAC, DNL, anything unexpected
             return False
     return False
+
+
+def top_rows(data: bytes, rows: int) -> Optional[bytes]:
+    """``data`` with its frame cut to just over ``rows`` rows: libjpeg decodes it only that far,
+    the first ``rows`` rows (at any DCT scale, the first ``ceil(rows / k)``) pixel for pixel as
+    in the whole image, then stops; the rest of the entropy-coded data is skipped unread, with
+    one warning, "extraneous bytes before marker 0xd9". Entropy-coded data cannot be entered in
+    the middle, so only rows below a crop are saved this way. None unless the file is sequential
+    Huffman-coded, its first scan holds every component (one pass: nothing later depends on the
+    rows cut), it has no restart markers, and the cut saves at least one MCU row. Never raises."""
+    try:
+        return _top_rows(data, rows)
+    except (IndexError, ValueError):
+        return None
+
+
+def _top_rows(data: bytes, rows: int) -> Optional[bytes]:
+    if data[:2] != b"\xff\xd8" or rows < 1:
+        return None
+    pos, n = 2, len(data)
+    frame_at, height, count, max_v = -1, 0, 0, 0
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        body = data[pos + 4: pos + 2 + length]
+        if length < 2 or len(body) != length - 2:
+            return None
+        if marker in _SEQUENTIAL_HUFFMAN:
+            if frame_at >= 0 or len(body) < 6:
+                return None
+            height, count = (body[1] << 8) | body[2], body[5]
+            if count < 1 or len(body) != 6 + 3 * count:
+                return None
+            max_v = max(body[7 + 3 * c] & 15 for c in range(count))
+            frame_at = pos + 5
+        elif marker == 0xDA:  # the first scan: every component in it, or it is not the only pass
+            if frame_at < 0 or not body or body[0] != count or not 1 <= max_v <= 4:
+                return None
+            # fancy chroma upsampling reads one chroma row below: keep 2 * max_v more rows
+            mcu, cut = 8 * max_v, rows + 2 * max_v
+            if height <= 0 or -(-cut // mcu) >= -(-height // mcu):
+                return None  # a frame of unknown height (DNL), or no MCU row to save
+            return data[:frame_at] + bytes(((cut >> 8) & 0xFF, cut & 0xFF)) + data[frame_at + 2:]
+        elif marker == 0xDD or (0xC2 <= marker <= 0xCF and marker != 0xC4) \
+                or marker in (0x01, 0xD8, 0xD9, 0xFF) or 0xD0 <= marker <= 0xD7:
+            return None  # restart markers, other frame types, a marker out of place
+        pos += 2 + length
+    return None

@@ -378,3 +378,33 @@ def test_eval_resizes_only_up_to_the_crop_and_equals_resizing_all_of_it(torch, i
                                   full[top:top + crop[0], left:left + crop[1]]), (h, w, resize, crop)
             checked += 1
     assert checked > 300
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "lanczos"])
+def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpegs, photos, monkeypatch, interpolation):
+    """libjpeg-turbo stops below the rows the crop reads (jpeg_structure.top_rows): train and
+    eval give exactly the pixels of decoding every row, at every DCT reduction, in portrait and
+    landscape, and the cut is taken for most random crops."""
+    from dsconvert import codecs
+
+    pytest.importorskip("turbojpeg")
+    portrait = [encode(photos["astronaut"].convert("RGB").resize(size), quality=90) for size in ((375, 500), (827, 1203))]
+    train = fz.FusedTransform(fz.Geometry("random_resized_crop", size=(224, 224), interpolation=interpolation),
+                              0.0, "uint8", [], None)
+    eval_ = fz.FusedTransform(fz.Geometry("resize", resize=256, crop=(224, 224), interpolation=interpolation),
+                              0.0, "uint8", [], None)
+    cuts = []
+    real_cut = codecs.top_rows
+    monkeypatch.setattr(codecs, "top_rows", lambda data, rows: cuts.append(rows) or real_cut(data, rows))
+    calls = 0
+    for t, seeds in ((train, range(6)), (eval_, range(1))):
+        for seed in seeds:
+            for data in large_jpegs + portrait:
+                torch.manual_seed(seed)
+                with monkeypatch.context() as m:
+                    m.setattr(codecs, "top_rows", lambda data, rows: None)
+                    whole = t.from_bytes(data)
+                torch.manual_seed(seed)
+                assert torch.equal(t.from_bytes(data), whole), (seed, len(data))
+                calls += 1
+    assert len(cuts) > calls // 2

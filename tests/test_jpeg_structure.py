@@ -172,3 +172,134 @@ def test_any_exception_a_pillow_plugin_raises_is_a_bad_input(tmp_path):
     for extra in ({}, {"max_size": 8}):
         m = convert(str(tmp_path / "src"), str(tmp_path / f"out{len(extra)}"), **extra).manifest
         assert m.num_samples == 1 and [s["path"] for s in m.skipped] == ["a/bad.jpg"]
+
+
+# --- top_rows: a frame cut below the rows a crop reads ------------------------------------
+
+
+def turbo():
+    """The libjpeg-turbo binding's FastJpeg (the cut decode needs its stop-at-first-warning)."""
+    pytest.importorskip("turbojpeg", reason="PyTurboJPEG is not installed (pip install 'dsconvert[fused]')")
+    from dsconvert.codecs import jpeg_decoders
+
+    fast = dict(jpeg_decoders()).get("turbojpeg")
+    if fast is None:
+        pytest.skip("libturbojpeg does not load here")
+    return fast
+
+
+@pytest.fixture(scope="module")
+def cut_corpus(photos):
+    """Every chroma sampling Pillow writes, odd sizes, and a size where 1/8 scaling applies."""
+    rgb = photos["astronaut"].convert("RGB").resize((301, 229))
+    return {
+        "4:4:4": encode(rgb, quality=90, subsampling=0),
+        "4:2:2": encode(rgb, quality=90, subsampling=1),
+        "4:2:0": encode(rgb, quality=90, subsampling=2),
+        "grayscale": encode(photos["camera"].convert("L").resize((257, 203)), quality=90),
+        "4:2:0 large": encode(photos["coffee"].convert("RGB").resize((1037, 779)), quality=85),
+    }
+
+
+def pixels_of(data: bytes):
+    import numpy as np
+
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+@pytest.mark.parametrize("name", ["4:4:4", "4:2:2", "4:2:0", "grayscale", "4:2:0 large"])
+def test_a_cut_frame_decodes_the_top_rows_pixel_for_pixel(cut_corpus, name):
+    """Through Pillow at full scale and libjpeg-turbo at 1/1..1/8: the rows above the cut are
+    exactly the whole image's (the chroma row below the last one included), for every cut."""
+    import numpy as np
+
+    from dsconvert.jpeg_structure import top_rows
+
+    data = cut_corpus[name]
+    full = pixels_of(data)
+    height = full.shape[0]
+    fast = turbo()
+    scaled = {k: np.asarray(fast.reduced(data, k)) for k in (1, 2, 4, 8)}
+    cuts = 0
+    for rows in range(1, height, 3 if height < 300 else 17):
+        cut = top_rows(data, rows)
+        if cut is None:  # only where no MCU row would be saved
+            assert rows > height - 2 * 16 - 4, rows
+            continue
+        assert len(cut) == len(data) and whole(cut)
+        part = pixels_of(cut)
+        assert rows < part.shape[0] < height and np.array_equal(part[:rows], full[:rows]), rows
+        for k, ref in scaled.items():
+            out = np.asarray(fast.cut(cut, k))
+            need = -(-rows // k)
+            assert np.array_equal(out[:need], ref[:need]), (rows, k)
+        cuts += 1
+    assert cuts > 10
+
+
+def test_frames_that_cannot_be_cut_are_left_alone(corpus, cut_corpus):
+    """Progressive (several passes over every row), restart markers, a cut at or past the
+    last MCU row, anything that is not a JPEG: None, and the caller decodes in full."""
+    from dsconvert.jpeg_structure import top_rows
+
+    assert top_rows(corpus["progressive"][0], 8) is None
+    assert top_rows(corpus["restart markers"][0], 8) is None
+    assert top_rows(corpus["cmyk"][0], 8) is not None  # the caller refuses CMYK before it cuts
+    data = cut_corpus["4:2:0"]  # 229 rows: 15 MCU rows of 16
+    assert top_rows(data, 200) is not None and top_rows(data, 222) is None
+    for rows in (229, 5000, 0, -3):
+        assert top_rows(data, rows) is None
+    for junk in (b"", b"\xff\xd8", b"GIF89a", data[:100], b"\xff\xd8\xff\xc0\x00\x11"):
+        assert top_rows(junk, 8) is None
+
+
+def test_a_cut_decode_accepts_only_what_pillow_decodes_and_gives_its_rows(corpus, cut_corpus):
+    """Thousands of mutants (truncated, bytes replaced, markers inserted, segments dropped):
+    whenever the cut decode returns pixels, Pillow decodes the whole file without error and
+    its top rows are those pixels. Damage below the cut that Pillow refuses (a truncated file)
+    is still refused: the file ends before the marker the cut decode must find."""
+    import numpy as np
+
+    from dsconvert.codecs import fast_decode
+
+    from dsconvert.codecs import FastJpeg
+
+    turbo_fast = turbo()
+    served = []
+
+    def cut(data: bytes, k: int):
+        out = turbo_fast.cut(data, k)
+        served.append(True)
+        return out
+
+    fast = FastJpeg("turbojpeg", turbo_fast.header, turbo_fast.decode, turbo_fast.reduced, turbo_fast.eighths, cut)
+    rng = random.Random(11)
+    cut_ok = refused = 0
+    for name, data in list(cut_corpus.items())[:4] + [("optimized tables", corpus["optimized tables"][0])]:
+        for m in mutants(data, rng, 400):
+            rows = rng.randrange(1, 120)
+            served.clear()
+            got = fast_decode(m, fast, rows=lambda height, width, k: rows)
+            if got is None:
+                refused += 1
+                continue
+            if not served:
+                continue  # not cut: the whole-file path, tested elsewhere
+            pixels, _ = got
+            assert pillow_decodes(m), f"{name}: a cut decode accepted what Pillow refuses: {m[:64]!r}"
+            assert np.array_equal(pixels[:rows], pixels_of(m)[:rows]), name
+            cut_ok += 1
+    assert cut_ok > 200 and refused > 200
+
+
+def test_a_truncated_file_is_refused_wherever_the_cut_falls(cut_corpus):
+    from dsconvert.codecs import fast_decode
+
+    fast = turbo()
+    data = cut_corpus["4:2:0 large"]
+    for keep in (0.3, 0.6, 0.9, 0.99):
+        m = data[: int(len(data) * keep)]
+        assert not pillow_decodes(m)
+        for rows in (1, 17, 200, 700):
+            assert fast_decode(m, fast, rows=lambda height, width, k: rows) is None, (keep, rows)
