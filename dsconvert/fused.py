@@ -272,8 +272,8 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
 
 @functools.lru_cache(maxsize=1)
 def _cv2() -> Any:
-    """OpenCV when it imports (optional: only for enlarging, where it equals the antialiased
-    bilinear filter to within 0.2 levels)."""
+    """OpenCV when it imports (optional: for enlarging, where it equals the antialiased
+    bilinear filter to within 0.2 levels, and for the HWC -> CHW copy)."""
     try:
         import cv2
     except ImportError:
@@ -339,6 +339,19 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
     size = [stop_h + (stop_h == rows and out_h != h), stop_w + (stop_w == w and out_w != w)]
     out = op(nchw_view(pixels[:rows]), size, False, out_h / h, out_w / w)
     return out[0, :, top:stop_h, left:stop_w].permute(1, 2, 0).numpy()
+
+
+def _chw(pixels: np.ndarray, flip: bool) -> np.ndarray:
+    """HWC uint8 as a new contiguous CHW array, flipped left to right if asked, in one copy:
+    OpenCV splits the channels into the new array's planes 5x as fast as numpy's strided copy
+    (8 against 42 us at 224 x 224); numpy where OpenCV is not installed."""
+    h, w, c = pixels.shape
+    cv2 = _cv2()
+    if cv2 is not None and h and w and 1 <= c <= 4 and pixels.dtype == np.uint8 and pixels.strides[1:] == (c, 1):
+        out = np.empty((c, h, w), np.uint8)
+        cv2.split(cv2.flip(pixels, 1) if flip else pixels, list(out))
+        return out
+    return np.ascontiguousarray((pixels[:, ::-1] if flip else pixels).transpose(2, 0, 1))
 
 
 class FusedTransform:
@@ -494,12 +507,11 @@ class FusedTransform:
         """Flip, convert to the output type, then the rest of the transform."""
         import torch
 
-        if self.flip and torch.rand(1).item() < self.flip:
-            pixels = pixels[:, ::-1]
+        flip = bool(self.flip) and torch.rand(1).item() < self.flip
         if self.output == "pil":
-            out: Any = Image.fromarray(np.ascontiguousarray(pixels))
+            out: Any = Image.fromarray(np.ascontiguousarray(pixels[:, ::-1] if flip else pixels))
         else:
-            out = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))  # CHW, one copy
+            out = torch.from_numpy(_chw(pixels, flip))
             if self.output == "float":
                 out = out.float().div_(255)
             elif self.output == "image":

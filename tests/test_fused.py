@@ -408,3 +408,23 @@ def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpe
                 assert torch.equal(t.from_bytes(data), whole), (seed, len(data))
                 calls += 1
     assert len(cuts) > calls // 2
+
+
+@pytest.mark.parametrize("opencv", [True, False])
+def test_the_chw_copy_is_numpys_transpose_for_every_layout(monkeypatch, opencv):
+    """OpenCV's channel split (the fast copy) and numpy's transpose give the same CHW array,
+    flipped or not, from contiguous pixels, a crop of them (rows strided), a view whose
+    channels are not interleaved, one channel, and an empty image."""
+    if opencv:
+        pytest.importorskip("cv2")
+    else:
+        monkeypatch.setattr(fz, "_cv2", lambda: None)
+    rng = np.random.default_rng(3)
+    big = rng.integers(0, 256, size=(61, 83, 3), dtype=np.uint8)
+    layouts = [big, big[5:40, 7:70], np.ascontiguousarray(big.transpose(2, 0, 1)).transpose(1, 2, 0),
+               big[:, :, :1], big[:0], big[:, :, ::-1]]
+    for pixels in layouts:
+        for flip in (False, True):
+            out = fz._chw(pixels, flip)
+            ref = (pixels[:, ::-1] if flip else pixels).transpose(2, 0, 1)
+            assert out.flags.c_contiguous and out.dtype == np.uint8 and np.array_equal(out, ref)
