@@ -301,3 +301,20 @@ def test_two_trainers_filling_one_cache(tmp_path, photos):
     final = CachedDataset(Folder(src, forbid=True), cache)
     assert final.is_complete
     _check_all(final, src)
+
+
+@pytest.mark.parametrize("decode", ["raw", "pil"])
+def test_a_shard_cut_short_while_it_is_read_raises_in_one_line(tmp_path, photos, decode):
+    """Another process truncates a shard under a reader: the next sample past the new end is
+    refused with the shard's name, never returned short (the raw loop preads itself)."""
+    from dsconvert.errors import DsconvertError
+
+    make_image_folder(str(tmp_path / "src"), photos, {"a": 30})
+    convert(str(tmp_path / "src"), str(tmp_path / "out"), "wds", samples_per_shard=100, workers=1)
+    shard = next(p for p in (tmp_path / "out").iterdir() if p.suffix == ".tar")
+    it = iter(open_dataset(str(tmp_path / "out"), decode=decode))
+    next(it)
+    os.truncate(shard, shard.stat().st_size // 3)
+    with pytest.raises(DsconvertError, match="shorter than its index says"):
+        for _ in it:
+            pass
