@@ -281,8 +281,10 @@ def is_int_list(values: Any, n: Optional[int] = None, minimum: Optional[int] = N
 
 
 def is_str_list(value: Any, length: Optional[int] = None) -> bool:
-    return (isinstance(value, list) and all(isinstance(v, str) for v in value)
-            and (length is None or len(value) == length))
+    """A list of ``length`` strings, checked in C as :func:`is_int_list` is (a str subclass
+    cannot come out of JSON)."""
+    return (isinstance(value, list) and (length is None or len(value) == length)
+            and set(map(type, value)) <= {str})
 
 
 def expect(ok: bool, where: str, name: str, what: str) -> None:

@@ -26,6 +26,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -132,12 +133,9 @@ class ShardRecord:
             ("fields", isinstance(d.get("fields"), dict), "an object"),
             ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
             ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n), f"null or a list of {n} integers"),
-            ("sources", isinstance(d.get("sources"), list) and len(d["sources"]) == n
-             and all(is_str_list(s) for s in d["sources"]), f"a list of {n} lists of paths"),
-            ("stats", "stats" not in d or (isinstance(d["stats"], list) and len(d["stats"]) == n
-                                            and all(type(s) is list for s in d["stats"])
-                                            and all(type(p) is list and len(p) == 2 for s in d["stats"] for p in s)
-                                            and is_int_list([v for s in d["stats"] for p in s for v in p])),
+            ("sources", is_list_of_lists(d.get("sources"), n)
+             and set(map(type, chain.from_iterable(d["sources"]))) <= {str}, f"a list of {n} lists of paths"),
+            ("stats", "stats" not in d or (is_list_of_lists(d["stats"], n) and _pairs_of_ints(d["stats"])),
              f"a list of {n} lists of [size, mtime_ns]"),
             ("parts", "parts" not in d or (isinstance(d["parts"], dict) and all(
                 isinstance(p, dict) and is_int(p.get("bytes")) and isinstance(p.get("sha256"), str)
@@ -157,6 +155,18 @@ class ShardRecord:
         skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
         return ShardResult(entry, skipped, dict(d["fields"]), files)
+
+
+def is_list_of_lists(value: Any, n: int) -> bool:
+    return isinstance(value, list) and len(value) == n and set(map(type, value)) <= {list}
+
+
+def _pairs_of_ints(stats: List[List[Any]]) -> bool:
+    """Each sample's [[size, mtime_ns], ...]: lists of two ints, checked in C (the records of
+    every shard are read by every worker, every epoch)."""
+    pairs = list(chain.from_iterable(stats))
+    return (set(map(type, pairs)) <= {list} and set(map(len, pairs)) <= {2}
+            and is_int_list(list(chain.from_iterable(pairs))))
 
 
 def part_problems(entry: ShardEntry, name: str, data: bytes) -> List[Problem]:
