@@ -480,8 +480,11 @@ def fast_decode(data: bytes, fast: FastJpeg,
     width)``; the pixel limit checked on the dimensions the decoder's own header reader gives.
     ``rows(height, width, k)``: how many rows from the top the caller reads (at full
     resolution); where the file allows, only those are decoded (:func:`top_rows`) and the
-    pixels may stop soon after them. None where Pillow must decide instead: a header
-    libjpeg-turbo does not read cleanly, CMYK, an empty frame, anything libjpeg warns about."""
+    pixels may stop soon after them. What lies below them is not seen, damage included: a
+    file whose only fault is there (which Pillow decodes, warning) is decoded as an intact one,
+    where the whole-file path gives it to Pillow; a truncated one is still refused (its missing
+    end is seen). None where Pillow must decide instead: a header libjpeg-turbo does not read
+    cleanly, CMYK, an empty frame, anything libjpeg warns about."""
     try:
         height, width, cmyk = fast.header(data)
     except Exception:

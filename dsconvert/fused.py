@@ -16,6 +16,13 @@ transforms, and folds them into decoding:
   ``ToTensor``, v2's ``ToImage``) are applied to the array, never through a PIL image; every
   later operation (``Normalize``, ``ToDtype``...) gets what it would have got.
 
+Below the crop nothing is decoded: libjpeg-turbo gets the file with its frame's height cut to
+just under the last row the crop and its filter read (:func:`dsconvert.jpeg_structure.top_rows`)
+and stops there, on the same pixels; a file it cannot cut that way (progressive, restart
+markers, several scans) or one with damage above the cut decodes whole, as before. Damage
+below the cut is not seen (a truncated file still is: its end is missing), so such a file,
+which Pillow decodes with a warning, is decoded as an intact one.
+
 Resizing goes through torch's antialiased bilinear/bicubic kernels on uint8 (the ones
 torchvision v2 uses), within 0.1 mean levels of Pillow's on the same box and 3x faster;
 other filters go through Pillow's ``resize(box=...)``. Images are given to the transform as PIL
@@ -309,6 +316,13 @@ def _crop_only(shape: Tuple[int, int], target: Tuple[int, int], g: Geometry) -> 
     return not (g.interpolation == "bilinear" and out_h >= h and out_w >= w)
 
 
+def _reach(span: int, k: int, out: int) -> int:
+    """Pixels at 1/k beyond a ``span``-pixel (full resolution) side of a box that Pillow's
+    resize of the box to ``out`` pixels reads: its widest filter (Lanczos) reaches 3 output
+    pixels' worth, and one more for rounding."""
+    return math.ceil(3 * max(1.0, span / k / out)) + 1
+
+
 def _centre_rows(height: int, target: Tuple[int, int], crop: Tuple[int, int]) -> int:
     """The input rows :func:`_resized_centre` reads, from the top: up to the filter's reach
     below the crop (bicubic reaches 2 * max(scale, 1) rows; bilinear half of that)."""
@@ -390,9 +404,7 @@ class FusedTransform:
                 top, _, h, _ = box[0]
                 if k == 1:  # the crop is sliced out, then resized
                     return top + h
-                # Pillow's box resize reads below the box as far as its filter reaches (3 output
-                # pixels' worth for Lanczos, the widest)
-                return top + h + k * (math.ceil(3 * max(1.0, h / k / g.size[0])) + 1)  # type: ignore[index]
+                return top + h + k * _reach(h, k, g.size[0])  # type: ignore[index]
 
             pixels, k = _decode(data, need, rows)
             if not box:  # decoded by Pillow without a header read: draw the box now
@@ -488,9 +500,15 @@ class FusedTransform:
         out_h, out_w = g.size  # type: ignore[misc]
         if k == 1:
             return _resize(pixels[top:top + h, left:left + w], out_h, out_w, g.interpolation)
-        img = Image.fromarray(pixels)
+        # only the box and the filter's reach around it go to Pillow: its result must not depend
+        # on the rest of the image (Pillow 13 orders its two passes by the whole image's shape,
+        # which would make the pixels depend on where decoding stopped: 1 level on some crops)
+        ry, rx = _reach(h, k, out_h), _reach(w, k, out_w)
+        r0, c0 = max(0, top // k - ry), max(0, left // k - rx)
+        r1, c1 = -(-(top + h) // k) + ry, -(-(left + w) // k) + rx
+        img = Image.fromarray(np.ascontiguousarray(pixels[r0:r1, c0:c1]))
         return np.asarray(img.resize((out_w, out_h), _PIL_FILTERS[g.interpolation],
-                                     box=(left / k, top / k, (left + w) / k, (top + h) / k)))
+                                     box=(left / k - c0, top / k - r0, (left + w) / k - c0, (top + h) / k - r0)))
 
     def _unfused(self, image: Image.Image, skip: int = 0) -> Any:
         """The transform as given (from its ``skip``-th operation) on a PIL image."""

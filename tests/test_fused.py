@@ -389,6 +389,12 @@ def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpe
 
     pytest.importorskip("turbojpeg")
     portrait = [encode(photos["astronaut"].convert("RGB").resize(size), quality=90) for size in ((375, 500), (827, 1203))]
+    # a tall, detailed image: Pillow 13 orders its two resize passes by the whole image's shape,
+    # so the box's surroundings, not the image, must go to it (found by a review's sweep)
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:4000, 0:2000]
+    tall = np.stack([x * 255 // 2000, y * 255 // 4000, (x ^ y) % 256], -1) + rng.integers(-30, 30, (4000, 2000, 3))
+    portrait.append(encode(Image.fromarray(tall.clip(0, 255).astype(np.uint8)), quality=90))
     train = fz.FusedTransform(fz.Geometry("random_resized_crop", size=(224, 224), interpolation=interpolation),
                               0.0, "uint8", [], None)
     eval_ = fz.FusedTransform(fz.Geometry("resize", resize=256, crop=(224, 224), interpolation=interpolation),
@@ -428,3 +434,32 @@ def test_the_chw_copy_is_numpys_transpose_for_every_layout(monkeypatch, opencv):
             out = fz._chw(pixels, flip)
             ref = (pixels[:, ::-1] if flip else pixels).transpose(2, 0, 1)
             assert out.flags.c_contiguous and out.dtype == np.uint8 and np.array_equal(out, ref)
+
+
+def test_damage_below_the_cut_is_not_seen_and_a_truncation_still_is(torch, large_jpegs, photos, monkeypatch):
+    """Junk before EOI (a warning Pillow ignores) under the crop: the cut decode never reads it,
+    so the sample is the intact file's; a truncated file is refused wherever the crop falls."""
+    from dsconvert import codecs
+
+    pytest.importorskip("turbojpeg")
+    t = fz.FusedTransform(fz.Geometry("random_resized_crop", size=(224, 224)), 0.0, "uint8", [], None)
+    data = large_jpegs[0]
+    junk = data[:-2] + b"\x00" * 7 + b"\xff\xd9"
+    assert pil_full(junk).size == pil_full(data).size  # Pillow decodes it
+    cut = []
+    real = codecs.top_rows
+    monkeypatch.setattr(codecs, "top_rows", lambda d, r: cut.append(real(d, r) is not None) or real(d, r))
+    same = 0
+    for seed in range(8):
+        cut.clear()
+        torch.manual_seed(seed)
+        damaged = t.from_bytes(junk)
+        if cut and cut[0]:
+            torch.manual_seed(seed)
+            assert torch.equal(damaged, t.from_bytes(data))
+            same += 1
+    assert same >= 3
+    for seed in range(8):  # Pillow's own error, as decode="pil" raises it (the reader names the sample)
+        torch.manual_seed(seed)
+        with pytest.raises(OSError, match="truncated"):
+            t.from_bytes(data[: len(data) * 2 // 3])
