@@ -259,7 +259,14 @@ def _turbo_decoder() -> Optional[FastJpeg]:
     tj = optional.turbojpeg()
     if tj is None:
         return None
-    from turbojpeg import TJFLAG_STOPONWARNING, TJPF_RGB
+    import turbojpeg
+    from turbojpeg import TJPF_RGB
+
+    # the cut decode relies on 1.x's flags over libjpeg-turbo 2.x's API (stop at the first
+    # warning, report it); 2.x wraps the TurboJPEG 3 API, which was not measured here
+    stop_flag = getattr(turbojpeg, "TJFLAG_STOPONWARNING", None)
+    if not str(getattr(turbojpeg, "__version__", "")).startswith("1."):
+        stop_flag = None
 
     cmyk_spaces = (3, 4)  # TJCS_CMYK, TJCS_YCCK
 
@@ -290,12 +297,13 @@ def _turbo_decoder() -> Optional[FastJpeg]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pixels = tj.decode(data, pixel_format=TJPF_RGB, scaling_factor=(1, k) if k != 1 else None,
-                               flags=TJFLAG_STOPONWARNING)
+                               flags=stop_flag)
         if caught and not (len(caught) == 1 and _CUT_WARNING.match(str(caught[0].message))):
             raise ValueError(f"libjpeg: {caught[0].message}")
         return pixels
 
-    return FastJpeg("turbojpeg", header, lambda data: reduced(data, 1), reduced, eighths, cut)
+    return FastJpeg("turbojpeg", header, lambda data: reduced(data, 1), reduced, eighths,
+                    cut if stop_flag is not None else None)
 
 
 def _simplejpeg_decoder() -> Optional[FastJpeg]:
