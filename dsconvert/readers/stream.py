@@ -222,32 +222,26 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                             whole = (np.frombuffer(source.mm, dtype=np.uint8)
                                      if views and getattr(source, "mm", None) is not None else None)
                             labels = shard.labels
-                            fd = source.fd if pairs and not views and type(source) is PreadBytes else -1
-                        if pairs:
-                            o, sz = spans[j]
-                            if fd >= 0:  # PreadBytes.get, inlined
-                                data = pread(fd, sz, o)
-                                if len(data) != sz:
-                                    data = get(o, sz)  # reads again, and raises if still short
-                            elif whole is not None:
-                                data = whole[o: o + sz]
-                            elif views:
-                                data = np.frombuffer(get(o, sz), dtype=np.uint8)
-                            else:
-                                data = get(o, sz)
-                            self._yielded += 1
-                            yield data, labels[j]
-                            continue
+                            fd = source.fd if not views and type(source) is PreadBytes else -1
                         if not image_only:
                             yield shard, j, shard.fields(j, source)
                             continue
                         o, sz = spans[j]
-                        if whole is not None:
-                            yield shard, j, whole[o: o + sz]
+                        if fd >= 0:  # PreadBytes.get, inlined
+                            data = pread(fd, sz, o)
+                            if len(data) != sz:
+                                data = get(o, sz)  # reads again, and raises if still short
+                        elif whole is not None:
+                            data = whole[o: o + sz]
                         elif views:
-                            yield shard, j, np.frombuffer(get(o, sz), dtype=np.uint8)
+                            data = np.frombuffer(get(o, sz), dtype=np.uint8)
                         else:
-                            yield shard, j, get(o, sz)
+                            data = get(o, sz)
+                        if pairs:
+                            self._yielded += 1
+                            yield data, labels[j]
+                        else:
+                            yield shard, j, data
                 finally:
                     for source in sources.values():
                         source.close()
