@@ -287,6 +287,11 @@ def is_str_list(value: Any, length: Optional[int] = None) -> bool:
             and set(map(type, value)) <= {str})
 
 
+def is_list_of_lists(value: Any, n: int) -> bool:
+    """A list of ``n`` lists (what they hold is the caller's to check), in C as above."""
+    return isinstance(value, list) and len(value) == n and set(map(type, value)) <= {list}
+
+
 def expect(ok: bool, where: str, name: str, what: str) -> None:
     """Raise a ManifestError naming the field of ``where`` that is not ``what``."""
     if not ok:

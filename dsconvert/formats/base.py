@@ -37,7 +37,7 @@ from ..errors import BadInputError, ManifestError
 from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
 from ..keys import escape_path
-from ..manifest import Manifest, ShardEntry, expect, is_int, is_int_list, is_str_list
+from ..manifest import Manifest, ShardEntry, expect, is_int, is_int_list, is_list_of_lists, is_str_list
 from ..plan import ShardResult, ShardSpec, read_samples
 from ..source import Sample, Skipped
 
@@ -155,10 +155,6 @@ class ShardRecord:
         skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
         return ShardResult(entry, skipped, dict(d["fields"]), files)
-
-
-def is_list_of_lists(value: Any, n: int) -> bool:
-    return isinstance(value, list) and len(value) == n and set(map(type, value)) <= {list}
 
 
 def _pairs_of_ints(stats: List[List[Any]]) -> bool:
