@@ -78,9 +78,11 @@ def _claim(out: Location, overwrite: bool) -> None:
     ``overwrite``; then mark the folder as a dsconvert output (the lock file, kept after the
     run). Without this, a user's ``shard-000007.tar`` (webdataset's own naming) would be
     removed as a stale shard of an earlier plan."""
-    if out.exists(MANIFEST_NAME) or out.exists(LOCK_NAME):
-        return
+    # one listing, not an exists() check then a listing: a conversion started a moment earlier
+    # makes its lock file (before any other) in between, and was taken for a foreign file
     present = out.listdir()
+    if MANIFEST_NAME in present or LOCK_NAME in present:
+        return
     if present and not overwrite:
         shown = ", ".join(repr(n) for n in present[:5]) + (f" and {len(present) - 5} more" if len(present) > 5 else "")
         raise OutputExistsError(

@@ -272,6 +272,25 @@ def test_two_conversions_into_one_output(tmp_path, kill_source, references):
     assert outputs(out) == outputs(references("wds"))
 
 
+def test_a_lock_made_during_the_claim_is_not_taken_for_a_foreign_file(tmp_path, photos, monkeypatch):
+    """Two conversions started together: the other one's lock file appears between this one's
+    look for a manifest or lock and its listing of the folder. The folder is a dsconvert output
+    being written, not a foreign one (test_two_conversions_into_one_output hit this 1 run in ~10)."""
+    from dsconvert.io.location import Location
+
+    make_image_folder(str(tmp_path / "src"), photos, {"a": 4})
+    out = tmp_path / "out"
+    listdir = Location.listdir
+
+    def other_process_locks_first(self):
+        if self.url.rstrip("/").endswith("out"):
+            (out / ".dsconvert.lock").touch()
+        return listdir(self)
+
+    monkeypatch.setattr(Location, "listdir", other_process_locks_first)
+    assert convert(str(tmp_path / "src"), str(out), "wds", workers=1).manifest.num_samples == 4
+
+
 CACHE_READER = """
 import sys
 sys.path.insert(0, sys.argv[3])
