@@ -7,7 +7,8 @@ extensions, so an ImageFolder source yields exactly the files ImageFolder would 
 JPEG decoding to arrays goes through a chain: PyTurboJPEG (when libturbojpeg loads) ->
 simplejpeg (its wheel bundles libjpeg-turbo) -> PIL. The fast decoders reject CMYK and
 anything that is not really a JPEG (a PNG named ``.JPEG``); those fall back to PIL, so every
-path gives the RGB image that ``PIL.Image.open(f).convert("RGB")`` gives.
+path gives the RGB image that ``PIL.Image.open(f).convert("RGB")`` gives. ``decode="fused"``
+also decodes regions (:func:`region_decode`) through dsconvert's own libjpeg extension.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ __all__ = [
     "resolve_decoder",
     "decode_rgb",
     "fast_decode",
+    "region_decode",
+    "REGION_EDGE",
     "decode_resized",
     "bilinear",
     "nchw_view",
@@ -72,6 +75,10 @@ ENCODED_MODES = ("raw", "buffer")  # modes that hand out the encoded bytes thems
 # the one warning a frame cut by top_rows raises: the entropy-coded data it did not read
 _CUT_WARNING = re.compile(r"Corrupt JPEG data: \d+ extraneous bytes before marker 0xd9$")
 _JPEG_MAGIC = b"\xff\xd8\xff"
+# output pixels decoded beyond each side of a region: libjpeg's fancy chroma upsampling reads
+# one chroma sample (two pixels) across the region's edge, where a region decode replicates the
+# edge instead; the tests find 1 enough at every scale and subsampling; 4 leaves room
+REGION_EDGE = 4
 
 
 def field_kind(field: str) -> str:
@@ -512,6 +519,39 @@ def fast_decode(data: bytes, fast: FastJpeg,
         return np.asarray(fast.reduced(data, k)), k
     except Exception:
         return None  # a warning or an error: Pillow decides, raising on what it refuses
+
+
+def region_decode(data: bytes, reduction: Callable[[int, int], int],
+                  region: Callable[[int, int, int], Tuple[int, int, int, int]]
+                  ) -> Optional[Tuple[np.ndarray, int, Tuple[int, int]]]:
+    """(pixels, k, (top, left)): the part of a JPEG that ``region(height, width, k)`` asks for
+    (top, bottom, left, right in full-resolution pixels), decoded at 1/k, k = ``reduction(height,
+    width)``, by dsconvert's libjpeg extension (:func:`dsconvert.optional.jpeg_region`); (top,
+    left) is where the pixels start in the image at 1/k. The pixels are those of the whole
+    decode: rows above the region and columns beside it are entropy-decoded but skip the inverse
+    DCT and colour conversion, and rows below it are not read. What lies below is not seen,
+    damage included, as for :func:`fast_decode`'s rows; a truncated file is still refused.
+    None where the extension is not built or the file is not one it decodes (progressive,
+    multi-scan, CMYK); raises ValueError on what libjpeg refuses or warns about, and
+    :class:`BadInputError` past the pixel limit (checked on the frame's own header)."""
+    ext = optional.jpeg_region()
+    if ext is None:
+        return None
+    scale: List[int] = []
+
+    def plan(height: int, width: int) -> Tuple[int, int, int, int, int]:
+        check_pixels(width, height)
+        k = reduction(height, width)
+        top, bottom, left, right = region(height, width, k)
+        edge = REGION_EDGE * k
+        scale.append(k)
+        return k, max(0, top - edge), max(1, bottom + edge), max(0, left - edge), max(1, right + edge)
+
+    decoded = ext.region(data, plan)
+    if decoded is None:
+        return None
+    buf, rows, columns, top, left = decoded
+    return np.frombuffer(buf, np.uint8).reshape(rows, columns, 3), scale[0], (top, left)
 
 
 def decode_rgb(data: bytes, decoder: str = "pil") -> np.ndarray:

@@ -16,12 +16,16 @@ transforms, and folds them into decoding:
   ``ToTensor``, v2's ``ToImage``) are applied to the array, never through a PIL image; every
   later operation (``Normalize``, ``ToDtype``...) gets what it would have got.
 
-Below the crop nothing is decoded: libjpeg-turbo gets the file with its frame's height cut to
-just under the last row the crop and its filter read (:func:`dsconvert.jpeg_structure.top_rows`)
-and stops there, on the same pixels; a file it cannot cut that way (progressive, restart
-markers, several scans) or one with damage above the cut decodes whole, as before. Damage
-below the cut is not seen (a truncated file still is: its end is missing), so such a file,
-which Pillow decodes with a warning, is decoded as an intact one.
+Only the region the crop and its filter read is decoded, on the same pixels as decoding it all:
+dsconvert's libjpeg extension (:func:`dsconvert.codecs.region_decode`) skips the inverse DCT
+and colour conversion of the rows above the region and the columns beside it (their entropy-coded
+data is still read: a scan has no entry point in its middle) and reads nothing below it. Where the
+extension is not built, libjpeg-turbo gets the file with its frame's height cut to just under the
+last row the crop reads (:func:`dsconvert.jpeg_structure.top_rows`) and stops there. A file
+neither can take that way (progressive, several scans; restart markers for the cut) or one with
+damage where it is decoded decodes whole, as before. Damage below the region is not seen (a
+truncated file still is: its end is missing), so such a file, which Pillow decodes with a
+warning, is decoded as an intact one.
 
 Resizing goes through torch's antialiased bilinear/bicubic kernels on uint8 (the ones
 torchvision v2 uses), within 0.1 mean levels of Pillow's on the same box and 3x faster;
@@ -44,7 +48,8 @@ import numpy as np
 from PIL import Image
 
 from .codecs import (_JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode,
-                     jpeg_decoders, nchw_view)
+                     jpeg_decoders, nchw_view, region_decode)
+from .errors import BadInputError
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
 
@@ -249,32 +254,49 @@ def _reduction(height: int, width: int, need_h: float, need_w: float) -> int:
     return 1
 
 
+Region = Callable[[int, int, int], Tuple[int, int, int, int]]
+
+
 def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
-            rows: Optional[Callable[[int, int, int], int]] = None) -> Tuple[np.ndarray, int]:
-    """(pixels, k): a JPEG decoded at the largest reduction 1/k that still leaves
+            region: Optional[Region] = None) -> Tuple[np.ndarray, int, Tuple[int, int]]:
+    """(pixels, k, (top, left)): a JPEG decoded at the largest reduction 1/k that still leaves
     ``need(height, width)`` pixels, by libjpeg-turbo or else Pillow's ``draft``; anything else
     (non-JPEG, CMYK, what libjpeg warns about) in full through Pillow (k = 1), exactly as
-    ``decode="pil"`` decodes it. ``rows(height, width, k)``: the rows from the top that the
-    caller reads, at full resolution; libjpeg-turbo may stop decoding soon after them
-    (:func:`dsconvert.codecs.fast_decode`), so the pixels can have fewer rows than the image."""
+    ``decode="pil"`` decodes it. ``region(height, width, k)``: the part of the image that the
+    caller reads, (top, bottom, left, right) at full resolution; the pixels may cover only that
+    much, starting at (top, left) of the image at 1/k: through dsconvert's libjpeg extension
+    (:func:`dsconvert.codecs.region_decode`), or where it is not built, down to the region's
+    bottom row (:func:`dsconvert.codecs.fast_decode`)."""
     data = bytes(data) if not isinstance(data, bytes) else data
     if data[:3] == _JPEG_MAGIC:
+        def reduction(height: int, width: int) -> int:
+            return _reduction(height, width, *need(height, width))
+
+        if region is not None:
+            try:
+                cropped = region_decode(data, reduction, region)
+            except BadInputError:
+                raise
+            except ValueError:
+                cropped = None  # libjpeg warned: the whole file decides, as it would have
+            if cropped is not None:
+                return cropped
         fast = next((fn for _, fn in jpeg_decoders() if isinstance(fn, FastJpeg)), None)
         if fast is not None:
-            decoded = fast_decode(data, fast, lambda height, width: _reduction(height, width, *need(height, width)),
-                                  rows)
+            rows = (lambda height, width, k: region(height, width, k)[1]) if region is not None else None
+            decoded = fast_decode(data, fast, reduction, rows)
             if decoded is not None:
-                return decoded
+                return decoded[0], decoded[1], (0, 0)
         else:
             img = _pil_open(data)
             if img.format == "JPEG" and img.mode in ("RGB", "L") and min(img.size) > 0:
                 width, height = img.size
-                k = _reduction(height, width, *need(height, width))
+                k = reduction(height, width)
                 if k > 1:  # draft's box is the image at the scale it chose: width / scale
                     _, box = img.draft(img.mode, (-(-width // k), -(-height // k)))
                     k = round(width / box[2])
-                return np.asarray(img.convert("RGB")), k
-    return np.asarray(_pil_rgb(data)), 1
+                return np.asarray(img.convert("RGB")), k, (0, 0)
+    return np.asarray(_pil_rgb(data)), 1, (0, 0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -323,48 +345,56 @@ def _reach(span: int, k: int, out: int) -> int:
     return math.ceil(3 * max(1.0, span / k / out)) + 1
 
 
-def _centre_rows(height: int, target: Tuple[int, int], crop: Tuple[int, int]) -> int:
-    """The input rows :func:`_resized_centre` reads, from the top: up to the filter's reach
-    below the crop (bicubic reaches 2 * max(scale, 1) rows; bilinear half of that)."""
-    top = int(round((target[0] - crop[0]) / 2.0))
-    scale = height / target[0]
-    return min(height, int(scale * (top + crop[0]) + 2 * max(scale, 1.0)) + 2)
+def _centre_reach(size: int, out: int, crop: int) -> int:
+    """The input pixels along one axis (``size`` long, resized to ``out``, then cropped to
+    ``crop`` in the centre) that :func:`_resized_centre` reads, from the origin: up to the
+    filter's reach past the crop (bicubic reaches 2 * max(scale, 1) pixels; bilinear half)."""
+    start = int(round((out - crop) / 2.0))
+    scale = size / out
+    return min(size, int(scale * (start + crop) + 2 * max(scale, 1.0)) + 2)
 
 
 def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int, int],
-                    interpolation: str, height: Optional[int] = None) -> np.ndarray:
+                    interpolation: str, shape: Optional[Tuple[int, int]] = None) -> np.ndarray:
     """torchvision's ``Resize(target)`` then ``CenterCrop(crop)`` of HWC uint8 ``pixels``, pixel
     for pixel, resizing only up to the crop's far edges. torch's kernel places output pixel i at
     (i + 0.5) * scale from the origin, so the rows and columns before the crop are still
-    computed, but none after it, and no input row below the filter's reach is read: a quarter
-    of the resize of a 4:3 photo to 256 then 224 (the eval transform) is saved. ``height``:
-    the image's, where ``pixels`` stop soon after the first :func:`_centre_rows` rows."""
+    computed, but none after it, and no input row or column past the filter's reach is read: a
+    quarter of the resize of a 4:3 photo to 256 then 224 (the eval transform) is saved.
+    ``shape``: the image's (height, width), where ``pixels`` stop soon after the rows and
+    columns :func:`_centre_reach` gives."""
     import torch
 
-    h, w = height or pixels.shape[0], pixels.shape[1]
+    h, w = shape or pixels.shape[:2]
     (out_h, out_w), (crop_h, crop_w) = target, crop
     top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
-    rows = _centre_rows(h, target, crop)
+    rows, cols = _centre_reach(h, out_h, crop_h), _centre_reach(w, out_w, crop_w)
     op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
     # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;
     # torch skips an axis whose output is as long as its input whatever the scale, so such an
     # axis (only when enlarging) gets one more pixel, sliced off below
     stop_h, stop_w = top + crop_h, left + crop_w
-    size = [stop_h + (stop_h == rows and out_h != h), stop_w + (stop_w == w and out_w != w)]
-    out = op(nchw_view(pixels[:rows]), size, False, out_h / h, out_w / w)
+    size = [stop_h + (stop_h == rows and out_h != h), stop_w + (stop_w == cols and out_w != w)]
+    out = op(nchw_view(pixels[:rows, :cols]), size, False, out_h / h, out_w / w)
     return out[0, :, top:stop_h, left:stop_w].permute(1, 2, 0).numpy()
 
 
 def _chw(pixels: np.ndarray, flip: bool) -> np.ndarray:
-    """HWC uint8 as a new contiguous CHW array, flipped left to right if asked, in one copy:
-    OpenCV splits the channels into the new array's planes 5x as fast as numpy's strided copy
-    (8 against 42 us at 224 x 224); numpy where OpenCV is not installed."""
+    """HWC uint8 as a contiguous CHW array, flipped left to right if asked, in at most one copy
+    with OpenCV: interleaved pixels (a decode, a crop of one) are split into the planes of a new
+    array, 5x as fast as numpy's strided copy (8 against 42 us at 224 x 224); planar ones (a view
+    of torch's resize output, which is CHW) are returned as they are, or flipped as one 2-D
+    image (8 against 46 us). numpy where OpenCV is not installed."""
     h, w, c = pixels.shape
     cv2 = _cv2()
-    if cv2 is not None and h and w and 1 <= c <= 4 and pixels.dtype == np.uint8 and pixels.strides[1:] == (c, 1):
-        out = np.empty((c, h, w), np.uint8)
-        cv2.split(cv2.flip(pixels, 1) if flip else pixels, list(out))
-        return out
+    if cv2 is not None and h and w and 1 <= c <= 4 and pixels.dtype == np.uint8:
+        if pixels.strides[1] == 1:  # planar: each channel's rows are contiguous
+            planes = np.ascontiguousarray(pixels.transpose(2, 0, 1))
+            return cv2.flip(planes.reshape(c * h, w), 1).reshape(c, h, w) if flip else planes
+        if pixels.strides[1:] == (c, 1):
+            out = np.empty((c, h, w), np.uint8)
+            cv2.split(cv2.flip(pixels, 1) if flip else pixels, list(out))
+            return out
     return np.ascontiguousarray((pixels[:, ::-1] if flip else pixels).transpose(2, 0, 1))
 
 
@@ -396,41 +426,48 @@ class FusedTransform:
             box: List[Tuple[int, int, int, int]] = []
 
             def need(height: int, width: int) -> Tuple[float, float]:
-                box.append(rrc_box(height, width, g.scale, g.ratio))
+                if not box:  # drawn once, though a refused region decode asks again
+                    box.append(rrc_box(height, width, g.scale, g.ratio))
                 # reduce only while the box stays DCT_MARGIN times the output size
                 return g.size[0] * height / box[0][2], g.size[1] * width / box[0][3]
 
-            def rows(height: int, width: int, k: int) -> int:
-                top, _, h, _ = box[0]
+            def region(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
+                top, left, h, w = box[0]
                 if k == 1:  # the crop is sliced out, then resized
-                    return top + h
-                return top + h + k * _reach(h, k, g.size[0])  # type: ignore[index]
+                    return top, top + h, left, left + w
+                # Pillow reads the filter's reach around the box (_crop_resize)
+                ry, rx = _reach(h, k, g.size[0]), _reach(w, k, g.size[1])  # type: ignore[index]
+                return (top // k - ry) * k, (-(-(top + h) // k) + ry) * k, (left // k - rx) * k, \
+                    (-(-(left + w) // k) + rx) * k
 
-            pixels, k = _decode(data, need, rows)
+            pixels, k, origin = _decode(data, need, region)
             if not box:  # decoded by Pillow without a header read: draw the box now
                 box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
-            return self._finish(self._crop_resize(pixels, box[0], k, g))
+            return self._finish(self._crop_resize(pixels, box[0], k, g, origin))
         if g.kind == "resize":
             target: List[Tuple[int, int]] = []
 
             full: List[Tuple[int, int]] = []
 
             def need_resized(height: int, width: int) -> Tuple[float, float]:
-                full.append((height, width))
-                target.append(resized_size(height, width, g.resize, g.max_size))
+                if not full:
+                    full.append((height, width))
+                    target.append(resized_size(height, width, g.resize, g.max_size))
                 return target[0]
 
-            def rows_resized(height: int, width: int, k: int) -> int:
+            def region_resized(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
+                # torch's resize computes the rows and columns before the crop too: from the top left
                 if k == 1 and g.crop is not None and _crop_only((height, width), target[0], g):
-                    return _centre_rows(height, target[0], g.crop)
-                return height  # the whole image is resized, then cropped
+                    return (0, _centre_reach(height, target[0][0], g.crop[0]), 0,
+                            _centre_reach(width, target[0][1], g.crop[1]))
+                return 0, height, 0, width  # the whole image is resized, then cropped
 
-            pixels, k = _decode(data, need_resized, rows_resized)
+            pixels, k, _ = _decode(data, need_resized, region_resized)
             # at 1/k the image's ceil(width / k) columns cover width / k of it: the resize maps
             # exactly that area (resizing all the columns would stretch it by up to one pixel)
             area = (full[0][1] / k, full[0][0] / k) if k > 1 and full else None
             return self._from_resize(pixels, target[0] if target else None, area, full[0] if full else None)
-        pixels, _ = _decode(data, lambda h, w: (h, w))
+        pixels, _, _ = _decode(data, lambda h, w: (h, w))
         return self.from_pixels(pixels)
 
     def from_pixels(self, pixels: np.ndarray) -> Any:
@@ -463,7 +500,7 @@ class FusedTransform:
                      area: Optional[Tuple[float, float]] = None, shape: Optional[Tuple[int, int]] = None) -> Any:
         """``area``: (width, height) of ``pixels`` that the image covers, when decoded at 1/k.
         ``shape``: the image's (height, width) at full resolution, where ``pixels`` may stop
-        after the rows the crop needs (:func:`_centre_rows`)."""
+        after the rows and columns the crop needs (:func:`_centre_reach`)."""
         g = self.geometry
         assert g is not None
         if target is None:  # pixels at full resolution
@@ -473,7 +510,7 @@ class FusedTransform:
         check_pixels(target[1], target[0])
         shape = shape or pixels.shape[:2]
         if area is None and g.crop is not None and _crop_only(shape, target, g):
-            return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation, shape[0]))
+            return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation, shape))
         if area is None:
             resized = _resize(pixels, target[0], target[1], g.interpolation)
         elif g.interpolation == "bilinear":
@@ -492,21 +529,24 @@ class FusedTransform:
         return self._finish(resized[top:top + ch, left:left + cw])
 
     @staticmethod
-    def _crop_resize(pixels: np.ndarray, box: Tuple[int, int, int, int], k: int, g: Geometry) -> np.ndarray:
+    def _crop_resize(pixels: np.ndarray, box: Tuple[int, int, int, int], k: int, g: Geometry,
+                     origin: Tuple[int, int] = (0, 0)) -> np.ndarray:
         """The full-resolution ``box`` (top, left, h, w) of an image decoded at 1/k, resized to
-        the output size. At 1/k the box falls between pixels: Pillow's resize takes it exactly
-        (rounding it to whole pixels would shift the crop by up to k/2 pixels: 2-5 mean levels)."""
+        the output size; ``pixels`` start at ``origin`` (top, left) of the image at 1/k. At 1/k
+        the box falls between pixels: Pillow's resize takes it exactly (rounding it to whole
+        pixels would shift the crop by up to k/2 pixels: 2-5 mean levels)."""
         top, left, h, w = box
         out_h, out_w = g.size  # type: ignore[misc]
+        oy, ox = origin
         if k == 1:
-            return _resize(pixels[top:top + h, left:left + w], out_h, out_w, g.interpolation)
+            return _resize(pixels[top - oy:top + h - oy, left - ox:left + w - ox], out_h, out_w, g.interpolation)
         # only the box and the filter's reach around it go to Pillow: its result must not depend
         # on the rest of the image (Pillow 13 orders its two passes by the whole image's shape,
         # which would make the pixels depend on where decoding stopped: 1 level on some crops)
         ry, rx = _reach(h, k, out_h), _reach(w, k, out_w)
         r0, c0 = max(0, top // k - ry), max(0, left // k - rx)
         r1, c1 = -(-(top + h) // k) + ry, -(-(left + w) // k) + rx
-        img = Image.fromarray(np.ascontiguousarray(pixels[r0:r1, c0:c1]))
+        img = Image.fromarray(np.ascontiguousarray(pixels[r0 - oy:r1 - oy, c0 - ox:c1 - ox]))
         return np.asarray(img.resize((out_w, out_h), _PIL_FILTERS[g.interpolation],
                                      box=(left / k - c0, top / k - r0, (left + w) / k - c0, (top + h) / k - r0)))
 

@@ -16,13 +16,15 @@ from typing import Any, Optional
 from .errors import MissingDependencyError
 from .processes import ProcessLocal
 
-__all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "INSTALL_HINTS"]
+__all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "jpeg_region", "INSTALL_HINTS"]
 
 # module name -> what the user should run to get it
 INSTALL_HINTS = {
     "torch": "pip install 'dsconvert[torch]'",
     "turbojpeg": "apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'",
     "simplejpeg": "pip install simplejpeg",
+    # the package's own C extension (setup.py), built at install where these are present
+    "dsconvert._jpeg_region": "apt-get install -y gcc libjpeg62-turbo-dev && pip install --force-reinstall --no-deps dsconvert",
     "skimage.data": "pip install 'dsconvert[demo]'",
     "matplotlib": "pip install 'dsconvert[report]'",
     "distributed": "pip install 'dsconvert[dask]'",
@@ -70,3 +72,11 @@ def turbojpeg() -> Optional[Any]:
 @functools.lru_cache(maxsize=None)
 def simplejpeg() -> Optional[ModuleType]:
     return optional_import("simplejpeg")
+
+
+@functools.lru_cache(maxsize=None)
+def jpeg_region() -> Optional[ModuleType]:
+    """dsconvert's C extension that decodes only a region of a JPEG through libjpeg's API
+    (``dsconvert/_jpeg_region.c``), or None where it was not built (no compiler or no libjpeg
+    headers at install) or libjpeg does not load. It holds no state, so it may cross a fork."""
+    return optional_import("dsconvert._jpeg_region")

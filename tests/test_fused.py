@@ -24,6 +24,12 @@ from dsconvert.transforms import CropToTensor, RandomResizedCropToTensor
 pytestmark = pytest.mark.usefixtures("torch")
 
 
+def pillow_only(monkeypatch) -> None:
+    """No libjpeg binding: neither PyTurboJPEG nor dsconvert's region extension."""
+    monkeypatch.setattr(fz, "jpeg_decoders", lambda: [("pil", lambda d: None)])
+    monkeypatch.setattr(fz, "region_decode", lambda *args: None)
+
+
 def pil_full(data: bytes) -> Image.Image:
     return Image.open(io.BytesIO(data)).convert("RGB")
 
@@ -134,7 +140,7 @@ def test_resized_size_is_torchvisions():
 @pytest.mark.parametrize("decoder", ["fast", "pillow"])
 def test_fused_rrc_matches_full_decode_then_pillow_on_the_same_box(torch, large_jpegs, monkeypatch, decoder):
     if decoder == "pillow":  # no libjpeg-turbo binding: Pillow's draft reduces instead
-        monkeypatch.setattr(fz, "jpeg_decoders", lambda: [("pil", lambda d: None)])
+        pillow_only(monkeypatch)
     t = fz.fuse(RandomResizedCropToTensor(224, flip=0.0))
     worst, reductions = 0.0, set()
     for seed in range(12):
@@ -157,7 +163,7 @@ def test_fused_rrc_matches_full_decode_then_pillow_on_the_same_box(torch, large_
 @pytest.mark.parametrize("decoder", ["fast", "pillow"])
 def test_fused_resize_centre_crop_matches_pillow(torch, large_jpegs, monkeypatch, decoder):
     if decoder == "pillow":
-        monkeypatch.setattr(fz, "jpeg_decoders", lambda: [("pil", lambda d: None)])
+        pillow_only(monkeypatch)
     t = fz.fuse(CropToTensor(224, resize=256))
     for data in large_jpegs:
         out = t.from_bytes(data).numpy()
@@ -327,13 +333,13 @@ def test_torchvision_transforms_same_seed_same_boxes(torch, folder, tmp_path, na
 
 
 def test_the_pillow_fallback_reports_the_scale_draft_chose(torch, monkeypatch):
-    monkeypatch.setattr(fz, "jpeg_decoders", lambda: [("pil", lambda d: None)])
+    pillow_only(monkeypatch)
     data = encode(Image.new("RGB", (17, 2000), (10, 200, 30)), quality=90)
-    pixels, k = fz._decode(data, lambda h, w: (1, 1))
+    pixels, k, origin = fz._decode(data, lambda h, w: (1, 1))
     # 1/4 covers 17 / 4 = 4.25 >= 2.5 columns, so 5 are asked for; Pillow's draft then picks 1/2
     # (17 // 5 = 3 limits it) and rounds 17 / 2 up to 9 columns: the scale is draft's (17 / 9
     # rounds to 2), not 17 // 9
-    assert k == 2 and pixels.shape[:2] == (1000, 9)
+    assert k == 2 and pixels.shape[:2] == (1000, 9) and origin == (0, 0)
 
 
 def test_eval_is_the_reference_transform_pixel_for_pixel(torch, photos):
@@ -382,12 +388,13 @@ def test_eval_resizes_only_up_to_the_crop_and_equals_resizing_all_of_it(torch, i
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "lanczos"])
 def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpegs, photos, monkeypatch, interpolation):
-    """libjpeg-turbo stops below the rows the crop reads (jpeg_structure.top_rows): train and
-    eval give exactly the pixels of decoding every row, at every DCT reduction, in portrait and
-    landscape, and the cut is taken for most random crops."""
+    """Without the region extension, libjpeg-turbo stops below the rows the crop reads
+    (jpeg_structure.top_rows): train and eval give exactly the pixels of decoding every row, at
+    every DCT reduction, in portrait and landscape, and the cut is taken for most random crops."""
     from dsconvert import codecs
 
     pytest.importorskip("turbojpeg")
+    monkeypatch.setattr(fz, "region_decode", lambda *args: None)
     portrait = [encode(photos["astronaut"].convert("RGB").resize(size), quality=90) for size in ((375, 500), (827, 1203))]
     # a tall, detailed image: Pillow 13 orders its two resize passes by the whole image's shape,
     # so the box's surroundings, not the image, must go to it (found by a review's sweep)
@@ -416,6 +423,59 @@ def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpe
     assert len(cuts) > calls // 2
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "lanczos"])
+def test_decoding_only_the_crops_region_changes_no_pixel(torch, large_jpegs, photos, monkeypatch, interpolation):
+    """With the region extension, train decodes only the crop's box and the filter's reach
+    around it (rows above and columns beside skip the inverse DCT): the same pixels as decoding
+    the whole image, at every DCT reduction, and the region is taken for every JPEG here."""
+    from dsconvert import codecs, optional
+
+    pytest.importorskip("turbojpeg")
+    if optional.jpeg_region() is None:
+        pytest.skip("dsconvert's region extension is not built here")
+    sizes = ((375, 500), (827, 1203), (500, 375), (301, 257))
+    images = large_jpegs + [encode(photos["astronaut"].convert("RGB").resize(s), quality=90) for s in sizes]
+    train = fz.FusedTransform(fz.Geometry("random_resized_crop", size=(224, 224), interpolation=interpolation),
+                              0.0, "uint8", [], None)
+    eval_ = fz.FusedTransform(fz.Geometry("resize", resize=256, crop=(224, 224), interpolation=interpolation),
+                              0.0, "uint8", [], None)
+    regions = []
+    real = codecs.region_decode
+    monkeypatch.setattr(fz, "region_decode", lambda *a: (lambda out: regions.append(out is not None) or out)(real(*a)))
+    calls = 0
+    for t, seeds in ((train, range(6)), (eval_, range(1))):
+        for seed in seeds:
+            for data in images:
+                torch.manual_seed(seed)
+                with monkeypatch.context() as m:
+                    m.setattr(fz, "region_decode", lambda *args: None)
+                    m.setattr(codecs, "top_rows", lambda data, rows: None)
+                    whole = t.from_bytes(data)
+                regions.clear()
+                torch.manual_seed(seed)
+                assert torch.equal(t.from_bytes(data), whole), (seed, len(data))
+                assert regions == [True]
+                calls += 1
+    assert calls == 7 * len(images)
+
+
+def test_a_refused_region_decode_draws_the_crop_box_once(torch, large_jpegs):
+    """A file the region decode refuses (junk before EOI, read because the box reaches the last
+    row) falls back to the other decoders, which ask for the box again: it is drawn once, so
+    the random stream, and with it every later sample's crop, is the intact file's."""
+    data = large_jpegs[-1]
+    junk = data[:-2] + b"\x00" * 7 + b"\xff\xd9"
+    t = fz.FusedTransform(fz.Geometry("random_resized_crop", size=(224, 224), scale=(1.0, 1.0), ratio=(0.5, 2.0)),
+                          0.5, "uint8", [], None)
+    after = []
+    for sample in (data, junk):
+        torch.manual_seed(3)
+        out = t.from_bytes(sample)
+        after.append((out, torch.rand(4)))
+    assert torch.equal(after[0][1], after[1][1])
+    assert (after[0][0].double() - after[1][0].double()).abs().mean() < 1.0  # Pillow decodes it alike
+
+
 @pytest.mark.parametrize("opencv", [True, False])
 def test_the_chw_copy_is_numpys_transpose_for_every_layout(monkeypatch, opencv):
     """OpenCV's channel split (the fast copy) and numpy's transpose give the same CHW array,
@@ -427,8 +487,9 @@ def test_the_chw_copy_is_numpys_transpose_for_every_layout(monkeypatch, opencv):
         monkeypatch.setattr(fz, "_cv2", lambda: None)
     rng = np.random.default_rng(3)
     big = rng.integers(0, 256, size=(61, 83, 3), dtype=np.uint8)
-    layouts = [big, big[5:40, 7:70], np.ascontiguousarray(big.transpose(2, 0, 1)).transpose(1, 2, 0),
-               big[:, :, :1], big[:0], big[:, :, ::-1]]
+    planar = np.ascontiguousarray(big.transpose(2, 0, 1)).transpose(1, 2, 0)  # torch's resize output
+    layouts = [big, big[5:40, 7:70], planar, planar[3:50, 9:61], planar[:, :, :2], big[:, :, :1], big[:0],
+               big[:, :, ::-1], big[:, ::-1]]
     for pixels in layouts:
         for flip in (False, True):
             out = fz._chw(pixels, flip)
@@ -442,6 +503,7 @@ def test_damage_below_the_cut_is_not_seen_and_a_truncation_still_is(torch, large
     from dsconvert import codecs
 
     pytest.importorskip("turbojpeg")
+    monkeypatch.setattr(fz, "region_decode", lambda *args: None)
     t = fz.FusedTransform(fz.Geometry("random_resized_crop", size=(224, 224)), 0.0, "uint8", [], None)
     data = large_jpegs[0]
     junk = data[:-2] + b"\x00" * 7 + b"\xff\xd9"
