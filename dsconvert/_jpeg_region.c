@@ -66,6 +66,35 @@ static int ends_in_eoi(j_decompress_ptr cinfo) {
     return 0;
 }
 
+#if JPEG_LIB_VERSION >= 70
+#define SCALED_H(c) ((c)->DCT_h_scaled_size)
+#define SCALED_V(c) ((c)->DCT_v_scaled_size)
+#define MIN_SCALED_H(d) ((d)->min_DCT_h_scaled_size)
+#define MIN_SCALED_V(d) ((d)->min_DCT_v_scaled_size)
+#else
+#define SCALED_H(c) ((c)->DCT_scaled_size)
+#define SCALED_V(c) ((c)->DCT_scaled_size)
+#define MIN_SCALED_H(d) ((d)->min_DCT_scaled_size)
+#define MIN_SCALED_V(d) ((d)->min_DCT_scaled_size)
+#endif
+
+/* Whether jpeg_crop_scanline gives the whole decode's pixels: libjpeg-turbo before 3.0.0
+ * miscomputes the width of a component that DCT scaling enlarged but that still needs
+ * upsampling (4x2 and 2x4 sampling at 1/2 and 1/4), and upsamples uninitialised memory. Such a
+ * file is decoded at its full width instead (rows are still skipped). */
+static int crop_is_exact(j_decompress_ptr cinfo) {
+    int ci;
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+        jpeg_component_info *c = &cinfo->comp_info[ci];
+        int h = SCALED_H(c), v = SCALED_V(c), min_h = MIN_SCALED_H(cinfo), min_v = MIN_SCALED_V(cinfo);
+        int upsampled = cinfo->max_h_samp_factor * min_h != c->h_samp_factor * h
+                        || cinfo->max_v_samp_factor * min_v != c->v_samp_factor * v;
+        if ((h != min_h || v != min_v) && upsampled)
+            return 0;
+    }
+    return 1;
+}
+
 static PyObject *region(PyObject *self, PyObject *args) {
     Py_buffer view;
     PyObject *plan;
@@ -124,18 +153,22 @@ static PyObject *region(PyObject *self, PyObject *args) {
     jpeg_start_decompress(&cinfo);
     /* the region at 1/k, clamped to the output: pixel i at 1/k covers [k i, k (i + 1)) */
     y0 = (JDIMENSION)(top / k);
-    y1 = (JDIMENSION)((bottom + k - 1) / k);
+    y1 = (JDIMENSION)(((long long)bottom + k - 1) / k);
     x = (JDIMENSION)(left / k);
     if (y1 > cinfo.output_height)
         y1 = cinfo.output_height;
-    width = (JDIMENSION)((right + k - 1) / k);
+    width = (JDIMENSION)(((long long)right + k - 1) / k);
     if (width > cinfo.output_width)
         width = cinfo.output_width;
     if (y0 >= y1 || x >= width)
         goto decline;
     width -= x;
-    if (x > 0 || width < cinfo.output_width)
+    if (!crop_is_exact(&cinfo)) {
+        x = 0;
+        width = cinfo.output_width;
+    } else if (x > 0 || width < cinfo.output_width) {
         jpeg_crop_scanline(&cinfo, &x, &width);  /* x moves left to a block boundary */
+    }
     pixels = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(y1 - y0) * width * 3);
     if (pixels == NULL)
         goto error;

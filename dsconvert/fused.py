@@ -192,7 +192,8 @@ def _conversion(op: Any) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _log_ratio(ratio: Tuple[float, float]) -> Tuple[float, float]:
-    """torchvision's ``torch.log(torch.tensor(ratio))``: float32 values, as it draws from them."""
+    """torchvision's ``torch.log(torch.tensor(ratio))``: float32 values, as it draws from them
+    (once per ratio: 6 us a sample otherwise)."""
     import torch
 
     low, high = torch.log(torch.tensor(ratio)).tolist()
@@ -260,9 +261,10 @@ Region = Callable[[int, int, int], Tuple[int, int, int, int]]
 def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
             region: Optional[Region] = None) -> Tuple[np.ndarray, int, Tuple[int, int]]:
     """(pixels, k, (top, left)): a JPEG decoded at the largest reduction 1/k that still leaves
-    ``need(height, width)`` pixels, by libjpeg-turbo or else Pillow's ``draft``; anything else
-    (non-JPEG, CMYK, what libjpeg warns about) in full through Pillow (k = 1), exactly as
-    ``decode="pil"`` decodes it. ``region(height, width, k)``: the part of the image that the
+    ``need(height, width)`` pixels, by libjpeg-turbo or else Pillow's ``draft`` (also for a JPEG
+    libjpeg-turbo refuses or warns about: Pillow then accepts or refuses it as
+    ``decode="pil"`` does); non-JPEG data and CMYK in full through Pillow (k = 1), exactly as
+    ``decode="pil"`` decodes them. ``region(height, width, k)``: the part of the image that the
     caller reads, (top, bottom, left, right) at full resolution; the pixels may cover only that
     much, starting at (top, left) of the image at 1/k: through dsconvert's libjpeg extension
     (:func:`dsconvert.codecs.region_decode`), or where it is not built, down to the region's
@@ -287,15 +289,17 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
             decoded = fast_decode(data, fast, reduction, rows)
             if decoded is not None:
                 return decoded[0], decoded[1], (0, 0)
-        else:
-            img = _pil_open(data)
-            if img.format == "JPEG" and img.mode in ("RGB", "L") and min(img.size) > 0:
-                width, height = img.size
-                k = reduction(height, width)
-                if k > 1:  # draft's box is the image at the scale it chose: width / scale
-                    _, box = img.draft(img.mode, (-(-width // k), -(-height // k)))
-                    k = round(width / box[2])
-                return np.asarray(img.convert("RGB")), k, (0, 0)
+        # Pillow's draft reduces as libjpeg-turbo would have: also for a file the binding refused
+        # but the region decode might have taken (a sampling TurboJPEG 2.x cannot name, 4x2 or
+        # 3x1), so the scale, and the sample, do not depend on which decoders are installed
+        img = _pil_open(data)
+        if img.format == "JPEG" and img.mode in ("RGB", "L") and min(img.size) > 0:
+            width, height = img.size
+            k = reduction(height, width)
+            if k > 1:  # draft's box is the image at the scale it chose: width / scale
+                _, box = img.draft(img.mode, (-(-width // k), -(-height // k)))
+                k = round(width / box[2])
+            return np.asarray(img.convert("RGB")), k, (0, 0)
     return np.asarray(_pil_rgb(data)), 1, (0, 0)
 
 

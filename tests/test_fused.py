@@ -459,6 +459,32 @@ def test_decoding_only_the_crops_region_changes_no_pixel(torch, large_jpegs, pho
     assert calls == 7 * len(images)
 
 
+@pytest.mark.parametrize("sample", ["3x1", "4x2", "2x4"])
+def test_a_sampling_turbojpeg_cannot_name_decodes_at_the_same_scale_either_way(torch, photos, monkeypatch, sample):
+    """PyTurboJPEG 1.x (TurboJPEG 2.x) refuses the header of a 3x1 or 4x2 file that libjpeg
+    decodes: without the region extension such a file went to Pillow at full size while the
+    extension decoded it at 1/k, so the sample depended on what was installed. Now Pillow's
+    draft reduces it as libjpeg-turbo does, on the same pixels (found by a review)."""
+    import shutil
+    import subprocess
+
+    from dsconvert import optional
+
+    cjpeg = shutil.which("cjpeg")
+    if cjpeg is None or optional.jpeg_region() is None:
+        pytest.skip("needs cjpeg (libjpeg-turbo-progs) and the region extension")
+    ppm = encode(photos["astronaut"].convert("RGB").resize((1400, 1900)), "PPM")
+    data = subprocess.run([cjpeg, "-sample", f"{sample},1x1,1x1", "-quality", "90"], input=ppm,
+                          capture_output=True, check=True).stdout
+    for t, seed in ((fz.fuse(CropToTensor(224, resize=256)), 0), (fz.fuse(RandomResizedCropToTensor(224)), 1)):
+        torch.manual_seed(seed)
+        with_region = t.from_bytes(data)
+        with monkeypatch.context() as m:
+            m.setattr(fz, "region_decode", lambda *args: None)
+            torch.manual_seed(seed)
+            assert torch.equal(t.from_bytes(data), with_region)
+
+
 def test_a_refused_region_decode_draws_the_crop_box_once(torch, large_jpegs):
     """A file the region decode refuses (junk before EOI, read because the box reaches the last
     row) falls back to the other decoders, which ask for the box again: it is drawn once, so
