@@ -23,8 +23,6 @@ INSTALL_HINTS = {
     "torch": "pip install 'dsconvert[torch]'",
     "turbojpeg": "apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'",
     "simplejpeg": "pip install simplejpeg",
-    # the package's own C extension (setup.py), built at install where these are present
-    "dsconvert._jpeg_region": "apt-get install -y gcc libjpeg62-turbo-dev && pip install --force-reinstall --no-deps dsconvert",
     "skimage.data": "pip install 'dsconvert[demo]'",
     "matplotlib": "pip install 'dsconvert[report]'",
     "distributed": "pip install 'dsconvert[dask]'",

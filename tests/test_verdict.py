@@ -224,6 +224,11 @@ def test_a_fused_and_shrunk_output_is_recommended_with_its_read_line_and_the_los
     assert v.commands == ["dsconvert shard /data/train --format wds -o /ssd/train-wds --max-size 319"
                           "   # then open_dataset('/ssd/train-wds', transform=T, decode=\"fused\")"]
     assert any("--max-size 319 re-encodes" in n and "lossy" in n for n in v.notes)
+    assert not any("region decoder" in n for n in v.notes)  # built (the default)
+    v = decide(make(loader=passes(**outputs), region_decoder=False))
+    assert any("region decoder, which is not built here" in n and "libjpeg62-turbo-dev" in n for n in v.notes)
+    # a recommendation that does not decode fused says nothing about it
+    assert not any("region decoder" in n for n in decide(make(region_decoder=False)).notes)
 
 
 def test_candidates_offer_fused_reading_and_max_size_only_where_they_apply(image_folder):
