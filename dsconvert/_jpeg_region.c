@@ -10,7 +10,8 @@
  * region(data, plan) -> (pixels: bytearray, rows, columns, top, left) | None
  *   plan(height, width) -> (k, top, bottom, left, right) | None: called with the frame's size
  *   once the header is read; k the DCT reduction (1, 2, 4, 8), the region in full-resolution
- *   pixels. The result covers it: top and left (at 1/k) moved up and left to block boundaries.
+ *   pixels. The result covers it, from top / k and from left / k moved left to a block
+ *   boundary (or from 0, where cropping columns would not be exact: see crop_is_exact).
  *   None when the file is not one this decodes (progressive or multi-scan, CMYK, an empty
  *   frame) or when plan returns None. Raises ValueError with libjpeg's message on what
  *   libjpeg refuses or warns about, and on data after the region's last row that does not end

@@ -154,22 +154,22 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
                               flip=transform.flip, output="uint8", rest=[], original=transform)
     if isinstance(transform, CropToTensor):
         return FusedTransform(Geometry("resize", resize=transform.resize, crop=(transform.size, transform.size)),
-                              flip=0.0, output="uint8", rest=[], original=transform)
+                              flip=None, output="uint8", rest=[], original=transform)
     ops = _ops(transform)
     if ops is None:
-        return FusedTransform(None, 0.0, "pil", [], transform)
+        return FusedTransform(None, None, "pil", [], transform)
     # v2's recommended order converts first (ToImage, then the geometry on a uint8 tensor, which
     # torchvision resizes with the same antialiased kernel); an explicit antialias=False is left as given
     first = _conversion(ops[0])
     if first in ("uint8", "image"):
         if any(getattr(op, "antialias", True) is False for op in ops[1:3]):
-            return FusedTransform(None, 0.0, "pil", [], transform)
+            return FusedTransform(None, None, "pil", [], transform)
         ops = ops[1:]
     geometry, used = _geometry(ops)
     if geometry is None:
-        return FusedTransform(None, 0.0, "pil", [], transform)
+        return FusedTransform(None, None, "pil", [], transform)
     rest = ops[used:]
-    flip = 0.0
+    flip: Optional[float] = None
     if rest and _from_torchvision(rest[0]) and type(rest[0]).__name__ == "RandomHorizontalFlip":
         flip = float(rest[0].p)
         rest = rest[1:]
@@ -296,9 +296,9 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
         if img.format == "JPEG" and img.mode in ("RGB", "L") and min(img.size) > 0:
             width, height = img.size
             k = reduction(height, width)
-            if k > 1:  # draft's box is the image at the scale it chose: width / scale
-                _, box = img.draft(img.mode, (-(-width // k), -(-height // k)))
-                k = round(width / box[2])
+            if k > 1:  # draft takes the largest scale <= size // asked: w // (w // k) lies in [k, 2k)
+                _, box = img.draft(img.mode, (max(1, width // k), max(1, height // k)))
+                k = round(width / box[2])  # draft's box is the image at the scale it chose: width / scale
             return np.asarray(img.convert("RGB")), k, (0, 0)
     return np.asarray(_pil_rgb(data)), 1, (0, 0)
 
@@ -407,9 +407,11 @@ class FusedTransform:
     (:meth:`from_bytes`) or on decoded HWC pixels (:meth:`from_pixels`, for outputs that store
     pixels). See the module doc."""
 
-    def __init__(self, geometry: Optional[Geometry], flip: float, output: str, rest: List[Any],
+    def __init__(self, geometry: Optional[Geometry], flip: Optional[float], output: str, rest: List[Any],
                  original: Optional[Callable]):
         self.geometry = geometry
+        # a RandomHorizontalFlip's p; None: no flip. A flip draws torch.rand(1) on every sample,
+        # as torchvision's does, p = 0 included, so the random stream stays torchvision's
         self.flip = flip
         self.output = output  # "pil", "uint8" (CHW tensor), "image" (tv_tensors.Image), "float" (ToTensor)
         self.rest = rest
@@ -569,7 +571,7 @@ class FusedTransform:
         """Flip, convert to the output type, then the rest of the transform."""
         import torch
 
-        flip = bool(self.flip) and torch.rand(1).item() < self.flip
+        flip = self.flip is not None and torch.rand(1).item() < self.flip
         if self.output == "pil":
             out: Any = Image.fromarray(np.ascontiguousarray(pixels[:, ::-1] if flip else pixels))
         else:

@@ -307,12 +307,14 @@ def torchvision_pipelines():
                                         T2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]),
         "v2 PILToTensor first, eval": T2.Compose([T2.PILToTensor(), T2.Resize(256), T2.CenterCrop(224)]),
         "v2 no antialias": T2.Compose([T2.ToImage(), T2.Resize(256, antialias=False), T2.CenterCrop(224)]),
+        "v1 flip p=0": T1.Compose([T1.RandomResizedCrop(224), T1.RandomHorizontalFlip(p=0.0), T1.PILToTensor()]),
     }
 
 
 @pytest.mark.parametrize("name", ["v1 train", "v2 train", "v1 eval", "v2 eval", "v1 normalize",
                                   "bicubic, PIL out", "random crop", "resize only", "not fused",
-                                  "v2 ToImage first", "v2 PILToTensor first, eval", "v2 no antialias"])
+                                  "v2 ToImage first", "v2 PILToTensor first, eval", "v2 no antialias",
+                                  "v1 flip p=0"])
 def test_torchvision_transforms_same_seed_same_boxes(torch, folder, tmp_path, name):
     T = torchvision_pipelines()[name]
     out = str(tmp_path / "wds")
@@ -336,10 +338,18 @@ def test_the_pillow_fallback_reports_the_scale_draft_chose(torch, monkeypatch):
     pillow_only(monkeypatch)
     data = encode(Image.new("RGB", (17, 2000), (10, 200, 30)), quality=90)
     pixels, k, origin = fz._decode(data, lambda h, w: (1, 1))
-    # 1/4 covers 17 / 4 = 4.25 >= 2.5 columns, so 5 are asked for; Pillow's draft then picks 1/2
-    # (17 // 5 = 3 limits it) and rounds 17 / 2 up to 9 columns: the scale is draft's (17 / 9
-    # rounds to 2), not 17 // 9
-    assert k == 2 and pixels.shape[:2] == (1000, 9) and origin == (0, 0)
+    # 1/4 covers 17 / 4 = 4.25 >= 2.5 columns: draft is asked for 17 // 4 = 4 of them, takes
+    # 1/4 (the largest scale <= 17 // 4), as libjpeg-turbo would, and rounds 17 / 4 up to 5
+    # columns: the scale is draft's (17 / 4.25), not 17 // 5 (asking for 5, ceil(17 / 4), made
+    # draft take 1/2: a review found the sample then depended on the decoders installed)
+    assert k == 4 and pixels.shape[:2] == (500, 5) and origin == (0, 0)
+    for width in range(1, 300):  # draft reduces exactly as asked whatever the size
+        for k in (2, 4, 8):
+            img = Image.new("RGB", (width, 40 * k))
+            jpeg = encode(img, quality=90)
+            if width >= k:
+                pixels, got, _ = fz._decode(jpeg, lambda h, w, k=k: (h / k / 2.5, w / k / 2.5))
+                assert got == k and pixels.shape[1] == -(-width // k), (width, k)
 
 
 def test_eval_is_the_reference_transform_pixel_for_pixel(torch, photos):
@@ -473,7 +483,7 @@ def test_a_sampling_turbojpeg_cannot_name_decodes_at_the_same_scale_either_way(t
     cjpeg = shutil.which("cjpeg")
     if cjpeg is None or optional.jpeg_region() is None:
         pytest.skip("needs cjpeg (libjpeg-turbo-progs) and the region extension")
-    ppm = encode(photos["astronaut"].convert("RGB").resize((1400, 1900)), "PPM")
+    ppm = encode(photos["astronaut"].convert("RGB").resize((1401, 1901)), "PPM")  # odd: not a multiple of k
     data = subprocess.run([cjpeg, "-sample", f"{sample},1x1,1x1", "-quality", "90"], input=ppm,
                           capture_output=True, check=True).stdout
     for t, seed in ((fz.fuse(CropToTensor(224, resize=256)), 0), (fz.fuse(RandomResizedCropToTensor(224)), 1)):
@@ -483,6 +493,22 @@ def test_a_sampling_turbojpeg_cannot_name_decodes_at_the_same_scale_either_way(t
             m.setattr(fz, "region_decode", lambda *args: None)
             torch.manual_seed(seed)
             assert torch.equal(t.from_bytes(data), with_region)
+
+
+def test_a_flip_draws_on_every_sample_as_torchvisions_does(torch, large_jpegs):
+    """torchvision's RandomHorizontalFlip draws torch.rand(1) on every call, p = 0 included: the
+    fused flip does too (after the box), and a transform without a flip draws nothing more."""
+    data = large_jpegs[-1]
+    g = fz.Geometry("random_resized_crop", size=(224, 224))
+    for flip, draws in ((0.0, 1), (0.5, 1), (1.0, 1), (None, 0)):
+        torch.manual_seed(5)
+        fz.FusedTransform(g, flip, "uint8", [], None).from_bytes(data)
+        after = torch.rand(1)
+        torch.manual_seed(5)
+        fz.rrc_box(360, 480, g.scale, g.ratio)
+        for _ in range(draws):
+            torch.rand(1)
+        assert torch.equal(after, torch.rand(1)), flip
 
 
 def test_a_refused_region_decode_draws_the_crop_box_once(torch, large_jpegs):
