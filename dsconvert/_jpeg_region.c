@@ -220,17 +220,4 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg_region", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__jpeg_region(void) {
-    PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER",
-#ifdef LIBJPEG_TURBO_VERSION_NUMBER
-                                             LIBJPEG_TURBO_VERSION_NUMBER
-#else
-                                             0
-#endif
-                                             ) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
+PyMODINIT_FUNC PyInit__jpeg_region(void) { return PyModule_Create(&module); }

@@ -47,6 +47,7 @@ __all__ = [
     "decode_rgb",
     "fast_decode",
     "region_decode",
+    "Region",
     "REGION_EDGE",
     "decode_resized",
     "bilinear",
@@ -75,6 +76,8 @@ ENCODED_MODES = ("raw", "buffer")  # modes that hand out the encoded bytes thems
 # the one warning a frame cut by top_rows raises: the entropy-coded data it did not read
 _CUT_WARNING = re.compile(r"Corrupt JPEG data: \d+ extraneous bytes before marker 0xd9$")
 _JPEG_MAGIC = b"\xff\xd8\xff"
+# what a region decode is asked for: (height, width, k) -> (top, bottom, left, right), full resolution
+Region = Callable[[int, int, int], Tuple[int, int, int, int]]
 # output pixels decoded beyond each side of a region: libjpeg's fancy chroma upsampling reads
 # one chroma sample (two pixels) across the region's edge, where a region decode replicates the
 # edge instead; the tests find 1 enough at every scale and subsampling; 4 leaves room
@@ -522,8 +525,7 @@ def fast_decode(data: bytes, fast: FastJpeg,
 
 
 def region_decode(data: bytes, reduction: Callable[[int, int], int],
-                  region: Callable[[int, int, int], Tuple[int, int, int, int]]
-                  ) -> Optional[Tuple[np.ndarray, int, Tuple[int, int]]]:
+                  region: Region) -> Optional[Tuple[np.ndarray, int, Tuple[int, int]]]:
     """(pixels, k, (top, left)): the part of a JPEG that ``region(height, width, k)`` asks for
     (top, bottom, left, right in full-resolution pixels), decoded at 1/k, k = ``reduction(height,
     width)``, by dsconvert's libjpeg extension (:func:`dsconvert.optional.jpeg_region`); (top,

@@ -48,7 +48,7 @@ import numpy as np
 from PIL import Image
 
 from .codecs import (_JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode,
-                     jpeg_decoders, nchw_view, region_decode)
+                     Region, jpeg_decoders, nchw_view, region_decode)
 from .errors import BadInputError
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
@@ -253,9 +253,6 @@ def _reduction(height: int, width: int, need_h: float, need_w: float) -> int:
         if height / k >= need_h * DCT_MARGIN and width / k >= need_w * DCT_MARGIN:
             return k
     return 1
-
-
-Region = Callable[[int, int, int], Tuple[int, int, int, int]]
 
 
 def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
