@@ -8,5 +8,7 @@ package is in pyproject.toml.
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("dsconvert._jpeg_region", ["dsconvert/_jpeg_region.c"], libraries=["jpeg"],
-                             optional=True)])
+setup(ext_modules=[
+    Extension("dsconvert._jpeg_region", ["dsconvert/_jpeg_region.c"], libraries=["jpeg"], optional=True),
+    Extension("dsconvert._resize", ["dsconvert/_resize.c"], optional=True),
+])

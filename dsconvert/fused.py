@@ -47,6 +47,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
+from . import resample
 from .codecs import (_JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode,
                      Region, jpeg_decoders, nchw_view, region_decode)
 from .errors import BadInputError
@@ -311,9 +312,18 @@ def _cv2() -> Any:
     return cv2
 
 
-def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str) -> np.ndarray:
-    """HWC uint8 resized with antialiasing (torch's uint8 kernels; Pillow for other filters)."""
-    h, w = pixels.shape[:2]
+def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str, origin: Tuple[int, int] = (0, 0),
+            shape: Optional[Tuple[int, int]] = None, planar: bool = True) -> np.ndarray:
+    """An HWC uint8 image resized with antialiasing: torch's uint8 kernels (through
+    :mod:`dsconvert.resample` where it runs: the same pixels, and planar if asked, for the CHW
+    copy); Pillow for other filters. The image is ``shape`` (default: all of ``pixels``), and
+    ``pixels`` start at ``origin`` of it (at or before its top left): the memory around it lets
+    the kernel read without copying."""
+    h, w = shape or pixels.shape[:2]
+    if (h, w) != (out_h, out_w) and resample.available(interpolation):
+        return resample.resize_window(pixels, origin, (h, w), (out_h, out_w), (0, 0, out_h, out_w), interpolation,
+                                      planar)
+    pixels = pixels[-origin[0]:h - origin[0], -origin[1]:w - origin[1]]
     if (h, w) == (out_h, out_w):
         return pixels
     if interpolation == "bilinear" and out_h >= h and out_w >= w:
@@ -332,10 +342,13 @@ def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str) -> n
 
 def _crop_only(shape: Tuple[int, int], target: Tuple[int, int], g: Geometry) -> bool:
     """Whether :func:`_resized_centre` takes this Resize + CenterCrop: torch's filters, a crop
-    inside the resized image, and not an enlargement (OpenCV's, in :func:`_resize`)."""
+    inside the resized image, and, where :mod:`dsconvert.resample` does not run, not an
+    enlargement (OpenCV's, in :func:`_resize`)."""
     (h, w), (out_h, out_w), (crop_h, crop_w) = shape, target, g.crop  # type: ignore[misc]
     if g.interpolation not in _TORCH_FILTERS or crop_h > out_h or crop_w > out_w:
         return False
+    if resample.available(g.interpolation):
+        return True
     return not (g.interpolation == "bilinear" and out_h >= h and out_w >= w)
 
 
@@ -344,6 +357,19 @@ def _reach(span: int, k: int, out: int) -> int:
     resize of the box to ``out`` pixels reads: its widest filter (Lanczos) reaches 3 output
     pixels' worth, and one more for rounding."""
     return math.ceil(3 * max(1.0, span / k / out)) + 1
+
+
+def _centre_region(shape: Tuple[int, int], target: Tuple[int, int], crop: Tuple[int, int],
+                   interpolation: str) -> Tuple[int, int, int, int]:
+    """(top, bottom, left, right): the input that :func:`_resized_centre` reads of a ``shape``
+    image resized to ``target`` then cropped to ``crop`` in the centre: only the filters' reach
+    around the crop where :mod:`dsconvert.resample` runs, else from the origin."""
+    (h, w), (out_h, out_w), (crop_h, crop_w) = shape, target, crop
+    if resample.available(interpolation):
+        top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
+        return (*resample.span(h, out_h, top, crop_h, interpolation),
+                *resample.span(w, out_w, left, crop_w, interpolation))
+    return 0, _centre_reach(h, out_h, crop_h), 0, _centre_reach(w, out_w, crop_w)
 
 
 def _centre_reach(size: int, out: int, crop: int) -> int:
@@ -356,19 +382,23 @@ def _centre_reach(size: int, out: int, crop: int) -> int:
 
 
 def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int, int],
-                    interpolation: str, shape: Optional[Tuple[int, int]] = None) -> np.ndarray:
+                    interpolation: str, shape: Optional[Tuple[int, int]] = None, origin: Tuple[int, int] = (0, 0),
+                    planar: bool = True) -> np.ndarray:
     """torchvision's ``Resize(target)`` then ``CenterCrop(crop)`` of HWC uint8 ``pixels``, pixel
-    for pixel, resizing only up to the crop's far edges. torch's kernel places output pixel i at
-    (i + 0.5) * scale from the origin, so the rows and columns before the crop are still
-    computed, but none after it, and no input row or column past the filter's reach is read: a
-    quarter of the resize of a 4:3 photo to 256 then 224 (the eval transform) is saved.
-    ``shape``: the image's (height, width), where ``pixels`` stop soon after the rows and
-    columns :func:`_centre_reach` gives."""
+    for pixel. ``shape``: the image's (height, width), where ``pixels`` hold only the part
+    :func:`_centre_region` gives, from ``origin`` (top, left). :mod:`dsconvert.resample`
+    computes the crop's pixels only. Where it does not run, torch resizes up to the crop's far
+    edges: its kernel places output pixel i at (i + 0.5) * scale from the origin, so the rows
+    and columns before the crop are computed too, from pixels that start at the origin."""
     import torch
 
     h, w = shape or pixels.shape[:2]
     (out_h, out_w), (crop_h, crop_w) = target, crop
     top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
+    if resample.available(interpolation):
+        return resample.resize_window(pixels, origin, (h, w), target, (top, left, crop_h, crop_w), interpolation,
+                                      planar)
+    assert origin == (0, 0), "torch's kernel resizes from the image's origin"
     rows, cols = _centre_reach(h, out_h, crop_h), _centre_reach(w, out_w, crop_w)
     op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
     # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;
@@ -446,7 +476,7 @@ class FusedTransform:
             pixels, k, origin = _decode(data, need, region)
             if not box:  # decoded by Pillow without a header read: draw the box now
                 box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
-            return self._finish(self._crop_resize(pixels, box[0], k, g, origin))
+            return self._finish(self._crop_resize(pixels, box[0], k, g, origin, self.output != "pil"))
         if g.kind == "resize":
             target: List[Tuple[int, int]] = []
 
@@ -459,17 +489,15 @@ class FusedTransform:
                 return target[0]
 
             def region_resized(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
-                # torch's resize computes the rows and columns before the crop too: from the top left
                 if k == 1 and g.crop is not None and _crop_only((height, width), target[0], g):
-                    return (0, _centre_reach(height, target[0][0], g.crop[0]), 0,
-                            _centre_reach(width, target[0][1], g.crop[1]))
+                    return _centre_region((height, width), target[0], g.crop, g.interpolation)
                 return 0, height, 0, width  # the whole image is resized, then cropped
 
-            pixels, k, _ = _decode(data, need_resized, region_resized)
+            pixels, k, origin = _decode(data, need_resized, region_resized)
             # at 1/k the image's ceil(width / k) columns cover width / k of it: the resize maps
             # exactly that area (resizing all the columns would stretch it by up to one pixel)
             area = (full[0][1] / k, full[0][0] / k) if k > 1 and full else None
-            return self._from_resize(pixels, target[0] if target else None, area, full[0] if full else None)
+            return self._from_resize(pixels, target[0] if target else None, area, full[0] if full else None, origin)
         pixels, _, _ = _decode(data, lambda h, w: (h, w))
         return self.from_pixels(pixels)
 
@@ -482,7 +510,8 @@ class FusedTransform:
             return self._unfused(Image.fromarray(np.ascontiguousarray(pixels)))
         height, width = pixels.shape[:2]
         if g.kind == "random_resized_crop":
-            return self._finish(self._crop_resize(pixels, rrc_box(height, width, g.scale, g.ratio), 1, g))
+            return self._finish(self._crop_resize(pixels, rrc_box(height, width, g.scale, g.ratio), 1, g,
+                                                  planar=self.output != "pil"))
         if g.kind == "resize":
             return self._from_resize(pixels, None)
         ch, cw = g.crop  # type: ignore[misc]
@@ -500,10 +529,11 @@ class FusedTransform:
     # --- steps -------------------------------------------------------------------------
 
     def _from_resize(self, pixels: np.ndarray, target: Optional[Tuple[int, int]],
-                     area: Optional[Tuple[float, float]] = None, shape: Optional[Tuple[int, int]] = None) -> Any:
+                     area: Optional[Tuple[float, float]] = None, shape: Optional[Tuple[int, int]] = None,
+                     origin: Tuple[int, int] = (0, 0)) -> Any:
         """``area``: (width, height) of ``pixels`` that the image covers, when decoded at 1/k.
-        ``shape``: the image's (height, width) at full resolution, where ``pixels`` may stop
-        after the rows and columns the crop needs (:func:`_centre_reach`)."""
+        ``shape``: the image's (height, width) at full resolution, where ``pixels`` may hold only
+        the part the crop reads (:func:`_centre_region`), from ``origin``."""
         g = self.geometry
         assert g is not None
         if target is None:  # pixels at full resolution
@@ -513,9 +543,10 @@ class FusedTransform:
         check_pixels(target[1], target[0])
         shape = shape or pixels.shape[:2]
         if area is None and g.crop is not None and _crop_only(shape, target, g):
-            return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation, shape))
+            return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation, shape, origin,
+                                                self.output != "pil"))
         if area is None:
-            resized = _resize(pixels, target[0], target[1], g.interpolation)
+            resized = _resize(pixels, target[0], target[1], g.interpolation, planar=self.output != "pil")
         elif g.interpolation == "bilinear":
             resized = bilinear(pixels, target[0], target[1], area, "torch")  # fused runs on torch (_finish)
         else:
@@ -533,7 +564,7 @@ class FusedTransform:
 
     @staticmethod
     def _crop_resize(pixels: np.ndarray, box: Tuple[int, int, int, int], k: int, g: Geometry,
-                     origin: Tuple[int, int] = (0, 0)) -> np.ndarray:
+                     origin: Tuple[int, int] = (0, 0), planar: bool = True) -> np.ndarray:
         """The full-resolution ``box`` (top, left, h, w) of an image decoded at 1/k, resized to
         the output size; ``pixels`` start at ``origin`` (top, left) of the image at 1/k. At 1/k
         the box falls between pixels: Pillow's resize takes it exactly (rounding it to whole
@@ -542,7 +573,7 @@ class FusedTransform:
         out_h, out_w = g.size  # type: ignore[misc]
         oy, ox = origin
         if k == 1:
-            return _resize(pixels[top - oy:top + h - oy, left - ox:left + w - ox], out_h, out_w, g.interpolation)
+            return _resize(pixels, out_h, out_w, g.interpolation, (oy - top, ox - left), (h, w), planar)
         # only the box and the filter's reach around it go to Pillow: its result must not depend
         # on the rest of the image (Pillow 13 orders its two passes by the whole image's shape,
         # which would make the pixels depend on where decoding stopped: 1 level on some crops)

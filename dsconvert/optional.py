@@ -16,7 +16,7 @@ from typing import Any, Optional
 from .errors import MissingDependencyError
 from .processes import ProcessLocal
 
-__all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "jpeg_region", "INSTALL_HINTS"]
+__all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "jpeg_region", "resize_kernel", "INSTALL_HINTS"]
 
 # module name -> what the user should run to get it
 INSTALL_HINTS = {
@@ -78,3 +78,11 @@ def jpeg_region() -> Optional[ModuleType]:
     (``dsconvert/_jpeg_region.c``), or None where it was not built (no compiler or no libjpeg
     headers at install) or libjpeg does not load. It holds no state, so it may cross a fork."""
     return optional_import("dsconvert._jpeg_region")
+
+
+@functools.lru_cache(maxsize=None)
+def resize_kernel() -> Optional[ModuleType]:
+    """dsconvert's C kernel for torch's antialiased uint8 resize of an output window
+    (``dsconvert/_resize.c``, :mod:`dsconvert.resample`), or None where it was not built (no
+    compiler at install). Stateless, so it may cross a fork."""
+    return optional_import("dsconvert._resize")

@@ -370,11 +370,19 @@ def test_a_resize_that_would_amplify_a_thin_image_is_refused(torch):
         fz.fuse(CropToTensor(224, resize=256)).from_bytes(data)
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["resample-kernel", "torch"])
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
-def test_eval_resizes_only_up_to_the_crop_and_equals_resizing_all_of_it(torch, interpolation):
-    """Resize + CenterCrop computes the resize only up to the crop's far edges: the pixels are
-    exactly those of resizing the whole image then cropping, on every shape around the
-    common ones (portrait, landscape, odd sizes, shrinking and mixed)."""
+def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, interpolation, kernel, monkeypatch):
+    """Resize + CenterCrop computes only the crop (dsconvert.resample's kernel) or the resize up
+    to the crop's far edges (torch): either way the pixels are exactly those of torch resizing
+    the whole image, then cropping, on every shape around the common ones (portrait,
+    landscape, odd sizes, shrinking and mixed)."""
+    from dsconvert import resample
+
+    if kernel and not resample.available(interpolation):
+        pytest.skip("dsconvert's resize kernel does not run here")
+    if not kernel:
+        monkeypatch.setattr(resample, "available", lambda interpolation: False)
     rng = np.random.default_rng(0)
     shapes = [(375, 500), (500, 375), (427, 640), (257, 301), (300, 260), (1000, 230), (240, 900), (1999, 1501),
               (240, 240), (240, 320), (100, 100), (45, 60), (250, 400)]  # torch would skip an axis as long as its input
@@ -388,7 +396,8 @@ def test_eval_resizes_only_up_to_the_crop_and_equals_resizing_all_of_it(torch, i
             target = fz.resized_size(h, w, resize)
             if not fz._crop_only((h, w), target, g):
                 continue
-            full = fz._resize(pixels, target[0], target[1], interpolation)
+            full = torch.nn.functional.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=target,
+                                                   mode=interpolation, antialias=True)[0].permute(1, 2, 0).numpy()
             top, left = int(round((target[0] - crop[0]) / 2.0)), int(round((target[1] - crop[1]) / 2.0))
             assert np.array_equal(fz._resized_centre(pixels, target, crop, interpolation),
                                   full[top:top + crop[0], left:left + crop[1]]), (h, w, resize, crop)
