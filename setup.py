@@ -1,9 +1,10 @@
-"""The one C extension: region decoding through libjpeg's own API (dsconvert/_jpeg_region.c).
+"""The C extensions: region decoding through libjpeg's own API (dsconvert/_jpeg_region.c) and
+torch's antialiased uint8 resize of an output window (dsconvert/_resize.c).
 
-Optional: it needs a C compiler and libjpeg's headers (Debian: ``apt-get install -y gcc
-libjpeg62-turbo-dev``). Where it does not build, the install still succeeds and
-``decode="fused"`` decodes with PyTurboJPEG or Pillow, as before. Everything else about the
-package is in pyproject.toml.
+Both optional: they need a C compiler (and, for the first, libjpeg's headers: Debian
+``apt-get install -y gcc libjpeg62-turbo-dev``). Where one does not build, the install still
+succeeds and ``decode="fused"`` decodes with PyTurboJPEG or Pillow, or resizes with torch: the
+same samples, slower. Everything else about the package is in pyproject.toml.
 """
 
 from setuptools import Extension, setup

@@ -70,13 +70,11 @@ static void axis_free(axis_t *a) {
     a->w = NULL;
 }
 
-/* One output pixel's taps, as torch's _compute_indices_min_size_weights_aa: returns their count,
- * raises *wt_max (if given) to the largest normalised weight */
-static int64_t taps(int filter, int64_t in_size, double scale, double support, int ksize, int64_t i,
-                    int64_t *xmin, double *wt, double *wt_max) {
-    double center = scale * (i + 0.5), total = 0.0;
-    double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
-    int64_t lo = (int64_t)(center - support + 0.5), hi = (int64_t)(center + support + 0.5), size, j;
+/* Where one output pixel's taps start (*xmin) and their count, as torch's
+ * _compute_indices_min_size_weights_aa computes them */
+static int64_t bounds(int64_t in_size, double scale, double support, int ksize, int64_t i, int64_t *xmin) {
+    double center = scale * (i + 0.5);
+    int64_t lo = (int64_t)(center - support + 0.5), hi = (int64_t)(center + support + 0.5), size;
     if (lo < 0)
         lo = 0;
     size = (hi < in_size ? hi : in_size) - lo;
@@ -84,6 +82,17 @@ static int64_t taps(int filter, int64_t in_size, double scale, double support, i
         size = 0;
     if (size > ksize)
         size = ksize;
+    *xmin = lo;
+    return size;
+}
+
+/* One output pixel's taps and weights (torch's _compute_indices_min_size_weights_aa): returns
+ * their count, raises *wt_max to the largest normalised weight */
+static int64_t taps(int filter, int64_t in_size, double scale, double support, int ksize, int64_t i,
+                    int64_t *xmin, double *wt, double *wt_max) {
+    double center = scale * (i + 0.5), total = 0.0;
+    double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+    int64_t size = bounds(in_size, scale, support, ksize, i, xmin), lo = *xmin, j;
     for (j = 0; j < size; j++) {
         double w = filter_at(filter, (j + lo - center + 0.5) * invscale);
         wt[j] = w;
@@ -92,12 +101,11 @@ static int64_t taps(int filter, int64_t in_size, double scale, double support, i
     if (total != 0.0)
         for (j = 0; j < size; j++) {
             wt[j] /= total;
-            if (wt_max != NULL && *wt_max < wt[j])
+            if (*wt_max < wt[j])
                 *wt_max = wt[j];
         }
     for (j = size; j < ksize; j++)
         wt[j] = 0.0;
-    *xmin = lo;
     return size;
 }
 
@@ -474,15 +482,14 @@ done:
 /* [lo, hi) of the input read by outputs [start, start + count) */
 static void reach(int filter, int64_t in_size, int64_t out_size, int64_t start, int64_t count, int64_t *lo,
                   int64_t *hi) {
-    double scale, support, *wt;
+    double scale, support;
     int ksize;
     int64_t i, xmin, size;
     axis_shape(filter, in_size, out_size, &scale, &support, &ksize);
-    wt = malloc(sizeof(double) * (size_t)ksize);
     *lo = in_size;
     *hi = 0;
-    for (i = start; wt != NULL && i < start + count; i++) {
-        size = taps(filter, in_size, scale, support, ksize, i, &xmin, wt, NULL);
+    for (i = start; i < start + count; i++) {
+        size = bounds(in_size, scale, support, ksize, i, &xmin);
         if (size > 0) {
             *lo = xmin < *lo ? xmin : *lo;
             *hi = xmin + size > *hi ? xmin + size : *hi;
@@ -490,12 +497,13 @@ static void reach(int filter, int64_t in_size, int64_t out_size, int64_t start, 
     }
     if (*hi <= *lo)
         *lo = *hi = 0;
-    free(wt);
 }
 
+#define SIDE_LIMIT (1 << 24)  /* sides and offsets: far beyond any image, and no sum overflows */
+
 static int sizes_ok(int64_t in_size, int64_t out_size, int64_t start, int64_t count) {
-    return in_size > 0 && out_size > 0 && in_size < (1 << 24) && out_size < (1 << 24) && start >= 0 && count > 0
-           && start + count <= out_size;
+    return in_size > 0 && out_size > 0 && in_size < SIDE_LIMIT && out_size < SIDE_LIMIT && count > 0
+           && count <= out_size && start >= 0 && start <= out_size - count;
 }
 
 static PyObject *span(PyObject *self, PyObject *args) {
@@ -511,6 +519,15 @@ static PyObject *span(PyObject *self, PyObject *args) {
     }
     reach(filter, in_size, out_size, start, count, &lo, &hi);
     return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
+}
+
+/* a buffer format of unsigned bytes (struct's "B", with or without a byte order) */
+static int unsigned_bytes(const char *format) {
+    if (format == NULL)
+        return 1;
+    if (*format == '<' || *format == '>' || *format == '=' || *format == '!' || *format == '@' || *format == '|')
+        format++;
+    return strcmp(format, "B") == 0;
 }
 
 static PyObject *window(PyObject *self, PyObject *args) {
@@ -531,13 +548,13 @@ static PyObject *window(PyObject *self, PyObject *args) {
         return NULL;
     }
     memset(&job, 0, sizeof(job));
-    if (src.ndim != 3 || src.itemsize != 1 || (src.format && strcmp(src.format, "B") != 0)
+    if (src.ndim != 3 || src.itemsize != 1 || !unsigned_bytes(src.format)
         || (src.shape[2] != 3 && src.shape[2] != 4) || src.strides[2] != 1 || src.strides[1] != src.shape[2]
         || src.strides[0] < src.shape[1] * src.shape[2] || src.shape[0] < 1 || src.shape[1] < 1) {
         PyErr_SetString(PyExc_ValueError, "window: src must be uint8 (rows, columns, 3 or 4) with contiguous pixels");
         goto fail;
     }
-    if (dst.ndim != 3 || dst.itemsize != 1 || (dst.format && strcmp(dst.format, "B") != 0)
+    if (dst.ndim != 3 || dst.itemsize != 1 || !unsigned_bytes(dst.format)
         || dst.shape[planar ? 0 : 2] != 3) {
         PyErr_SetString(PyExc_ValueError, "window: dst must be uint8, (3, h, w) if planar else (h, w, 3)");
         goto fail;
@@ -545,8 +562,10 @@ static PyObject *window(PyObject *self, PyObject *args) {
     job.h = planar ? dst.shape[1] : dst.shape[0];
     job.w = planar ? dst.shape[2] : dst.shape[1];
     if ((filter != BILINEAR && filter != BICUBIC) || !sizes_ok(in_h, out_h, top, job.h)
-        || !sizes_ok(in_w, out_w, left, job.w)) {
-        PyErr_SetString(PyExc_ValueError, "window: bad sizes, window or filter");
+        || !sizes_ok(in_w, out_w, left, job.w) || in_top <= -SIDE_LIMIT || in_top >= SIDE_LIMIT
+        || in_left <= -SIDE_LIMIT || in_left >= SIDE_LIMIT || src.shape[0] >= SIDE_LIMIT
+        || src.shape[1] >= SIDE_LIMIT) {
+        PyErr_SetString(PyExc_ValueError, "window: bad sizes, window, origin or filter");
         goto fail;
     }
     /* every input pixel the window reads must be in src */

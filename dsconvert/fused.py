@@ -27,8 +27,9 @@ damage where it is decoded decodes whole, as before. Damage below the region is 
 truncated file still is: its end is missing), so such a file, which Pillow decodes with a
 warning, is decoded as an intact one.
 
-Resizing goes through torch's antialiased bilinear/bicubic kernels on uint8 (the ones
-torchvision v2 uses), within 0.1 mean levels of Pillow's on the same box and 3x faster;
+Resizing is torch's antialiased bilinear/bicubic on uint8 (what torchvision v2 does; within
+0.1 mean levels of Pillow's on the same box), computed by :mod:`dsconvert.resample`'s kernel
+for the crop's pixels only, pixel for pixel torch's, or by torch where the kernel does not run;
 other filters go through Pillow's ``resize(box=...)``. Images are given to the transform as PIL
 images by an ImageFolder, so antialiasing is always on, as torchvision does for PIL input.
 
@@ -303,8 +304,7 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
 
 @functools.lru_cache(maxsize=1)
 def _cv2() -> Any:
-    """OpenCV when it imports (optional: for enlarging, where it equals the antialiased
-    bilinear filter to within 0.2 levels, and for the HWC -> CHW copy)."""
+    """OpenCV when it imports (optional: for the HWC -> CHW copy)."""
     try:
         import cv2
     except ImportError:
@@ -320,16 +320,12 @@ def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str, orig
     ``pixels`` start at ``origin`` of it (at or before its top left): the memory around it lets
     the kernel read without copying."""
     h, w = shape or pixels.shape[:2]
-    if (h, w) != (out_h, out_w) and resample.available(interpolation):
+    if (h, w) != (out_h, out_w) and resample.available(interpolation, (h, w), (out_h, out_w), pixels):
         return resample.resize_window(pixels, origin, (h, w), (out_h, out_w), (0, 0, out_h, out_w), interpolation,
                                       planar)
     pixels = pixels[-origin[0]:h - origin[0], -origin[1]:w - origin[1]]
     if (h, w) == (out_h, out_w):
         return pixels
-    if interpolation == "bilinear" and out_h >= h and out_w >= w:
-        cv2 = _cv2()
-        if cv2 is not None:  # enlarging: antialiasing does nothing, and OpenCV's bilinear is 3x torch's
-            return cv2.resize(pixels, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
     mode = _TORCH_FILTERS.get(interpolation)
     if mode is not None:
         import torch.nn.functional as F
@@ -340,16 +336,11 @@ def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str, orig
     return np.asarray(img.resize((out_w, out_h), _PIL_FILTERS[interpolation]))
 
 
-def _crop_only(shape: Tuple[int, int], target: Tuple[int, int], g: Geometry) -> bool:
-    """Whether :func:`_resized_centre` takes this Resize + CenterCrop: torch's filters, a crop
-    inside the resized image, and, where :mod:`dsconvert.resample` does not run, not an
-    enlargement (OpenCV's, in :func:`_resize`)."""
-    (h, w), (out_h, out_w), (crop_h, crop_w) = shape, target, g.crop  # type: ignore[misc]
-    if g.interpolation not in _TORCH_FILTERS or crop_h > out_h or crop_w > out_w:
-        return False
-    if resample.available(g.interpolation):
-        return True
-    return not (g.interpolation == "bilinear" and out_h >= h and out_w >= w)
+def _crop_only(target: Tuple[int, int], g: Geometry) -> bool:
+    """Whether :func:`_resized_centre` takes this Resize + CenterCrop: torch's filters and a crop
+    inside the resized image."""
+    (out_h, out_w), (crop_h, crop_w) = target, g.crop  # type: ignore[misc]
+    return g.interpolation in _TORCH_FILTERS and crop_h <= out_h and crop_w <= out_w
 
 
 def _reach(span: int, k: int, out: int) -> int:
@@ -365,7 +356,7 @@ def _centre_region(shape: Tuple[int, int], target: Tuple[int, int], crop: Tuple[
     image resized to ``target`` then cropped to ``crop`` in the centre: only the filters' reach
     around the crop where :mod:`dsconvert.resample` runs, else from the origin."""
     (h, w), (out_h, out_w), (crop_h, crop_w) = shape, target, crop
-    if resample.available(interpolation):
+    if resample.available(interpolation, shape, target):
         top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
         return (*resample.span(h, out_h, top, crop_h, interpolation),
                 *resample.span(w, out_w, left, crop_w, interpolation))
@@ -395,9 +386,11 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
     h, w = shape or pixels.shape[:2]
     (out_h, out_w), (crop_h, crop_w) = target, crop
     top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
-    if resample.available(interpolation):
+    if resample.available(interpolation, (h, w), target, pixels):
         return resample.resize_window(pixels, origin, (h, w), target, (top, left, crop_h, crop_w), interpolation,
                                       planar)
+    # torch resizes from the image's origin: pixels that start elsewhere came from the kernel's
+    # region (_centre_region), and are a decode, which the kernel always takes
     assert origin == (0, 0), "torch's kernel resizes from the image's origin"
     rows, cols = _centre_reach(h, out_h, crop_h), _centre_reach(w, out_w, crop_w)
     op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
@@ -489,7 +482,7 @@ class FusedTransform:
                 return target[0]
 
             def region_resized(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
-                if k == 1 and g.crop is not None and _crop_only((height, width), target[0], g):
+                if k == 1 and g.crop is not None and _crop_only(target[0], g):
                     return _centre_region((height, width), target[0], g.crop, g.interpolation)
                 return 0, height, 0, width  # the whole image is resized, then cropped
 
@@ -542,7 +535,7 @@ class FusedTransform:
         # as the pixel limit refuses a bomb, not allocated (torchvision would allocate it)
         check_pixels(target[1], target[0])
         shape = shape or pixels.shape[:2]
-        if area is None and g.crop is not None and _crop_only(shape, target, g):
+        if area is None and g.crop is not None and _crop_only(target, g):
             return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation, shape, origin,
                                                 self.output != "pil"))
         if area is None:
@@ -558,7 +551,7 @@ class FusedTransform:
         ch, cw = g.crop
         h, w = resized.shape[:2]
         if ch > h or cw > w:  # torchvision pads: not fused
-            return self._unfused(Image.fromarray(np.ascontiguousarray(resized)), skip=1)
+            return self._unfused(Image.fromarray(np.ascontiguousarray(resized)), resized=True)
         top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
         return self._finish(resized[top:top + ch, left:left + cw])
 
@@ -584,14 +577,16 @@ class FusedTransform:
         return np.asarray(img.resize((out_w, out_h), _PIL_FILTERS[g.interpolation],
                                      box=(left / k - c0, top / k - r0, (left + w) / k - c0, (top + h) / k - r0)))
 
-    def _unfused(self, image: Image.Image, skip: int = 0) -> Any:
-        """The transform as given (from its ``skip``-th operation) on a PIL image."""
+    def _unfused(self, image: Image.Image, resized: bool = False) -> Any:
+        """The transform as given on a PIL image; ``resized``: the image has been through the
+        transform's ``Resize`` already, which is left out (v2's ``ToImage`` before it is not)."""
         ops = _ops(self.original)
         if self.original is None:
             return image
-        if ops is None or skip == 0:
+        if ops is None or not resized:
             return self.original(image)
-        for op in ops[skip:]:
+        at = 1 if _conversion(ops[0]) in ("uint8", "image") else 0  # where fuse() found the Resize
+        for op in ops[:at] + ops[at + 1:]:
             image = op(image)
         return image
 

@@ -9,6 +9,11 @@ filters reach, with torch's int16 weights and rounding, into a planar (CHW) or i
 on a 375 x 500 photo to 256 then 224, 0.12 ms against torch's 0.28 ms. It needs AVX2 (x86-64
 since 2013); elsewhere, or where it was not built, :func:`available` is False and callers use
 torch, which gives the same pixels.
+
+"torch's pixels" are those of torch's AVX2 and AVX-512 kernels, which x86-64 CPUs with AVX2
+run. torch's own generic loops (``ATEN_CPU_CAPABILITY=default``) differ from them on some
+extreme shapes (a review found 25 x 158 to 183 x 1 up to 19 levels apart): torch is not
+consistent with itself there, and the kernel follows what nearly every x86 user gets.
 """
 
 from __future__ import annotations
@@ -33,9 +38,23 @@ def _kernel() -> Optional[object]:
     return module if module is not None and module.simd() else None
 
 
-def available(interpolation: str) -> bool:
-    """Whether :func:`resize_window` runs here for this filter."""
-    return interpolation in FILTERS and _kernel() is not None
+SIDE_LIMIT = 1 << 24  # the kernel's bound on every side and offset (_resize.c)
+
+
+def available(interpolation: str, in_shape: Optional[Tuple[int, int]] = None,
+              out_shape: Optional[Tuple[int, int]] = None, pixels: Optional[np.ndarray] = None) -> bool:
+    """Whether :func:`resize_window` runs here for this filter and, where given, these sides
+    (under 2**24) and ``pixels`` (uint8, 3 channels, each pixel's bytes together, rows in order:
+    a decode or a crop of one). torch takes the rest, on the same pixels."""
+    if interpolation not in FILTERS or _kernel() is None:
+        return False
+    if any(not 0 < side < SIDE_LIMIT for shape in (in_shape, out_shape) if shape is not None for side in shape):
+        return False
+    if pixels is not None:
+        strides = pixels.strides
+        return (pixels.dtype == np.uint8 and pixels.ndim == 3 and pixels.shape[2] == 3 and strides[2] == 1
+                and strides[1] == 3 and strides[0] >= 3 * pixels.shape[1])
+    return True
 
 
 def span(in_size: int, out_size: int, start: int, count: int, interpolation: str) -> Tuple[int, int]:

@@ -311,6 +311,24 @@ def torchvision_pipelines():
     }
 
 
+@pytest.mark.parametrize("order", ["ToImage first", "ToImage last"])
+def test_a_centre_crop_larger_than_the_resize_gets_torchvisions_padding_and_type(torch, order):
+    """A crop larger than the resized image is padded by torchvision: not fused, the rest of the
+    transform runs as given after the resize, and v2's ToImage before the Resize still runs
+    (a review found the sample left a PIL image)."""
+    pytest.importorskip("torchvision.transforms", reason="torchvision does not import here")
+    import torchvision.transforms.v2 as T2
+
+    data = encode(Image.fromarray(np.random.default_rng(0).integers(0, 256, (100, 1000, 3), dtype=np.uint8)),
+                  quality=95)
+    for ops in ([T2.Resize(200, max_size=240), T2.CenterCrop(180)], [T2.Resize((50, 120)), T2.CenterCrop(100)]):
+        T = T2.Compose([T2.ToImage()] + ops if order == "ToImage first" else ops + [T2.ToImage()])
+        got, want = fz.fuse(T).from_bytes(data), T(pil_full(data))
+        assert type(got) is type(want) and got.shape == want.shape
+        if order == "ToImage first":  # torch's resize on both sides: the same pixels
+            assert torch.equal(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor))
+
+
 @pytest.mark.parametrize("name", ["v1 train", "v2 train", "v1 eval", "v2 eval", "v1 normalize",
                                   "bicubic, PIL out", "random crop", "resize only", "not fused",
                                   "v2 ToImage first", "v2 PILToTensor first, eval", "v2 no antialias",
@@ -382,7 +400,7 @@ def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, i
     if kernel and not resample.available(interpolation):
         pytest.skip("dsconvert's resize kernel does not run here")
     if not kernel:
-        monkeypatch.setattr(resample, "available", lambda interpolation: False)
+        monkeypatch.setattr(resample, "available", lambda *args: False)
     rng = np.random.default_rng(0)
     shapes = [(375, 500), (500, 375), (427, 640), (257, 301), (300, 260), (1000, 230), (240, 900), (1999, 1501),
               (240, 240), (240, 320), (100, 100), (45, 60), (250, 400)]  # torch would skip an axis as long as its input
@@ -394,7 +412,7 @@ def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, i
         for h, w in shapes:
             pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
             target = fz.resized_size(h, w, resize)
-            if not fz._crop_only((h, w), target, g):
+            if not fz._crop_only(target, g):
                 continue
             full = torch.nn.functional.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=target,
                                                    mode=interpolation, antialias=True)[0].permute(1, 2, 0).numpy()

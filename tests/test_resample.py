@@ -150,11 +150,14 @@ def test_nonsense_arguments_raise_and_never_crash():
            dict(dst=bytes(75)), dict(top=1), dict(left=-1), dict(out_shape=(0, 5)), dict(in_shape=(0, 10)),
            dict(in_shape=(10, 1 << 30)), dict(out_shape=(1 << 40, 5)), dict(f=7), dict(f=-1),
            dict(dst=np.zeros((3, 0, 5), np.uint8)), dict(origin=(1, 0)), dict(origin=(-(1 << 62), 0)),
-           dict(src=b"\x00" * 300)]
+           dict(src=b"\x00" * 300), dict(top=2 ** 63 - 1), dict(left=2 ** 63 - 1),
+           dict(out_shape=(10, 10), top=2 ** 63 - 1), dict(in_shape=(10, 10), out_shape=(10, 10), left=2 ** 63 - 2),
+           dict(origin=(2 ** 62, 0)), dict(origin=(0, -(2 ** 63))), dict(in_shape=(1 << 24, 10))]
     for kwargs in bad:
         with pytest.raises((ValueError, TypeError, BufferError, OverflowError)):
             call(**kwargs)
-    for args in ((0, 5, 0, 5, 0), (10, 5, 0, 6, 0), (10, 5, 0, 5, 2), (1 << 40, 5, 0, 5, 0), (10, 5, -1, 5, 0)):
+    for args in ((0, 5, 0, 5, 0), (10, 5, 0, 6, 0), (10, 5, 0, 5, 2), (1 << 40, 5, 0, 5, 0), (10, 5, -1, 5, 0),
+                 (4, 2, 2 ** 63 - 1, 1, 0), (4, 2, 1, 2 ** 63 - 1, 0)):
         with pytest.raises((ValueError, OverflowError)):
             kernel.span(*args)
 
@@ -185,8 +188,7 @@ def test_threads_share_the_kernel(torch):
 @pytest.mark.parametrize("output", ["uint8", "pil"])
 def test_fused_transforms_give_the_same_samples_with_and_without_the_kernel(torch, photos, monkeypatch, output):
     """Train (RandomResizedCrop) and eval (Resize + CenterCrop) from JPEGs and from decoded
-    pixels: torch's kernels (OpenCV too enlarges without the kernel, within 0.2 levels: not
-    here) give the same samples and random draws."""
+    pixels, shrinking and enlarging: torch gives the same samples and random draws."""
     sizes = ((375, 500), (500, 375), (301, 257), (1203, 827), (180, 240))
     images = [encode(photos["astronaut"].convert("RGB").resize(s), quality=90) for s in sizes]
     for interpolation in FILTERS:
@@ -201,10 +203,39 @@ def test_fused_transforms_give_the_same_samples_with_and_without_the_kernel(torc
                 for on in (True, False):
                     with monkeypatch.context() as m:
                         if not on:
-                            m.setattr(resample, "available", lambda interpolation: False)
-                            m.setattr(fz, "_cv2", lambda: None)
+                            m.setattr(resample, "available", lambda *args: False)
                         torch.manual_seed(seed)
                         got.append((np.asarray(t.from_bytes(data)), np.asarray(t.from_pixels(pixels)),
                                     torch.rand(1).item()))
                 assert all(np.array_equal(a, b) for a, b in zip(got[0][:2], got[1][:2])), (interpolation, seed)
                 assert got[0][2] == got[1][2]
+
+
+@needs_kernel
+def test_pixels_the_kernel_does_not_take_go_to_torch(torch, monkeypatch):
+    """Decoded outputs may hold 1, 2 or 4 channels, or arrays laid out otherwise (a CHW array
+    seen as HWC, Fortran order, every other column): torch resizes them, as it did before the
+    kernel, keeping their channels; sides past the kernel's limit go to torch too."""
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 256, (300, 400, 4), dtype=np.uint8)
+    arrays = [base, base[:, :, :1], base[:, :, :2], base[:, :, :3], np.asfortranarray(base[:, :, :3]),
+              np.ascontiguousarray(base[:, :, :3].transpose(2, 0, 1)).transpose(1, 2, 0),
+              np.ascontiguousarray(base[:, ::2, :3]), base[:, ::2, :3]]
+    for interpolation in FILTERS:
+        train = fz.FusedTransform(fz.Geometry("random_resized_crop", size=(224, 224), interpolation=interpolation),
+                                  None, "uint8", [], None)
+        eval_ = fz.FusedTransform(fz.Geometry("resize", resize=256, crop=(224, 224), interpolation=interpolation),
+                                  None, "uint8", [], None)
+        for t in (train, eval_):
+            for pixels in arrays:
+                got = []
+                for on in (True, False):
+                    with monkeypatch.context() as m:
+                        if not on:
+                            m.setattr(resample, "available", lambda *args: False)
+                        torch.manual_seed(0)
+                        got.append(t.from_pixels(pixels))
+                assert got[0].shape == (pixels.shape[2], 224, 224) and torch.equal(got[0], got[1]), pixels.strides
+    assert not resample.available("bilinear", (1, resample.SIDE_LIMIT), (1, 8))
+    assert not resample.available("bilinear", (300, 400), (0, 8))
+    assert resample.available("bilinear", (300, 400), (1, 8), np.ascontiguousarray(base[:, :, :3]))
