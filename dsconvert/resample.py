@@ -25,7 +25,7 @@ import numpy as np
 
 from . import optional
 
-__all__ = ["FILTERS", "available", "span", "resize_window"]
+__all__ = ["FILTERS", "available", "state", "span", "resize_window"]
 
 FILTERS = {"bilinear": 0, "bicubic": 1}
 
@@ -36,6 +36,13 @@ def _kernel() -> Optional[object]:
     pixels, 8x slower than AVX2 and 4x slower than torch: kept for the tests and as a reference)."""
     module = optional.resize_kernel()
     return module if module is not None and module.simd() else None
+
+
+def state() -> str:
+    """``runs``, ``not built`` (no compiler at install) or ``no AVX2`` (this CPU): for analyze's
+    notes."""
+    module = optional.resize_kernel()
+    return "not built" if module is None else "runs" if module.simd() else "no AVX2"
 
 
 SIDE_LIMIT = 1 << 24  # the kernel's bound on every side and offset (_resize.c)

@@ -16,18 +16,16 @@ import glob
 import io
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
-import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from benchmeta import meta  # noqa: E402
+from benchmeta import interleaved, meta  # noqa: E402
 
 
 def decoders(half: bool) -> Dict[str, Callable[[bytes], object]]:
@@ -81,20 +79,9 @@ def main() -> None:
     rows = []
     for half in (False, True):
         fns = decoders(half)
-        rates: Dict[str, List[float]] = {name: [] for name in fns}
-        ratios: Dict[str, List[float]] = {name: [] for name in fns}
-        for r in range(args.rounds):
-            order = list(fns)
-            random.Random(r).shuffle(order)
-            got = {}
-            for name in order:
-                t = time.perf_counter()
-                for b in blobs:
-                    fns[name](b)
-                got[name] = len(blobs) / (time.perf_counter() - t)
-            for name in fns:
-                rates[name].append(got[name])
-                ratios[name].append(got[name] / got["pillow"])
+        seconds = interleaved({name: (lambda fn=fn: [fn(b) for b in blobs]) for name, fn in fns.items()}, args.rounds)
+        rates = {name: [len(blobs) / t for t in ts] for name, ts in seconds.items()}
+        ratios = {name: [r / p for r, p in zip(rates[name], rates["pillow"])] for name in fns}
         for name in fns:
             row = {"decoder": name, "scale": "1/2" if half else "1", "median_per_s": statistics.median(rates[name]),
                    "min_per_s": min(rates[name]), "max_per_s": max(rates[name]),

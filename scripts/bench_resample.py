@@ -18,18 +18,16 @@ import argparse
 import glob
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
-import time
 from typing import Callable, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from benchmeta import meta  # noqa: E402
+from benchmeta import interleaved, meta  # noqa: E402
 
 
 def resizers(kind: str, images: List, boxes: List) -> Dict[str, Callable[[int], object]]:
@@ -148,20 +146,10 @@ def main() -> None:
         for i in range(len(images)):  # the kernel is torch's, pixel for pixel
             a, b = fns["dsconvert"](i), fns["torch"](i)
             assert np.array_equal(np.asarray(a).transpose(2, 0, 1), b.numpy()), (kind, i)
-        ms: Dict[str, List[float]] = {name: [] for name in fns}
-        ratios: Dict[str, List[float]] = {name: [] for name in fns}
-        for r in range(args.rounds):
-            order = list(fns)
-            random.Random(r).shuffle(order)
-            got = {}
-            for name in order:
-                t = time.perf_counter()
-                for i in range(len(images)):
-                    fns[name](i)
-                got[name] = (time.perf_counter() - t) / len(images) * 1e3
-            for name in fns:
-                ms[name].append(got[name])
-                ratios[name].append(got["torch"] / got[name])
+        seconds = interleaved({name: (lambda fn=fn: [fn(i) for i in range(len(images))]) for name, fn in fns.items()},
+                              args.rounds)
+        ms = {name: [t / len(images) * 1e3 for t in ts] for name, ts in seconds.items()}
+        ratios = {name: [t / own for t, own in zip(ms["torch"], ms[name])] for name in fns}
         for name in fns:
             row = {"kind": kind, "resizer": name, "median_ms": statistics.median(ms[name]), "min_ms": min(ms[name]),
                    "max_ms": max(ms[name]), "speed_vs_torch": statistics.median(ratios[name]),

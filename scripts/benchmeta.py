@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import sys
 import time
 from importlib import metadata
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 PACKAGES = ("dsconvert", "numpy", "pillow", "torch", "torchdata", "PyTurboJPEG", "simplejpeg", "webdataset",
             "litdata", "mosaicml-streaming", "h5py", "opencv-python-headless", "pyarrow", "datasets")
@@ -62,3 +63,18 @@ def meta(script: str, argv: Optional[List[str]] = None) -> Dict[str, Any]:
 def spread(values: List[float]) -> Dict[str, Any]:
     """Figures over interleaved rounds: the median, the range, and the rounds themselves."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": list(values)}
+
+
+def interleaved(runs: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, List[float]]:
+    """Seconds each of ``runs`` takes, once per round, in an order shuffled per round (seeded by
+    the round), so that a shared machine's drifts fall on every contender alike; list i is
+    round i."""
+    seconds: Dict[str, List[float]] = {name: [] for name in runs}
+    for r in range(rounds):
+        order = list(runs)
+        random.Random(r).shuffle(order)
+        for name in order:
+            t = time.perf_counter()
+            runs[name]()
+            seconds[name].append(time.perf_counter() - t)
+    return seconds

@@ -227,8 +227,17 @@ def test_a_fused_and_shrunk_output_is_recommended_with_its_read_line_and_the_los
     assert not any("region decoder" in n for n in v.notes)  # built (the default)
     v = decide(make(loader=passes(**outputs), region_decoder=False))
     assert any("region decoder, which is not built here" in n and "libjpeg-dev" in n for n in v.notes)
-    # a recommendation that does not decode fused says nothing about it
-    assert not any("region decoder" in n for n in decide(make(region_decoder=False)).notes)
+    assert not any("resize kernel" in n for n in v.notes)
+    v = decide(make(loader=passes(**outputs), region_decoder=False, resize_kernel="not built"))
+    assert any("region decoder, which is not built" in n and "resize kernel, which is not built" in n
+               and "pip install -e ." in n for n in v.notes)
+    v = decide(make(loader=passes(**outputs), resize_kernel="no AVX2"))
+    assert [n for n in v.notes if "resize kernel" in n] == [
+        "decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs AVX2, which this CPU lacks "
+        "(the same pixels, slower)"]
+    # a recommendation that does not decode fused says nothing about them
+    assert not any("region decoder" in n or "resize kernel" in n
+                   for n in decide(make(region_decoder=False, resize_kernel="not built")).notes)
 
 
 def test_candidates_offer_fused_reading_and_max_size_only_where_they_apply(image_folder):

@@ -22,6 +22,7 @@ from ..io.location import Location
 from ..manifest import MANIFEST_NAME, Manifest
 from ..optional import jpeg_region, require
 from ..processes import available_cpus
+from .. import resample
 from ..progress import progress_bar
 from ..io.location import filesystem, is_remote, protocol_of
 from ..source.samples import CLASSIFICATION_LAYOUTS
@@ -255,7 +256,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         # the kernel caches local disks; on FUSE and network mounts it is measured (caching may be off)
         page_cache_works=fs is None and (not storage.get("latency_bound") or warm["mb_per_s"] >= 1.5 * cold["mb_per_s"]),
         convertible=convertible, numpy_decoder=jpeg_decoders()[0][0], suggested_resize=resize,
-        region_decoder=jpeg_region() is not None,
+        region_decoder=jpeg_region() is not None, resize_kernel=resample.state(),
         free_bytes=free, output_dir=out_dir, target=target, remote=fs is not None,
     )
     verdict = decide(m) if loader else _unmeasured(m, found, unmeasured)

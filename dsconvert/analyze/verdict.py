@@ -74,6 +74,7 @@ class Measurements:
     label: Optional[str] = None  # tar shards and Parquet: where the class label is (--label)
     numpy_decoder: str = "pil"
     region_decoder: bool = True  # dsconvert's C extension for decode="fused" is built here
+    resize_kernel: str = "runs"  # dsconvert's resize kernel: "runs", "not built", "no AVX2" (torch resizes)
     suggested_resize: Optional[int] = None
     free_bytes: Optional[int] = None
     output_dir: str = "OUT"
@@ -139,6 +140,27 @@ def _storage_kind(m: Measurements, scaling: float) -> str:
     if m.mean_file_bytes < SMALL_FILE_BYTES:
         return "small-files"
     return "storage-latency" if scaling >= SCALES else "storage-bandwidth"
+
+
+def _fused_extensions_note(m: Measurements) -> List[str]:
+    """What decode="fused" was measured without, of dsconvert's two C extensions, and how to
+    get them: a note, or none when both ran."""
+    missing = []
+    if not m.region_decoder:
+        missing.append("region decoder, which is not built here: with it, the rows and columns the transform does "
+                       "not read skip most of their decoding (train 1.2x faster on photos)")
+    if m.resize_kernel == "not built":
+        missing.append("resize kernel, which is not built here: with it, only the crop's pixels are resized (eval "
+                       "1.3x faster on photos)")
+    notes = []
+    if missing:
+        notes.append("decode=\"fused\" measured without dsconvert's " + "; and its ".join(missing) + ". Install a "
+                     "compiler and the headers (apt-get install -y gcc libjpeg-dev python3-dev), then reinstall "
+                     "dsconvert from source (in a checkout: pip install -e .)")
+    if m.resize_kernel == "no AVX2":
+        notes.append("decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs AVX2, which this CPU "
+                     "lacks (the same pixels, slower)")
+    return notes
 
 
 def decide(m: Measurements) -> Verdict:
@@ -316,12 +338,8 @@ def decide(m: Measurements) -> Verdict:
         notes.append(f"the transform takes {t_transform:.2f} of {t_total:.2f} ms per sample in a worker: run it on "
                      "the GPU (torchvision.transforms.v2 on CUDA tensors, kornia.augmentation, NVIDIA DALI) or give "
                      "the loader more CPUs")
-    if recommended and outputs[recommended].get("decode") == "fused" and not m.region_decoder:
-        notes.append("decode=\"fused\" measured without dsconvert's region decoder, which is not built here: "
-                     "with it, the rows and columns the transform does not read skip most of their decoding "
-                     "(train 1.2x faster on photos); install a compiler and the headers (apt-get install -y gcc "
-                     "libjpeg-dev python3-dev), then reinstall dsconvert from source (in a checkout: "
-                     "pip install -e .)")
+    if recommended and outputs[recommended].get("decode") == "fused":
+        notes.extend(_fused_extensions_note(m))
     if bottleneck == "decode" and m.numpy_decoder == "pil" and "pil" in m.decode_ms:
         notes.append("no faster JPEG decoder loads here: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
     if bottleneck == "none" and m.target is None:
