@@ -5,16 +5,15 @@
  * Why: torch's kernel has no offset, so a Resize(256) + CenterCrop(224) computed by torch
  * resizes every row and column before the crop too; it also copies its RGB input into an RGBA
  * buffer and its output back. Here only the window's outputs are computed, from only the input
- * pixels their filters reach, into the caller's array, planar (CHW) or interleaved, flipped if
- * asked. Each output pixel is torch's: the same int16 weights and precision (computed over the
+ * pixels their filters reach, into the caller's array, planar (CHW) or interleaved. Each output pixel is torch's: the same int16 weights and precision (computed over the
  * whole output, as torch does: _compute_index_ranges_int16_weights in UpSampleKernel.cpp), the
  * horizontal pass first into a uint8 intermediate, then the vertical one, each rounded and
  * clamped as torch does. The technique (int16 weights, pairs of taps per _mm256_madd_epi16)
  * is Pillow-SIMD's, which torch's AVX2 kernel also follows; a plain C loop does the same sums
  * where AVX2 is not available. The passes run without the GIL.
  *
- * window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, flip,
- *        simd) -> None
+ * window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, simd)
+ *   -> None
  *   src: uint8 (rows, columns, 3 or 4) with contiguous pixels (any row stride): rows
  *   [in_top, in_top + rows) and columns [in_left, in_left + columns) of an in_h x in_w image
  *   (in_top, in_left may be negative). The output window starts at (top, left) of the image
@@ -165,12 +164,12 @@ static inline uint8_t clip8(int32_t v, int precision) {
 
 /* --- the passes, plain C ---------------------------------------------------------------- */
 
-/* out: count RGBX pixels of one row; in: the row's pixel 0, channels bytes apart */
-static void horizontal_row(uint8_t *out, const uint8_t *in, int channels, const axis_t *a, int count) {
+/* out: count RGBX pixels of one row; in: the row's input column x0, pixels channels bytes apart */
+static void horizontal_row(uint8_t *out, const uint8_t *in, int64_t x0, int channels, const axis_t *a, int count) {
     int x, j, c;
     for (x = 0; x < count; x++) {
         const int16_t *k = a->w + (size_t)x * a->stride;
-        const uint8_t *p = in + (size_t)a->lo[x] * channels;
+        const uint8_t *p = in + (size_t)(a->lo[x] - x0) * channels;
         int32_t acc[3];
         for (c = 0; c < 3; c++)
             acc[c] = 1 << (a->precision - 1);
@@ -213,8 +212,8 @@ AVX2 static inline __m256i pair_mask(int channels, int second) {
 
 /* One output pixel of two rows (one per 128-bit lane), as int32 sums per channel: 4 taps per
  * step, the weights past the pixel's taps being 0 (axis_t.stride), so each step reads 16 bytes
- * from a tap's pixel: up to (lo + n + 3) * channels + 16 bytes from the row's pixel 0, which the
- * caller guarantees are readable */
+ * from a tap's pixel: up to (lo + n + 3 - x0) * channels + 16 bytes from the row's start, which
+ * the caller guarantees are readable */
 AVX2 static inline __m256i h_sums(const uint8_t *p0, const uint8_t *p1, const int16_t *k, int n, int channels,
                                   __m256i m0, __m256i m1, __m256i initial) {
     __m256i sss = initial, sss2 = _mm256_setzero_si256();
@@ -232,13 +231,14 @@ AVX2 static inline __m256i h_sums(const uint8_t *p0, const uint8_t *p1, const in
     return _mm256_add_epi32(sss, sss2);
 }
 
-/* two rows at once; four output pixels share one rounding, packing and store */
-AVX2 static void horizontal_rows2(uint8_t *out0, uint8_t *out1, const uint8_t *in0, const uint8_t *in1,
+/* two rows at once, in0 and in1 at input column x0; four output pixels share one rounding,
+ * packing and store */
+AVX2 static void horizontal_rows2(uint8_t *out0, uint8_t *out1, const uint8_t *in0, const uint8_t *in1, int64_t x0,
                                   int channels, const axis_t *a, int count) {
     const __m256i m0 = pair_mask(channels, 0), m1 = pair_mask(channels, 1);
     const __m256i initial = _mm256_set1_epi32(1 << (a->precision - 1)), zero = _mm256_setzero_si256();
     int x = 0;
-#define SUMS(i) h_sums(in0 + (size_t)a->lo[i] * channels, in1 + (size_t)a->lo[i] * channels, \
+#define SUMS(i) h_sums(in0 + (size_t)(a->lo[i] - x0) * channels, in1 + (size_t)(a->lo[i] - x0) * channels, \
                        a->w + (size_t)(i) * a->stride, a->n[i], channels, m0, m1, initial)
     for (; x + 4 <= count; x += 4) {
         __m256i s0 = _mm256_srai_epi32(SUMS(x), a->precision), s1 = _mm256_srai_epi32(SUMS(x + 1), a->precision);
@@ -298,25 +298,22 @@ AVX2 static void vertical_row_avx2(uint8_t *out, const uint8_t *rows, size_t row
     }
 }
 
-/* RGBX pixels to three planes, 8 at a time, reversed if flip (out points at the row's end then) */
-AVX2 static int split_avx2(uint8_t *r, uint8_t *g, uint8_t *bl, const uint8_t *in, int width, int flip) {
+/* RGBX pixels to three planes, 8 at a time; returns how many were done */
+AVX2 static int split_avx2(uint8_t *r, uint8_t *g, uint8_t *bl, const uint8_t *in, int width) {
     const __m256i planes = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                                             0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m256i reversed = _mm256_setr_epi8(12, 8, 4, 0, 13, 9, 5, 1, 14, 10, 6, 2, 15, 11, 7, 3,
-                                              12, 8, 4, 0, 13, 9, 5, 1, 14, 10, 6, 2, 15, 11, 7, 3);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), back = _mm256_setr_epi32(4, 0, 5, 1, 6, 2, 7, 3);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     int x = 0;
     for (; x + 8 <= width; x += 8) {
+        /* per lane RRRR GGGG BBBB XXXX, then the lanes' R, G, B side by side */
         __m256i v = _mm256_loadu_si256((const __m256i *)(in + 4 * (size_t)x));
         __m128i lo, hi;
-        size_t at = flip ? (size_t)(width - x - 8) : (size_t)x;
-        v = flip ? _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, reversed), back)
-                 : _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, planes), order);
+        v = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, planes), order);
         lo = _mm256_castsi256_si128(v);
         hi = _mm256_extracti128_si256(v, 1);
-        _mm_storel_epi64((__m128i *)(r + at), lo);
-        _mm_storel_epi64((__m128i *)(g + at), _mm_unpackhi_epi64(lo, lo));
-        _mm_storel_epi64((__m128i *)(bl + at), hi);
+        _mm_storel_epi64((__m128i *)(r + x), lo);
+        _mm_storel_epi64((__m128i *)(g + x), _mm_unpackhi_epi64(lo, lo));
+        _mm_storel_epi64((__m128i *)(bl + x), hi);
     }
     return x;
 }
@@ -335,10 +332,10 @@ static int has_avx2(void) {
 
 typedef struct {
     const uint8_t *src;
-    Py_ssize_t src_rows, src_cols, row_stride, src_end;  /* src_end: readable bytes from src */
+    Py_ssize_t row_stride, src_end;  /* src_end: readable bytes from src */
     int channels;
     int64_t in_top, in_left, in_h, in_w, out_h, out_w, top, left, h, w;
-    int filter, planar, flip, simd;
+    int filter, planar, simd;
     uint8_t *dst;
 } job_t;
 
@@ -350,20 +347,17 @@ static void store_row(const job_t *job, const uint8_t *line, int64_t y) {
         uint8_t *r = job->dst + (size_t)y * w, *g = r + plane, *b = g + plane;
 #ifdef HAVE_AVX2_KERNEL
         if (job->simd)
-            x = split_avx2(r, g, b, line, (int)w, job->flip);
+            x = split_avx2(r, g, b, line, (int)w);
 #endif
         for (; x < w; x++) {
-            int64_t at = job->flip ? w - 1 - x : x;
-            r[at] = line[4 * x];
-            g[at] = line[4 * x + 1];
-            b[at] = line[4 * x + 2];
+            r[x] = line[4 * x];
+            g[x] = line[4 * x + 1];
+            b[x] = line[4 * x + 2];
         }
     } else {
         uint8_t *out = job->dst + (size_t)y * w * 3;
-        for (; x < w; x++) {
-            int64_t at = job->flip ? w - 1 - x : x;
-            memcpy(out + 3 * at, line + 4 * x, 3);
-        }
+        for (; x < w; x++)
+            memcpy(out + 3 * x, line + 4 * x, 3);
     }
 }
 
@@ -404,28 +398,28 @@ static void horizontal(const job_t *job, const axis_t *ax, int64_t y0, int64_t y
         for (; y < y1; y += 2) {
             /* rows y and y + 1; a last odd row is paired with itself, the copy discarded */
             int64_t y_next = y + 1 < y1 ? y + 1 : y;
-            const uint8_t *in0 = src_row(job, y) - (size_t)job->in_left * channels;
-            const uint8_t *in1 = src_row(job, y_next) - (size_t)job->in_left * channels;
+            const uint8_t *in0 = src_row(job, y), *in1 = src_row(job, y_next);  /* at column in_left */
+            int64_t x0 = job->in_left;
             int64_t reads_to = (y_next - job->in_top) * job->row_stride + (last + 3 - job->in_left) * channels + 16;
             uint8_t *out1 = mid + (size_t)(y_next - y0) * mid_row;
             if (reads_to > job->src_end || y_next == y) {
                 if (pad == NULL && (pad = calloc(2 * pad_row + mid_row, 1)) == NULL)
                     break;  /* plain C below */
-                memcpy(pad, in0 + first * channels, (size_t)(last - first) * channels);
-                memcpy(pad + pad_row, in1 + first * channels, (size_t)(last - first) * channels);
-                in0 = pad - first * channels;
-                in1 = pad + pad_row - first * channels;
+                memcpy(pad, in0 + (size_t)(first - x0) * channels, (size_t)(last - first) * channels);
+                memcpy(pad + pad_row, in1 + (size_t)(first - x0) * channels, (size_t)(last - first) * channels);
+                in0 = pad;
+                in1 = pad + pad_row;
+                x0 = first;
                 if (y_next == y)
                     out1 = pad + 2 * pad_row;
             }
-            horizontal_rows2(mid + (size_t)(y - y0) * mid_row, out1, in0, in1, channels, ax, (int)job->w);
+            horizontal_rows2(mid + (size_t)(y - y0) * mid_row, out1, in0, in1, x0, channels, ax, (int)job->w);
         }
         free(pad);
     }
 #endif
     for (; y < y1; y++)
-        horizontal_row(mid + (size_t)(y - y0) * mid_row, src_row(job, y) - (size_t)job->in_left * channels,
-                       channels, ax, (int)job->w);
+        horizontal_row(mid + (size_t)(y - y0) * mid_row, src_row(job, y), job->in_left, channels, ax, (int)job->w);
 }
 
 /* 0, or -1 when memory runs out */
@@ -458,17 +452,17 @@ static int run(const job_t *job) {
     memset(mid + mid_row * (size_t)(y1 - y0), 0, mid_row);
     horizontal(job, &ax, y0, y1, mid);
     for (y = 0; y < job->h; y++) {
-        const uint8_t *out = mid + (size_t)(y + job->top - y0) * mid_row;
-        if (vertical) {
-#ifdef HAVE_AVX2_KERNEL
-            if (job->simd)
-                vertical_row_avx2(line, mid, mid_row, (int)y0, &ay, (int)y, (int)job->w);
-            else
-#endif
-                vertical_row(line, mid, mid_row, (int)y0, &ay, (int)y, (int)job->w);
-            out = line;
+        if (!vertical) {  /* the height is unchanged: the intermediate's rows are the output's */
+            store_row(job, mid + (size_t)y * mid_row, y);
+            continue;
         }
-        store_row(job, out, y);
+#ifdef HAVE_AVX2_KERNEL
+        if (job->simd)
+            vertical_row_avx2(line, mid, mid_row, (int)y0, &ay, (int)y, (int)job->w);
+        else
+#endif
+            vertical_row(line, mid, mid_row, (int)y0, &ay, (int)y, (int)job->w);
+        store_row(job, line, y);
     }
     status = 0;
 done:
@@ -534,12 +528,12 @@ static PyObject *window(PyObject *self, PyObject *args) {
     PyObject *src_obj, *dst_obj;
     Py_buffer src, dst;
     long long in_top, in_left, in_h, in_w, out_h, out_w, top, left;
-    int filter, planar, flip, simd, status;
+    int filter, planar, simd, status;
     job_t job;
     int64_t lo, hi, lo_x, hi_x;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OLLLLLLLLOippp", &src_obj, &in_top, &in_left, &in_h, &in_w, &out_h, &out_w, &top,
-                          &left, &dst_obj, &filter, &planar, &flip, &simd))
+    if (!PyArg_ParseTuple(args, "OLLLLLLLLOipp", &src_obj, &in_top, &in_left, &in_h, &in_w, &out_h, &out_w, &top,
+                          &left, &dst_obj, &filter, &planar, &simd))
         return NULL;
     if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES | PyBUF_FORMAT) < 0)
         return NULL;
@@ -585,14 +579,12 @@ static PyObject *window(PyObject *self, PyObject *args) {
         goto fail;
     }
     job.src = src.buf;
-    job.src_rows = src.shape[0];
-    job.src_cols = src.shape[1];
     job.row_stride = src.strides[0];
     job.src_end = (src.shape[0] - 1) * src.strides[0] + src.shape[1] * src.shape[2];
     job.channels = (int)src.shape[2];
     job.in_top = in_top, job.in_left = in_left, job.in_h = in_h, job.in_w = in_w;
     job.out_h = out_h, job.out_w = out_w, job.top = top, job.left = left;
-    job.filter = filter, job.planar = planar, job.flip = flip;
+    job.filter = filter, job.planar = planar;
 #ifdef HAVE_AVX2_KERNEL
     job.simd = simd && has_avx2();
 #else
@@ -626,7 +618,7 @@ static PyObject *simd(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"simd", simd, METH_NOARGS, "simd() -> bool: whether window() runs its AVX2 kernels on this CPU"},
     {"window", window, METH_VARARGS,
-     "window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, flip, simd) -> None"},
+     "window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, simd) -> None"},
     {"span", span, METH_VARARGS, "span(in_size, out_size, start, count, filter) -> (lo, hi)"},
     {NULL, NULL, 0, NULL},
 };

@@ -320,6 +320,8 @@ def _resize(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str, orig
     ``pixels`` start at ``origin`` of it (at or before its top left): the memory around it lets
     the kernel read without copying."""
     h, w = shape or pixels.shape[:2]
+    if origin[0] > 0 or origin[1] > 0:
+        raise ValueError(f"_resize: the pixels must hold the whole image, from {origin} they cannot")
     if (h, w) != (out_h, out_w) and resample.available(interpolation, (h, w), (out_h, out_w), pixels):
         return resample.resize_window(pixels, origin, (h, w), (out_h, out_w), (0, 0, out_h, out_w), interpolation,
                                       planar)
@@ -389,9 +391,8 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
     if resample.available(interpolation, (h, w), target, pixels):
         return resample.resize_window(pixels, origin, (h, w), target, (top, left, crop_h, crop_w), interpolation,
                                       planar)
-    # torch resizes from the image's origin: pixels that start elsewhere came from the kernel's
-    # region (_centre_region), and are a decode, which the kernel always takes
-    assert origin == (0, 0), "torch's kernel resizes from the image's origin"
+    if origin != (0, 0):  # only the kernel's region (_centre_region) starts elsewhere: a decode, which it takes
+        raise RuntimeError(f"torch resizes from the image's origin; these pixels start at {origin}")
     rows, cols = _centre_reach(h, out_h, crop_h), _centre_reach(w, out_w, crop_w)
     op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
     # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;

@@ -6,9 +6,9 @@ antialias=True)``), pixel for pixel. torch's kernel has no offset: a ``Resize(25
 RGB input into an RGBA buffer and its output back. dsconvert's C kernel
 (``dsconvert/_resize.c``) computes the window's pixels only, from only the input pixels their
 filters reach, with torch's int16 weights and rounding, into a planar (CHW) or interleaved array:
-on a 375 x 500 photo to 256 then 224, 0.12 ms against torch's 0.28 ms. It needs AVX2 (x86-64
-since 2013); elsewhere, or where it was not built, :func:`available` is False and callers use
-torch, which gives the same pixels.
+on the benchmark's ~480 x 375 photos to 256 then 224, 0.17 ms against 0.46 ms for torch's resize
+then crop (``scripts/bench_resample.py``). It needs AVX2 (x86-64 since 2013); elsewhere, or where
+it was not built, :func:`available` is False and callers use torch, which gives the same pixels.
 
 "torch's pixels" are those of torch's AVX2 and AVX-512 kernels, which x86-64 CPUs with AVX2
 run. torch's own generic loops (``ATEN_CPU_CAPABILITY=default``) differ from them on some
@@ -33,7 +33,7 @@ FILTERS = {"bilinear": 0, "bicubic": 1}
 @functools.lru_cache(maxsize=None)
 def _kernel() -> Optional[object]:
     """The C kernel where it is built and this CPU has AVX2 (its plain C loops give the same
-    pixels, 8x slower than AVX2 and 4x slower than torch: kept for the tests and as a reference)."""
+    pixels, but slower than torch's: kept for the tests and as a reference; bench_resample.py)."""
     module = optional.resize_kernel()
     return module if module is not None and module.simd() else None
 
@@ -82,5 +82,5 @@ def resize_window(pixels: np.ndarray, origin: Tuple[int, int], in_shape: Tuple[i
     top, left, height, width = window
     out = np.empty((3, height, width) if planar else (height, width, 3), np.uint8)
     optional.resize_kernel().window(pixels, origin[0], origin[1], in_shape[0], in_shape[1], out_shape[0],
-                                    out_shape[1], top, left, out, FILTERS[interpolation], planar, False, simd)
+                                    out_shape[1], top, left, out, FILTERS[interpolation], planar, simd)
     return out.transpose(1, 2, 0) if planar else out

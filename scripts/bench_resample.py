@@ -6,6 +6,9 @@ of ms per image and of the ratio to torch per round.
 
     python scripts/bench_resample.py --photos 1000 --rounds 7 --json docs/bench/resample.json
 
+dsconvert_plain_c is the kernel's portable loops, which run nowhere by default (where AVX2 is
+missing, torch resizes): for the record.
+
 eval: Resize(256) + CenterCrop(224) (dsconvert: the crop's pixels only; torch: the whole
 resize, then the crop; OpenCV: FFCV's centre crop of ratio 224/256, then the resize). train:
 a RandomResizedCrop(224) box, seeded, resized to 224 x 224. dsconvert's and torch's pixels are
@@ -58,9 +61,10 @@ def resizers(kind: str, images: List, boxes: List) -> Dict[str, Callable[[int], 
             return F.interpolate(nchw(images[i]), size=target, mode="bilinear", antialias=True)[0, :, top:top + 224,
                                                                                                  left:left + 224]
 
-        def kernel(i):
+        def kernel(i, simd=True):
             shape, target, (top, left) = plans[i]
-            return resample.resize_window(images[i], (0, 0), shape, target, (top, left, 224, 224), "bilinear")
+            return resample.resize_window(images[i], (0, 0), shape, target, (top, left, 224, 224), "bilinear",
+                                          simd=simd)
 
         def pillow(i):
             (h, w), target, (top, left) = plans[i]
@@ -89,9 +93,10 @@ def resizers(kind: str, images: List, boxes: List) -> Dict[str, Callable[[int], 
             return F.interpolate(nchw(images[i][top:top + h, left:left + w]), size=(224, 224), mode="bilinear",
                                  antialias=True)[0]
 
-        def kernel(i):
+        def kernel(i, simd=True):
             top, left, h, w = boxes[i]
-            return resample.resize_window(images[i], (-top, -left), (h, w), (224, 224), (0, 0, 224, 224), "bilinear")
+            return resample.resize_window(images[i], (-top, -left), (h, w), (224, 224), (0, 0, 224, 224), "bilinear",
+                                          simd=simd)
 
         def pillow(i):
             top, left, h, w = boxes[i]
@@ -108,6 +113,7 @@ def resizers(kind: str, images: List, boxes: List) -> Dict[str, Callable[[int], 
                                                       (224, 224), interpolation=cv2.INTER_AREA)
         except ImportError:
             pass
+    out["dsconvert_plain_c"] = lambda i: out["dsconvert"](i, simd=False)  # type: ignore[call-arg]
     return out
 
 

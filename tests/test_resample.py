@@ -40,14 +40,13 @@ def torch_resize(torch, pixels: np.ndarray, out_h: int, out_w: int, interpolatio
     return torch.nn.functional.interpolate(x, size=(out_h, out_w), mode=interpolation, antialias=True)[0].numpy()
 
 
-def run(src, origin, in_shape, out_shape, window, interpolation, planar=True, flip=False, simd=True) -> np.ndarray:
-    """The kernel's window as CHW, unflipped."""
+def run(src, origin, in_shape, out_shape, window, interpolation, planar=True, simd=True) -> np.ndarray:
+    """The kernel's window as CHW."""
     top, left, h, w = window
     out = np.empty((3, h, w) if planar else (h, w, 3), np.uint8)
     kernel.window(src, origin[0], origin[1], in_shape[0], in_shape[1], out_shape[0], out_shape[1], top, left, out,
-                  resample.FILTERS[interpolation], planar, flip, simd)
-    out = out if planar else out.transpose(2, 0, 1)
-    return out[:, :, ::-1] if flip else out
+                  resample.FILTERS[interpolation], planar, simd)
+    return out if planar else out.transpose(2, 0, 1)
 
 
 def random_case(rng, max_in=400, max_out=400):
@@ -82,17 +81,18 @@ def tight_src(image, out_shape, window, interpolation, rng):
 @pytest.mark.parametrize("simd", [True, False], ids=["avx2", "plain-c"])
 @pytest.mark.parametrize("interpolation", FILTERS)
 def test_every_window_is_torchs_pixels(torch, interpolation, simd):
+    if simd and not kernel.simd():
+        pytest.skip("this CPU has no AVX2: the kernel's AVX2 loops do not run here")
     """400 random images, resizes (shrinking, enlarging, mixed, one axis unchanged) and windows,
     from tight views of the pixels they read: every pixel equals torch's resize of the whole
-    image, planar or interleaved, flipped or not."""
+    image, planar or interleaved."""
     rng = np.random.default_rng(1 + simd + 2 * FILTERS.index(interpolation))
     for case in range(400):
         image, out_shape, window = random_case(rng)
         src, origin = tight_src(image, out_shape, window, interpolation, rng)
         top, left, h, w = window
         want = torch_resize(torch, image, *out_shape, interpolation)[:, top:top + h, left:left + w]
-        got = run(src, origin, image.shape[:2], out_shape, window, interpolation, planar=case % 2 == 0,
-                  flip=case % 3 == 0, simd=simd)
+        got = run(src, origin, image.shape[:2], out_shape, window, interpolation, planar=case % 2 == 0, simd=simd)
         assert np.array_equal(got, want), (case, image.shape, out_shape, window)
 
 
@@ -140,7 +140,7 @@ def test_nonsense_arguments_raise_and_never_crash():
 
     def call(src=img, origin=(0, 0), in_shape=(10, 10), out_shape=(5, 5), top=0, left=0, dst=out, f=0, planar=True):
         kernel.window(src, origin[0], origin[1], in_shape[0], in_shape[1], out_shape[0], out_shape[1], top, left,
-                      dst, f, planar, False, True)
+                      dst, f, planar, True)
 
     call()
     bad = [dict(src=img.astype(np.float32)), dict(src=img[:, :, 0]), dict(src=np.zeros((10, 10, 5), np.uint8)),
@@ -163,8 +163,38 @@ def test_nonsense_arguments_raise_and_never_crash():
 
 
 @needs_kernel
+def test_the_kernel_releases_the_gil():
+    """A Python thread keeps running while a resize of a few hundred milliseconds runs: at a
+    fair share of the pace it keeps while the main thread sleeps (holding the GIL, the kernel
+    would let it run only between switch intervals, a few ms in all)."""
+    import time
+
+    image = np.random.default_rng(0).integers(0, 256, (3000, 3000, 3), dtype=np.uint8)
+    out = np.empty((3, 2900, 2900), np.uint8)
+    count, stop = [0], []
+
+    def spin():
+        while not stop:
+            count[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        start, t = count[0], time.perf_counter()
+        time.sleep(0.2)
+        pace = (count[0] - start) / (time.perf_counter() - t)
+        start, t = count[0], time.perf_counter()
+        kernel.window(image, 0, 0, 3000, 3000, 2900, 2900, 0, 0, out, 1, True, False)
+        during, seconds = count[0] - start, time.perf_counter() - t
+    finally:
+        stop.append(True)
+        spinner.join()
+    assert seconds > 0.1 and during > 0.2 * pace * seconds, (during, pace, seconds)
+
+
+@needs_kernel
 def test_threads_share_the_kernel(torch):
-    """The passes run without the GIL: eight threads at once get the same pixels as one."""
+    """Eight threads at once get the same pixels as one."""
     rng = np.random.default_rng(3)
     cases = [random_case(rng) for _ in range(24)]
     want = [run(image, (0, 0), image.shape[:2], out_shape, window, "bilinear") for image, out_shape, window in cases]
@@ -184,7 +214,11 @@ def test_threads_share_the_kernel(torch):
     assert not failures
 
 
-@needs_kernel
+needs_simd = pytest.mark.skipif(not resample.available("bilinear"),
+                                reason="dsconvert's resize kernel does not run here (not built, or no AVX2)")
+
+
+@needs_simd
 @pytest.mark.parametrize("output", ["uint8", "pil"])
 def test_fused_transforms_give_the_same_samples_with_and_without_the_kernel(torch, photos, monkeypatch, output):
     """Train (RandomResizedCrop) and eval (Resize + CenterCrop) from JPEGs and from decoded
@@ -211,7 +245,7 @@ def test_fused_transforms_give_the_same_samples_with_and_without_the_kernel(torc
                 assert got[0][2] == got[1][2]
 
 
-@needs_kernel
+@needs_simd
 def test_pixels_the_kernel_does_not_take_go_to_torch(torch, monkeypatch):
     """Decoded outputs may hold 1, 2 or 4 channels, or arrays laid out otherwise (a CHW array
     seen as HWC, Fortran order, every other column): torch resizes them, as it did before the
@@ -239,3 +273,70 @@ def test_pixels_the_kernel_does_not_take_go_to_torch(torch, monkeypatch):
     assert not resample.available("bilinear", (1, resample.SIDE_LIMIT), (1, 8))
     assert not resample.available("bilinear", (300, 400), (0, 8))
     assert resample.available("bilinear", (300, 400), (1, 8), np.ascontiguousarray(base[:, :, :3]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("interpolation", FILTERS)
+def test_a_box_inside_larger_pixels_is_torchs_resize_of_the_box(torch, interpolation):
+    """RandomResizedCrop's box read in place from the decoded pixels around it (an origin before
+    the box's corner, as fused train passes it): torch's resize of the box alone."""
+    rng = np.random.default_rng(11)
+    for _ in range(150):
+        h, w = (int(v) for v in rng.integers(2, 300, 2))
+        image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        top, left = int(rng.integers(0, h - 1)), int(rng.integers(0, w - 1))
+        bh, bw = int(rng.integers(1, h - top + 1)), int(rng.integers(1, w - left + 1))
+        out = tuple(int(v) for v in rng.integers(1, 300, 2))
+        want = torch_resize(torch, image[top:top + bh, left:left + bw], *out, interpolation)
+        assert np.array_equal(run(image, (-top, -left), (bh, bw), out, (0, 0, *out), interpolation), want)
+
+
+def guarded(h: int, w: int, channels: int, stride: int, at_start: bool, rng) -> np.ndarray:
+    """An (h, w, channels) uint8 array with row ``stride``, ending just before an unreadable page
+    (or starting just after one): any read past its bytes is a segfault."""
+    import ctypes
+    import mmap
+
+    nbytes = (h - 1) * stride + w * channels
+    pages = -(-nbytes // mmap.PAGESIZE) + 2
+    m = mmap.mmap(-1, pages * mmap.PAGESIZE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    mprotect = ctypes.CDLL(None).mprotect
+    mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    guard = base if at_start else base + (pages - 1) * mmap.PAGESIZE
+    assert mprotect(guard, mmap.PAGESIZE, 0) == 0
+    offset = mmap.PAGESIZE if at_start else (pages - 1) * mmap.PAGESIZE - nbytes
+    flat = np.frombuffer(m, np.uint8, count=nbytes, offset=offset)
+    flat[:] = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    return np.lib.stride_tricks.as_strided(flat, (h, w, channels), (stride, channels, 1))
+
+
+@needs_kernel
+@pytest.mark.skipif(not hasattr(os, "fork") or os.uname().sysname != "Linux", reason="mprotect through ctypes: Linux")
+def test_the_kernel_reads_nothing_past_its_source():
+    """Sources that end at an unreadable page, or start after one (3 and 4 channels, padded rows,
+    both filters, both loops, planar and interleaved): no fault, and torch's pixels. Run in a
+    child process, so that a fault fails the test instead of the run."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+sys.path[:0] = {[os.path.dirname(__file__)]!r}
+import numpy as np, torch
+from test_resample import guarded, run, torch_resize
+rng = np.random.default_rng(0)
+for case in range(300):
+    h, w, channels = int(rng.integers(1, 60)), int(rng.integers(1, 60)), int(rng.choice([3, 4]))
+    stride = w * channels + (int(rng.integers(0, 5)) if rng.random() < 0.5 else 0)
+    image = guarded(h, w, channels, stride, rng.random() < 0.3, rng)
+    out = (int(rng.integers(1, 80)), int(rng.integers(1, 80)))
+    for interpolation in ("bilinear", "bicubic"):
+        want = torch_resize(torch, image, *out, interpolation)
+        for simd in (True, False):
+            got = run(image, (0, 0), (h, w), out, (0, 0, *out), interpolation, planar=simd, simd=simd)
+            assert np.array_equal(got, want), (case, h, w, channels, out, interpolation, simd)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])

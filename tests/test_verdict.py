@@ -233,8 +233,8 @@ def test_a_fused_and_shrunk_output_is_recommended_with_its_read_line_and_the_los
                and "pip install -e ." in n for n in v.notes)
     v = decide(make(loader=passes(**outputs), resize_kernel="no AVX2"))
     assert [n for n in v.notes if "resize kernel" in n] == [
-        "decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs AVX2, which this CPU lacks "
-        "(the same pixels, slower)"]
+        "decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs an x86-64 CPU with AVX2, which "
+        "this is not (the same pixels, slower)"]
     # a recommendation that does not decode fused says nothing about them
     assert not any("region decoder" in n or "resize kernel" in n
                    for n in decide(make(region_decoder=False, resize_kernel="not built")).notes)

@@ -158,8 +158,8 @@ def _fused_extensions_note(m: Measurements) -> List[str]:
                      "compiler and the headers (apt-get install -y gcc libjpeg-dev python3-dev), then reinstall "
                      "dsconvert from source (in a checkout: pip install -e .)")
     if m.resize_kernel == "no AVX2":
-        notes.append("decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs AVX2, which this CPU "
-                     "lacks (the same pixels, slower)")
+        notes.append("decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs an x86-64 CPU with "
+                     "AVX2, which this is not (the same pixels, slower)")
     return notes
 
 
