@@ -182,13 +182,14 @@ static void horizontal_row(uint8_t *out, const uint8_t *in, int64_t x0, int chan
     }
 }
 
-/* out: one row of width RGBX pixels; rows: the intermediate's rows, first = its row 0's index */
+/* out: bytes [from, bytes) of output row y (RGBX pixels); rows: the intermediate's rows, first =
+ * its row 0's index */
 static void vertical_row(uint8_t *out, const uint8_t *rows, size_t row_bytes, int first, const axis_t *a, int y,
-                         int width) {
+                         int from, int bytes) {
     const int16_t *k = a->w + (size_t)y * a->stride;
     const uint8_t *base = rows + (size_t)(a->lo[y] - first) * row_bytes;
     int b, j;
-    for (b = 0; b < width * 4; b++) {
+    for (b = from; b < bytes; b++) {
         int32_t acc = 1 << (a->precision - 1);
         for (j = 0; j < a->n[y]; j++)
             acc += base[(size_t)j * row_bytes + b] * k[j];
@@ -289,13 +290,7 @@ AVX2 static void vertical_row_avx2(uint8_t *out, const uint8_t *rows, size_t row
         _mm256_storeu_si256((__m256i *)(out + b),
                             _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3)));
     }
-    for (; b < bytes; b++) {
-        int32_t acc = 1 << (a->precision - 1);
-        int j;
-        for (j = 0; j < n; j++)
-            acc += base[(size_t)j * row_bytes + b] * k[j];
-        out[b] = clip8(acc, a->precision);
-    }
+    vertical_row(out, rows, row_bytes, first, a, y, b, bytes);
 }
 
 /* RGBX pixels to three planes, 8 at a time; returns how many were done */
@@ -461,7 +456,7 @@ static int run(const job_t *job) {
             vertical_row_avx2(line, mid, mid_row, (int)y0, &ay, (int)y, (int)job->w);
         else
 #endif
-            vertical_row(line, mid, mid_row, (int)y0, &ay, (int)y, (int)job->w);
+            vertical_row(line, mid, mid_row, (int)y0, &ay, (int)y, 0, (int)job->w * 4);
         store_row(job, line, y);
     }
     status = 0;
