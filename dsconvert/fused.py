@@ -352,6 +352,16 @@ def _reach(span: int, k: int, out: int) -> int:
     return math.ceil(3 * max(1.0, span / k / out)) + 1
 
 
+def _centre_start(size: int, crop: int) -> int:
+    """Where a centre crop starts along one axis, as torchvision's ``CenterCrop`` rounds it."""
+    return int(round((size - crop) / 2.0))
+
+
+def _centre(shape: Tuple[int, int], crop: Tuple[int, int]) -> Tuple[int, int]:
+    """(top, left) of a ``crop`` in the centre of a ``shape`` image."""
+    return _centre_start(shape[0], crop[0]), _centre_start(shape[1], crop[1])
+
+
 def _centre_region(shape: Tuple[int, int], target: Tuple[int, int], crop: Tuple[int, int],
                    interpolation: str) -> Tuple[int, int, int, int]:
     """(top, bottom, left, right): the input that :func:`_resized_centre` reads of a ``shape``
@@ -359,7 +369,7 @@ def _centre_region(shape: Tuple[int, int], target: Tuple[int, int], crop: Tuple[
     around the crop where :mod:`dsconvert.resample` runs, else from the origin."""
     (h, w), (out_h, out_w), (crop_h, crop_w) = shape, target, crop
     if resample.available(interpolation, shape, target):
-        top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
+        top, left = _centre(target, crop)
         return (*resample.span(h, out_h, top, crop_h, interpolation),
                 *resample.span(w, out_w, left, crop_w, interpolation))
     return 0, _centre_reach(h, out_h, crop_h), 0, _centre_reach(w, out_w, crop_w)
@@ -369,7 +379,7 @@ def _centre_reach(size: int, out: int, crop: int) -> int:
     """The input pixels along one axis (``size`` long, resized to ``out``, then cropped to
     ``crop`` in the centre) that :func:`_resized_centre` reads, from the origin: up to the
     filter's reach past the crop (bicubic reaches 2 * max(scale, 1) pixels; bilinear half)."""
-    start = int(round((out - crop) / 2.0))
+    start = _centre_start(out, crop)
     scale = size / out
     return min(size, int(scale * (start + crop) + 2 * max(scale, 1.0)) + 2)
 
@@ -387,7 +397,7 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
 
     h, w = shape or pixels.shape[:2]
     (out_h, out_w), (crop_h, crop_w) = target, crop
-    top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
+    top, left = _centre(target, crop)
     if resample.available(interpolation, (h, w), target, pixels):
         return resample.resize_window(pixels, origin, (h, w), target, (top, left, crop_h, crop_w), interpolation,
                                       planar)
@@ -442,6 +452,11 @@ class FusedTransform:
     def fused(self) -> bool:
         return self.geometry is not None
 
+    @property
+    def _planar(self) -> bool:
+        """Whether resizes write CHW planes: for every output but a PIL image."""
+        return self.output != "pil"
+
     def __repr__(self) -> str:
         return f"FusedTransform(geometry={self.geometry}, flip={self.flip}, output={self.output!r}, rest={self.rest})"
 
@@ -470,7 +485,7 @@ class FusedTransform:
             pixels, k, origin = _decode(data, need, region)
             if not box:  # decoded by Pillow without a header read: draw the box now
                 box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
-            return self._finish(self._crop_resize(pixels, box[0], k, g, origin, self.output != "pil"))
+            return self._finish(self._crop_resize(pixels, box[0], k, g, origin, self._planar))
         if g.kind == "resize":
             target: List[Tuple[int, int]] = []
 
@@ -505,14 +520,14 @@ class FusedTransform:
         height, width = pixels.shape[:2]
         if g.kind == "random_resized_crop":
             return self._finish(self._crop_resize(pixels, rrc_box(height, width, g.scale, g.ratio), 1, g,
-                                                  planar=self.output != "pil"))
+                                                  planar=self._planar))
         if g.kind == "resize":
             return self._from_resize(pixels, None)
         ch, cw = g.crop  # type: ignore[misc]
         if ch > height or cw > width:  # torchvision pads: not fused
             return self._unfused(Image.fromarray(np.ascontiguousarray(pixels)))
         if g.kind == "center_crop":
-            top, left = int(round((height - ch) / 2.0)), int(round((width - cw) / 2.0))
+            top, left = _centre((height, width), (ch, cw))
         else:
             import torch
 
@@ -538,9 +553,9 @@ class FusedTransform:
         shape = shape or pixels.shape[:2]
         if area is None and g.crop is not None and _crop_only(target, g):
             return self._finish(_resized_centre(pixels, target, g.crop, g.interpolation, shape, origin,
-                                                self.output != "pil"))
+                                                self._planar))
         if area is None:
-            resized = _resize(pixels, target[0], target[1], g.interpolation, planar=self.output != "pil")
+            resized = _resize(pixels, target[0], target[1], g.interpolation, planar=self._planar)
         elif g.interpolation == "bilinear":
             resized = bilinear(pixels, target[0], target[1], area, "torch")  # fused runs on torch (_finish)
         else:
@@ -553,7 +568,7 @@ class FusedTransform:
         h, w = resized.shape[:2]
         if ch > h or cw > w:  # torchvision pads: not fused
             return self._unfused(Image.fromarray(np.ascontiguousarray(resized)), resized=True)
-        top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+        top, left = _centre((h, w), (ch, cw))
         return self._finish(resized[top:top + ch, left:left + cw])
 
     @staticmethod
