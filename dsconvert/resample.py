@@ -31,16 +31,10 @@ FILTERS = {"bilinear": 0, "bicubic": 1}
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel() -> Optional[object]:
-    """The C kernel where it is built and this CPU has AVX2 (its plain C loops give the same
-    pixels, but slower than torch's: kept for the tests and as a reference; bench_resample.py)."""
-    module = optional.resize_kernel()
-    return module if module is not None and module.simd() else None
-
-
 def state() -> str:
-    """``runs``, ``not built`` (no compiler at install) or ``no AVX2`` (this CPU): for analyze's
-    notes."""
+    """``runs``, ``not built`` (no compiler at install) or ``no AVX2`` (this CPU; the kernel's
+    plain C loops give the same pixels, but slower than torch's: they are kept for the tests and
+    as a reference, bench_resample.py). analyze's notes say which."""
     module = optional.resize_kernel()
     return "not built" if module is None else "runs" if module.simd() else "no AVX2"
 
@@ -53,7 +47,7 @@ def available(interpolation: str, in_shape: Optional[Tuple[int, int]] = None,
     """Whether :func:`resize_window` runs here for this filter and, where given, these sides
     (under 2**24) and ``pixels`` (uint8, 3 channels, each pixel's bytes together, rows in order:
     a decode or a crop of one). torch takes the rest, on the same pixels."""
-    if interpolation not in FILTERS or _kernel() is None:
+    if interpolation not in FILTERS or state() != "runs":
         return False
     if any(not 0 < side < SIDE_LIMIT for shape in (in_shape, out_shape) if shape is not None for side in shape):
         return False
