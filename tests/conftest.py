@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 import uuid
 from typing import Dict, List, Tuple
@@ -18,6 +19,13 @@ import pytest
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def can_build_extensions(*headers: str) -> bool:
+    """Whether a C compiler, Python's headers and these system headers are here: then the
+    install built dsconvert's C extensions (setup.py), and a missing one is a failed build."""
+    python_h = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    return bool(shutil.which("cc") or shutil.which("gcc")) and all(map(os.path.exists, (python_h, *headers)))
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,9 @@ libjpeg-turbo."""
 from __future__ import annotations
 
 import io
-import os
 import random
 import shutil
 import subprocess
-import sysconfig
 import threading
 import warnings
 
@@ -20,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import encode
+from conftest import can_build_extensions, encode
 
 from dsconvert import codecs, optional
 from dsconvert.errors import BadInputError
@@ -32,10 +30,7 @@ needs_ext = pytest.mark.skipif(ext is None, reason="dsconvert's region extension
 def test_the_extension_is_built_where_it_can_be():
     """Where a compiler, libjpeg's headers and Python's are present, the install built it: a
     silent build failure must not leave every region test skipped."""
-    include = sysconfig.get_paths()["include"]
-    buildable = (shutil.which("cc") or shutil.which("gcc")) and os.path.exists("/usr/include/jpeglib.h") \
-        and os.path.exists(os.path.join(include, "Python.h"))
-    if not buildable:
+    if not can_build_extensions("/usr/include/jpeglib.h"):
         pytest.skip("no compiler or headers to build the extension with")
     assert ext is not None, "setup.py builds dsconvert._jpeg_region; reinstall: pip install -e ."
 

@@ -8,14 +8,12 @@ crash, when they do not cover the window or the arguments make no sense."""
 from __future__ import annotations
 
 import os
-import shutil
-import sysconfig
 import threading
 
 import numpy as np
 import pytest
 
-from conftest import encode
+from conftest import can_build_extensions, encode
 
 from dsconvert import fused as fz
 from dsconvert import optional, resample
@@ -28,8 +26,7 @@ FILTERS = ("bilinear", "bicubic")
 def test_the_kernel_is_built_where_it_can_be():
     """Where a compiler and Python's headers are present, the install built it: a silent build
     failure must not leave these tests skipped."""
-    include = sysconfig.get_paths()["include"]
-    if not ((shutil.which("cc") or shutil.which("gcc")) and os.path.exists(os.path.join(include, "Python.h"))):
+    if not can_build_extensions():
         pytest.skip("no compiler or headers to build the kernel with")
     assert kernel is not None, "setup.py builds dsconvert._resize; reinstall: pip install -e ."
 
