@@ -26,6 +26,7 @@ from .convert import EXIT_SKIPPED, convert
 from .errors import DsconvertError, OptionError, SourceError
 from .formats import FORMATS
 from .manifest import Manifest
+from .shuffle import ORDERS
 from .plan import MIN_SHARDS, MIN_SPREAD_SAMPLES, parse_size
 from .io.location import is_remote, parse_storage_options
 from .sizing import format_size
@@ -209,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip images with more pixels than N as decompression bombs "
                    "(default: Pillow's MAX_IMAGE_PIXELS)")
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default: %(default)s)")
+    p.add_argument("--order", choices=ORDERS, default="auto",
+                   help="the order the shards store samples in: shuffled (seeded by --seed, so that a streaming "
+                   "read mixes classes like a uniform shuffle), or the source's; auto: shuffled for labelled "
+                   "samples in wds shards, the source's otherwise. Random access returns the source's order "
+                   "either way (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of --order shuffled (default: %(default)s)")
     e = p.add_argument_group("encoded outputs (wds, hdf5)")
     e.add_argument("--max-size", type=_positive_int, metavar="PIXELS", default=None,
                    help="re-encode images whose longer side exceeds PIXELS to that size, once, so that "
@@ -405,7 +412,8 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
         workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
         max_image_pixels=args.max_image_pixels, prefix=args.prefix, decode=args.decode,
         resize=args.resize, size=args.size, decoder=args.decoder, force=args.force,
-        max_size=args.max_size, quality=args.quality, min_shards=args.min_shards, progress=not args.quiet, storage_options=parse_storage_options(args.storage_option), executor=executor,
+        max_size=args.max_size, quality=args.quality, min_shards=args.min_shards, progress=not args.quiet,
+        storage_options=parse_storage_options(args.storage_option), executor=executor, order=args.order, seed=args.seed,
     )
     m = result.manifest
     if not args.quiet:

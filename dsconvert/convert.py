@@ -27,12 +27,14 @@ from .codecs import pixel_limit, resolve_decoder, resolve_resampler
 from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
                      OutputExistsError, OutputLockedError, SourceError)
 from .formats import FORMATS, Format, get
+from .formats.base import part_of
 from .keys import escape_path
-from .manifest import MANIFEST_NAME, Manifest
+from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest
 from .processes import available_cpus, process_pool
 from .progress import progress_bar
 from .reencode import DEFAULT_QUALITY
 from .plan import CHANGED_DURING, MIN_SHARDS, ShardResult, ShardSpec, parse_size, spread_plan
+from .shuffle import ORDERS, order_bytes, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
 from .io.location import Location, is_remote
@@ -111,6 +113,8 @@ def _check_paths(src: str, out: str) -> None:
 
 def _remove_previous(out: Location, manifest: Manifest) -> None:
     out.remove(MANIFEST_NAME)  # first: the output is unfinished from here on
+    if manifest.order is not None:
+        out.remove(ORDER_NAME)
     fmt = get(manifest.format)
     for entry in manifest.shards:
         for name in fmt.files_of(entry):
@@ -127,7 +131,7 @@ def _remove_stale(out: Location, prefix: str, keep: set) -> None:
     left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.io.localfs.atomic_write`)."""
     shard = _shard_files(prefix)
     stale = re.compile(rf"^{shard}$")
-    temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)})\.\d+\.tmp$")
+    temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)}|{re.escape(ORDER_NAME)})\.\d+\.tmp$")
     for name in out.listdir():
         if temp.match(name) or (stale.match(name) and name not in keep):
             out.remove(name)
@@ -136,18 +140,42 @@ def _remove_stale(out: Location, prefix: str, keep: set) -> None:
 def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, samples_per_shard: int,
                 shard_bytes: int, min_shards: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
                 format_options: Dict[str, Any], bytes_ratio: float,
-                storage_options: Dict[str, Any]) -> List[ShardSpec]:
-    """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels)."""
+                storage_options: Dict[str, Any], positions: Optional[List[int]] = None) -> List[ShardSpec]:
+    """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels);
+    ``positions``: the samples' stored order, as source positions (None: the source's)."""
     sample_type = source.sample_type
     classification = sample_type == "classification"
-    ranges = spread_plan(source.samples, samples_per_shard, max(1, shard_bytes - fmt.overhead), min_shards,
+    samples = source.samples if positions is None else [source.samples[p] for p in positions]
+    ranges = spread_plan(samples, samples_per_shard, max(1, shard_bytes - fmt.overhead), min_shards,
                          size_of=lambda s: int(fmt.sample_bytes(s, classification) * bytes_ratio))
     return [
         ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
-                  tuple(source.samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options,
-                  source.kind)
+                  tuple(samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options,
+                  source.kind, tuple(positions[a:b]) if positions is not None else ())
         for i, (a, b) in enumerate(ranges)
     ]
+
+
+SHUFFLABLE_KINDS = ("files", "tar")  # sources read in any order at no extra cost (a file, a member)
+
+
+def resolve_order(order: str, fmt: Type[Format], source: Source) -> str:
+    """``shuffled`` or ``source``. ``auto`` shuffles labelled samples written into an iterable
+    format (wds): a streaming read mixes classes only as well as the stored order does, and an
+    ImageFolder source is sorted by class. Map-style formats (hdf5, npy) keep the source's order:
+    their reader's sampler shuffles globally, and a source-ordered file reads sequentially.
+    Parquet and dsconvert-output sources are read row group by row group, so a shuffled
+    order would read each many times: they keep theirs."""
+    if order == "source":
+        return "source"
+    if source.kind not in SHUFFLABLE_KINDS:
+        if order == "shuffled":
+            raise OptionError(f"--order shuffled reads inputs in a random order, and {source.kind} sources are "
+                              "read in row groups (each would be read many times): use --order source")
+        return "source"
+    if order == "shuffled":
+        return "shuffled"
+    return "shuffled" if fmt.iterable and source.sample_type == "classification" else "source"
 
 
 def _check_space(out_dir: str, prefix: str, needed: SizeEstimate, fmt: Type[Format]) -> None:
@@ -326,6 +354,8 @@ def convert(
     progress: bool = False,
     storage_options: Optional[Dict[str, Any]] = None,
     scanned: Optional[Source] = None,
+    order: str = "auto",
+    seed: int = 0,
 ) -> ConvertResult:
     """Convert the dataset at ``src`` into ``format`` shards in ``out``; see the module doc.
 
@@ -359,6 +389,12 @@ def convert(
     output holding encoded images (re-conversion); ``label`` names where their class label is
     (``cls``, ``json.label``, a Parquet column): see :mod:`dsconvert.source`.
 
+    ``order``: the order the shards store the samples in. ``shuffled``: a seeded permutation of
+    the source (``seed``; the same for any ``workers``), so that reading the shards in a stream
+    mixes classes as a uniform shuffle does; random access (``ds[i]``) still returns the
+    source's sample i. ``source``: the source's order. ``auto`` (the default): shuffled for
+    (image, label) samples in wds shards, the source's order otherwise (:func:`resolve_order`).
+
     ``scanned``: a :class:`Source` of ``src`` already scanned (or a part of one: analyze
     converts its measured sample this way) to convert instead of scanning ``src`` again.
     """
@@ -366,6 +402,10 @@ def convert(
         raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     if layout not in LAYOUTS:
         raise OptionError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    if order not in ORDERS:
+        raise OptionError(f"order must be one of {ORDERS}, not {order!r}")
+    if type(seed) is not int:
+        raise OptionError(f"seed must be an int, not {seed!r}")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
         raise OptionError(f"prefix must be a plain file name stem, not {prefix!r}")
     fmt = get(format)
@@ -413,7 +453,8 @@ def convert(
         format=format, layout=layout, samples_per_shard=samples_per_shard, shard_size=shard_bytes,
         verify=verify, max_image_pixels=max_image_pixels, prefix=prefix,
         decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name, **shrink,
-        **resampling, **spread, **({"label": label} if label is not None else {}),
+        **resampling, **spread, **({"label": label} if label is not None else {}), order=order,
+        **({"seed": seed} if order != "source" else {}),
     )
     started = time.perf_counter()
     location.makedirs()
@@ -462,18 +503,35 @@ def convert(
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
                           "decoder": decoder_name, **resampling, **shrink, **fmt.writer_options(source)}
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes and estimate.bytes else 1.0
+        shuffled = resolve_order(order, fmt, source) == "shuffled"
+        positions = shuffled_order(len(source.samples), seed) if shuffled else None
         specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes, min_shards,
-                            verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}))
+                            verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}),
+                            positions)
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
             results = _run(specs, workers, executor, bar)
 
         keep = {name for r in results for name in fmt.files_of(r.entry)}
         _remove_stale(location, prefix, keep)
         manifest = _build_manifest(src_abs, source, format, results, options, decode)
+        if shuffled:  # before the manifest, which names it: a kill in between leaves no finished output
+            manifest.order = _save_order(location, results)
         manifest.save(location)
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,
                          time.perf_counter() - started, workers if executor is None else 0)
+
+
+def _save_order(out: Location, results: List[ShardResult]) -> Dict[str, Any]:
+    """Write the order file of a shuffled output (:mod:`dsconvert.shuffle`); its manifest entry."""
+    stored: List[int] = []
+    for r in results:
+        if r.positions is None or len(r.positions) != r.entry.num_samples:
+            raise RuntimeError(f"internal error: shard {r.entry.name} has no source positions")
+        stored.extend(r.positions)
+    data = order_bytes(stored)
+    out.write_bytes(ORDER_NAME, data)
+    return {"name": ORDER_NAME, **part_of(data)}
 
 
 def _build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult],

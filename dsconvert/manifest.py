@@ -24,8 +24,14 @@ Schema version 1::
       "ignored": [{"path": ".DS_Store", "reason": "hidden file or OS metadata"}],
       "accounting": {"files_seen": 1236, "files_written": 1234, "files_skipped": 2,
                      "files_ignored": 1},
-      "options": {...}                      # the options that shaped the output
+      "options": {...},                     # the options that shaped the output
+      "order": {"name": "dsconvert.order.npy", "bytes": 1234, "sha256": "..."}
     }
+
+``order`` is null when the shards hold the samples in the source's order. Otherwise they hold
+a seeded shuffle of it (``dsconvert shard --order``), and the named file, a ``.npy`` int64
+array of ``num_samples``, gives for the i-th sample in source order its position in the shards
+(shard by shard, in manifest order): how random access returns ImageFolder's sample i.
 
 Paths in ``skipped``/``ignored`` are relative to the source root, escaped with
 :func:`dsconvert.keys.escape_path` (only ``%`` and non-UTF-8 bytes) so the file is strict JSON.
@@ -42,11 +48,12 @@ from .errors import DsconvertError, ManifestError
 from .keys import escape_path, unescape_path
 from .io.location import Location, is_remote
 
-__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ShardEntry", "Manifest", "expect",
+__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ORDER_NAME", "ShardEntry", "Manifest", "expect",
            "is_int", "is_str_list"]
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "dsconvert.json"
+ORDER_NAME = "dsconvert.order.npy"  # source position -> stored position, for shuffled outputs
 SAMPLE_TYPES = ("classification", "dict")
 STORED = ("encoded", "decoded")
 
@@ -79,9 +86,17 @@ class Manifest:
     created_by: str = ""
     stored: str = "encoded"  # "decoded": the shards hold pixels (hdf5 --decode, npy)
     schema_version: int = SCHEMA_VERSION
+    # shuffled outputs: {"name", "bytes", "sha256"} of the order file (module doc); None: source order
+    order: Optional[Dict[str, Any]] = None
+
+    def own_files(self) -> List[str]:
+        """The output's files besides its shards' (format.files_of): the manifest, the order file."""
+        return [MANIFEST_NAME] + ([ORDER_NAME] if self.order is not None else [])
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
+        if d["order"] is None:  # source order: the field is left out, as before it existed
+            d.pop("order")
         if self.classes is not None:  # folder names may hold undecodable bytes
             d["classes"] = [escape_path(c) for c in self.classes]
         # schema_version first: a reader of any version finds it at a glance
@@ -145,6 +160,11 @@ class Manifest:
         _check_options(options, where)
         created_by = d.get("created_by", "")
         expect(isinstance(created_by, str), where, "created_by", "a string")
+        order = d.get("order")
+        expect(order is None or (isinstance(order, dict) and order.get("name") == ORDER_NAME
+                                 and is_int(order.get("bytes")) and order["bytes"] >= 0
+                                 and is_sha256(order.get("sha256"))),
+               where, "order", f'null or {{"name": "{ORDER_NAME}", "bytes", "sha256"}}')
         return cls(
             format=d["format"],
             source=d["source"],
@@ -160,6 +180,7 @@ class Manifest:
             created_by=created_by,
             stored=d.get("stored", "encoded"),
             schema_version=version,
+            order=order,
         )
 
     def save(self, out_dir: Union[str, Location]) -> str:

@@ -43,9 +43,14 @@ class ShardSpec:
     options: Dict[str, Any] = field(default_factory=dict)  # format-specific (decode, resize...)
     storage_options: Dict[str, Any] = field(default_factory=dict)  # for remote root/out_dir (credentials...)
     source_kind: str = "files"  # how inputs are read: files, or from containers (tar, parquet, output)
+    # each sample's place in the source's order, when the output stores a shuffled order
+    # (empty: the samples are in source order); recorded per written sample
+    positions: Tuple[int, ...] = ()
 
     def digest(self) -> str:
         d = asdict(self)
+        if not d["positions"]:  # source order: left out, so earlier outputs still match
+            d.pop("positions")
         for volatile in ("out_dir", "strict", "storage_options"):  # where it goes, how errors end, how to
             d.pop(volatile)                                         # reach it: not content
         if d["source_kind"] == "files":  # left out where it has its old meaning: earlier outputs still match
@@ -65,6 +70,7 @@ class ShardResult:
     fields: Dict[str, str] = field(default_factory=dict)
     files_written: int = 0
     resumed: bool = False
+    positions: Optional[List[int]] = None  # source positions of the written samples (shuffled order)
 
 
 def plan_shards(

@@ -39,7 +39,7 @@ from .formats.base import Problem, ShardRecord, part_problems
 from .io.localfs import SizeBoundedFile, stream_sha256
 from .io.location import Location, is_remote
 from .keys import escape_path
-from .manifest import MANIFEST_NAME, Manifest, ShardEntry
+from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest, ShardEntry
 from .processes import available_cpus, process_pool
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
@@ -190,6 +190,33 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
             "changed": changed, "unchecked": unchecked}
 
 
+def _order_problems(out: Location, manifest: Manifest, records: List[Optional[ShardRecord]]) -> List[Problem]:
+    """A shuffled output's order file: its checksum, that it is a permutation, and that it
+    agrees with the source positions the shard records hold."""
+    import hashlib
+
+    from .shuffle import load_order, order_bytes
+
+    if manifest.order is None:
+        return []
+    name = ORDER_NAME
+    try:
+        data = out.read_bytes(name)
+    except OSError as exc:
+        return [Problem("missing", name, f"the order file is unreadable: {exc}")]
+    if (len(data), hashlib.sha256(data).hexdigest()) != (manifest.order["bytes"], manifest.order["sha256"]):
+        return [Problem("checksum", name, "its size or sha256 differs from the manifest's")]
+    try:
+        load_order(data, manifest.num_samples, out.url_of(name))
+    except ManifestError as exc:
+        return [Problem("structure", name, str(exc))]
+    if all(r is not None for r in records):
+        stored = [p for r in records for p in (r.d.get("positions") or [])]  # type: ignore[union-attr]
+        if len(stored) != manifest.num_samples or order_bytes(stored) != data:
+            return [Problem("structure", name, "does not match the source positions in the shard records")]
+    return []
+
+
 def verify(out: str, decode: bool = False, source: Optional[str] = None, workers: Optional[int] = None,
            log: Optional[Callable[[str], None]] = None,
            storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -215,6 +242,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
             problems += found
             hashed += nbytes
             records.append(record)
+    problems += _order_problems(location, manifest, records)
     hash_seconds = time.perf_counter() - started
     fmt: Type[Format] = get(manifest.format)
     listed = {n for e in manifest.shards for n in fmt.files_of(e)}

@@ -43,7 +43,7 @@ def test_files_of_names_every_file_a_shard_has(written, fmt_id):
     _, out, manifest = written
     fmt = get(fmt_id)
     listed = {name for entry in manifest.shards for name in fmt.files_of(entry)}
-    on_disk = {n for n in os.listdir(out) if not n.startswith(".") and n != "dsconvert.json"}
+    on_disk = {n for n in os.listdir(out) if not n.startswith(".") and n not in manifest.own_files()}
     assert listed == on_disk
     for entry in manifest.shards:
         assert fmt.files_of(entry)[0] == entry.name

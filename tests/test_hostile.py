@@ -69,7 +69,7 @@ def bombs(tmp_path, photos, image_kinds):
     outs = {}
     for fmt in ("wds", "hdf5"):
         outs[fmt] = str(tmp_path / fmt)
-        assert convert(src, outs[fmt], fmt, verify=False, workers=1).manifest.num_samples == 5
+        assert convert(src, outs[fmt], fmt, verify=False, workers=1, order="source").manifest.num_samples == 5
     return outs
 
 
@@ -81,7 +81,12 @@ def test_bombs_are_refused_when_read(bombs, decode):
         with pytest.raises(BadInputError, match="decompression bomb") as exc:
             h5[i]
         assert exc.value.path == f"shard-000000.h5[{i}]"
-    it = iter(open_dataset(bombs["wds"], decode=decode))
+    wds = open_dataset(bombs["wds"], decode=decode)
+    assert [wds[i] for i in range(3)]
+    with pytest.raises(BadInputError, match="decompression bomb") as exc:
+        wds[3]
+    assert exc.value.path == "shard-000000.tar[3]"
+    it = iter(open_dataset(bombs["wds"], decode=decode, stream=True))
     assert len([next(it) for _ in range(3)]) == 3
     with pytest.raises(BadInputError, match="decompression bomb") as exc:
         next(it)

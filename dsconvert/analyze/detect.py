@@ -866,7 +866,7 @@ def _dsconvert(store: _Store, root: str, walk: _Walk) -> Detected:
         found.damaged.append(f"{MANIFEST_NAME}: {_short(exc)}")
         return found
     names = {e.rel for e in walk.entries}
-    own = {MANIFEST_NAME}
+    own = set(m.own_files())
     for s in m.shards:
         own.add(s.name)
         own.update(p for p in [s.index, *s.parts] if p)

@@ -135,6 +135,8 @@ class ShardRecord:
             ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n), f"null or a list of {n} integers"),
             ("sources", is_list_of_lists(d.get("sources"), n)
              and set(map(type, chain.from_iterable(d["sources"]))) <= {str}, f"a list of {n} lists of paths"),
+            ("positions", "positions" not in d or is_int_list(d["positions"], n, 0),
+             f"a list of {n} integers >= 0"),
             ("stats", "stats" not in d or (is_list_of_lists(d["stats"], n) and _pairs_of_ints(d["stats"])),
              f"a list of {n} lists of [size, mtime_ns]"),
             ("parts", "parts" not in d or (isinstance(d["parts"], dict) and all(
@@ -154,7 +156,7 @@ class ShardRecord:
         entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name, dict(sorted(parts.items())))
         skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
-        return ShardResult(entry, skipped, dict(d["fields"]), files)
+        return ShardResult(entry, skipped, dict(d["fields"]), files, positions=d.get("positions"))
 
 
 def _pairs_of_ints(stats: List[List[Any]]) -> bool:
@@ -308,10 +310,13 @@ class Format:
         labels: List[int] = []
         sources: List[List[str]] = []
         stats: List[List[List[int]]] = []
+        positions: List[int] = []
         fields: Dict[str, str] = {}
         out = Location(spec.out_dir, spec.storage_options)
         with pixel_limit(spec.max_image_pixels), out.write(spec.name) as f:
             sink = cls.open_sink(spec, f, f.name)
+            # a reader yields the spec's own sample objects (not always in the spec's order)
+            place = {id(s): p for s, p in zip(spec.samples, spec.positions)}
             for sample, fetched in read_samples(spec):
                 try:
                     if isinstance(fetched, BadInputError):
@@ -324,6 +329,8 @@ class Format:
                         skipped.append(Skipped(escape_path(file.path), exc.reason))
                     continue
                 keys.append(sample.key)
+                if spec.positions:
+                    positions.append(place[id(sample)])
                 if classification:
                     labels.append(int(sample.label))
                 sources.append([escape_path(file.path) for file in sample.files])
@@ -334,6 +341,8 @@ class Format:
             f.flush()
             nbytes = os.fstat(f.fileno()).st_size  # a sink may write through the path (h5py)
             digest = sink.sha256 or file_sha256(f.name)
+        if spec.positions:
+            extra = dict(extra, positions=positions)
         record = ShardRecord.build(cls.id, spec, keys, labels if classification else None, sources, stats,
                                    nbytes, digest, skipped, fields, extra)
         index_part = record.save(out, cls.index_name(spec.name))
