@@ -36,7 +36,6 @@ import numpy as np
 
 from .codecs import DECODE_MODES, ENCODED_MODES
 from .errors import OptionError, SourceError
-from .formats import get
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
 from .optional import require
@@ -74,6 +73,12 @@ class BenchTarget:
         return f"{os.path.basename(self.path.rstrip('/')) or self.path} ({self.kind})"
 
 
+def _is_stream(ds: Any) -> bool:
+    from torch.utils.data import IterableDataset
+
+    return isinstance(ds, IterableDataset)
+
+
 def _open(path: str, decode: str, transform: Optional[Callable], max_samples: int,
           seed: int, storage_options: Optional[Dict[str, Any]] = None,
           label: Optional[str] = None) -> Tuple[Any, BenchTarget]:
@@ -92,7 +97,7 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
         manifest = Manifest.load(location)
         _check_transform(path, manifest.sample_type, transform)
         ds = open_dataset(path, transform=transform, decode=decode, storage_options=storage_options)
-        iterable = get(manifest.format).iterable
+        iterable = _is_stream(ds)  # local wds outputs open map-style, read as training reads them
         n = manifest.num_samples
         files = [] if location.remote else [os.path.join(path, name) for name in sorted(os.listdir(path))
                                              if os.path.isfile(os.path.join(path, name))]

@@ -42,7 +42,7 @@ def test_wds_batches_hold_every_sample_once_in_whole_batches(torch, outputs, wor
         assert tuple(images.shape[1:]) == (3, 64, 64) and labels.dtype == torch.int64
     # the same samples as unbatched reading, in the same order when read by one process
     flat = [(img, int(lab)) for images, labels in batches for img, lab in zip(images, labels)]
-    plain = list(open_dataset(outputs["wds"], transform=T, decode=decode))
+    plain = list(open_dataset(outputs["wds"], transform=T, decode=decode, stream=True))
     assert sorted(lab for _, lab in flat) == sorted(lab for _, lab in plain)
     if workers <= 1:
         for (a, la), (b, lb) in zip(flat, plain):

@@ -80,15 +80,17 @@ def _read_all(out, world, workers, **kw):
 def test_two_ranks_with_workers_read_each_sample_exactly_once(big_out, torch):
     everything = Counter(_digest(s) for s in open_dataset(big_out, decode="raw"))
     assert sum(everything.values()) == 53
-    per_rank = _read_all(big_out, world=2, workers=2)
+    per_rank = _read_all(big_out, world=2, workers=2, even=None)
     assert sorted(len(r) for r in per_rank) == [26, 27]
     assert Counter(x for r in per_rank for x in r) == everything
 
 
 def test_balanced_for_awkward_world_sizes(big_out):
     for world in (3, 5, 8):
-        lengths = [len(open_dataset(big_out, rank=r, world_size=world)) for r in range(world)]
+        lengths = [len(open_dataset(big_out, rank=r, world_size=world, even=None)) for r in range(world)]
         assert sum(lengths) == 53 and max(lengths) - min(lengths) <= 1
+        padded = [len(open_dataset(big_out, rank=r, world_size=world)) for r in range(world)]  # the default
+        assert padded == [max(lengths)] * world
 
 
 def test_even_pad_and_drop(big_out, torch):
@@ -109,7 +111,7 @@ def test_more_ranks_than_samples_does_not_hang(big_out, torch):
 
     lengths = []
     for rank in range(60):
-        ds = open_dataset(big_out, decode="raw", rank=rank, world_size=60)
+        ds = open_dataset(big_out, decode="raw", rank=rank, world_size=60, even=None)
         items = list(DataLoader(ds, batch_size=None, num_workers=2)) if rank in (0, 59) else list(ds)
         lengths.append(len(items))
         assert len(items) == len(ds)
@@ -119,9 +121,10 @@ def test_more_ranks_than_samples_does_not_hang(big_out, torch):
 def test_rank_from_environment(big_out, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    ds = open_dataset(big_out, decode="raw")
+    ds = open_dataset(big_out, decode="raw", stream=True)
     assert len(ds) == 27
     assert len(open_dataset(big_out, rank=0, world_size=1)) == 53  # arguments win
+    assert len(open_dataset(big_out, decode="raw")) == 53  # map-style: the sampler shards it
 
 
 def test_shuffle_is_seeded_per_epoch_and_still_exactly_once(big_out, torch):
@@ -170,9 +173,10 @@ def test_dict_samples_for_flat_sources(tmp_path, photos):
     assert keyed == ["a%2Ev1", "b"]
 
 
-def test_is_a_torch_iterable_dataset(big_out, torch):
+def test_is_a_torch_dataset_map_style_by_default_and_iterable_as_a_stream(big_out, torch):
     ds = open_dataset(big_out, decode="raw")
-    assert isinstance(ds, torch.utils.data.IterableDataset)
+    assert isinstance(ds, torch.utils.data.Dataset) and not isinstance(ds, torch.utils.data.IterableDataset)
+    assert isinstance(open_dataset(big_out, decode="raw", stream=True), torch.utils.data.IterableDataset)
 
 
 def test_works_without_torch_semantics(big_out):
@@ -189,13 +193,15 @@ def test_buffer_mode_is_zero_copy(converted_mixed):
     reference = reference_image_folder(src)
     for prefetch in (False, True):
         views = list(open_dataset(out, decode="buffer", prefetch=prefetch))
-        for (buf, label), (path, ref_label) in zip(views, reference):
+        views.sort(key=lambda v: bytes(v[0]))  # the stored order is shuffled
+        for (buf, label), (path, ref_label) in zip(views, sorted(reference, key=lambda r: open(r[0], "rb").read())):
             assert buf.dtype == np.uint8 and not buf.flags.writeable
             assert buf.tobytes() == open(path, "rb").read() and label == ref_label
-    first = list(open_dataset(out, decode="buffer"))[0][0]
-    while isinstance(first, np.ndarray):
-        first = first.base
-    assert isinstance(first, memoryview) and isinstance(first.obj, mmap.mmap)  # a view of the map
+    for ds in (open_dataset(out, decode="buffer", stream=True), open_dataset(out, decode="buffer")):
+        first = next(iter(ds))[0]
+        while isinstance(first, np.ndarray):
+            first = first.base
+        assert isinstance(first, mmap.mmap) or (isinstance(first, memoryview) and isinstance(first.obj, mmap.mmap))
 
 
 def test_buffer_mode_crosses_workers(converted_mixed, torch):

@@ -46,7 +46,8 @@ def test_gnu_tar_lists_and_extracts_the_shards(tmp_path, image_folder):
     convert(image_folder, str(out), workers=1)
     shard = out / "shard-000000.tar"
     listing = subprocess.run(["tar", "-tf", str(shard)], check=True, capture_output=True, text=True).stdout.split()
-    assert len(listing) == 32 and listing[:2] == ["cat/cat_0000.cls", "cat/cat_0000.jpg"]
+    assert len(listing) == 32 and sorted(listing)[:2] == ["cat/cat_0000.cls", "cat/cat_0000.jpg"]
+    assert listing[0].endswith(".cls") and listing[1] == listing[0][:-3] + "jpg"  # a sample's members together
     dest = tmp_path / "x"
     dest.mkdir()
     subprocess.run(["tar", "-xf", str(shard), "-C", str(dest)], check=True)
@@ -174,9 +175,11 @@ def test_prefetch_and_mmap_paths_agree(tmp_path, photos):
     make_image_folder(src, photos, {"a": 9, "b": 8})
     out = str(tmp_path / "out")
     convert(src, out, samples_per_shard=4, workers=1)
-    mapped = list(open_dataset(out, decode="raw", prefetch=False))
-    fetched = list(open_dataset(out, decode="raw", prefetch=True))
-    halves = [list(open_dataset(out, decode="raw", prefetch=True, rank=r, world_size=2)) for r in (0, 1)]
+    mapped = list(open_dataset(out, decode="raw", prefetch=False, stream=True))
+    fetched = list(open_dataset(out, decode="raw", prefetch=True, stream=True))
+    # by index: pread per sample, or a batch's members requested at once
+    assert list(open_dataset(out, decode="raw", prefetch=True)) == list(open_dataset(out, decode="raw"))
+    halves = [list(open_dataset(out, decode="raw", prefetch=True, rank=r, world_size=2, even=None)) for r in (0, 1)]
     assert mapped == fetched and len(mapped) == 17
     # ranks take alternate samples (the order they consume them: readers/order.py), the odd tail to the last
     assert halves[0] == mapped[0:16:2] and halves[1] == mapped[1:16:2] + mapped[16:]

@@ -92,7 +92,7 @@ def test_real_reader_reads_each_sample_once_across_ranks(uneven, uneven_samples,
     split among workers is the DataLoader test's below, and split_range's property above."""
     got = []
     for rank in range(world):
-        ds = open_dataset(uneven, decode="raw", rank=rank, world_size=world, shuffle=shuffle, seed=seed,
+        ds = open_dataset(uneven, decode="raw", rank=rank, world_size=world, shuffle=shuffle, seed=seed, even=None,
                           buffer_size=5, transform=Sha1())
         ds.set_epoch(epoch)
         items = list(ds)
@@ -113,7 +113,7 @@ def test_real_dataloader_reads_each_sample_once_across_ranks_and_workers(uneven,
     """A real DataLoader's worker processes split each rank's samples among themselves."""
     got = []
     for rank in range(world):
-        ds = open_dataset(uneven, decode="raw", rank=rank, world_size=world, shuffle=shuffle, seed=seed,
+        ds = open_dataset(uneven, decode="raw", rank=rank, world_size=world, shuffle=shuffle, seed=seed, even=None,
                           buffer_size=5, transform=Sha1())
         ds.set_epoch(epoch)
         items = [(digest, int(label)) for digest, label in

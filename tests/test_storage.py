@@ -28,7 +28,7 @@ def test_fuse_mount_is_latency_bound_and_read_with_prefetch(slow_mount, photos):
     convert(str(backing / "src"), str(backing / "out"), samples_per_shard=4, workers=1)
     assert mount_of(str(mnt / "out"))[1].startswith("fuse")
     assert is_latency_bound(str(mnt / "out"))
-    ds = open_dataset(str(mnt / "out"), decode="raw")
+    ds = open_dataset(str(mnt / "out"), decode="raw", stream=True)
     over_fuse = list(ds)
     assert ds.prefetch is True and len(over_fuse) == 11
-    assert over_fuse == list(open_dataset(str(backing / "out"), decode="raw"))
+    assert over_fuse == list(open_dataset(str(backing / "out"), decode="raw", stream=True))

@@ -228,6 +228,7 @@ class WdsShard(ShardReader):
                             or min(offsets) < -1 or min(sizes) < -1):
                 raise ManifestError(f"{access.url_of(entry.name)}: index points outside the shard", self.path)
         self.source: Any = None
+        self._whole: Optional[np.ndarray] = None  # the mapped shard, for views (decode="buffer")
 
     def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
         """A local file read by ``pread`` (or memory-mapped for zero-copy ``views``), or
@@ -241,10 +242,13 @@ class WdsShard(ShardReader):
                            else PrefetchedBytes.remote(self.access.location, self.entry.name, end))
         elif views:  # zero-copy views of the map (decode="buffer")
             self.source = MappedBytes(self.path, self.size)
+            if self.source.mm is not None:
+                self._whole = np.frombuffer(self.source.mm, dtype=np.uint8)
         else:
             self.source = PreadBytes(self.path, self.size)
 
     def close(self) -> None:
+        self._whole = None
         if self.source is not None:
             self.source.close()
             self.source = None
@@ -294,10 +298,13 @@ class WdsShard(ShardReader):
             self._image = spans
         return self._image
 
-    def image(self, j: int) -> bytes:
+    def image(self, j: int) -> Any:
+        """Sample j's image bytes; a zero-copy uint8 view of the map after ``prepare(views=True)``."""
         if self.source is None:
             self.prepare(0, len(self.keys), False)
         o, sz = self._image_spans()[j]
+        if self._whole is not None:
+            return self._whole[o: o + sz]
         return self.source.get(o, sz)
 
     def image_spans(self) -> List[Tuple[int, int]]:

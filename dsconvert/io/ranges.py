@@ -49,7 +49,10 @@ class PreadBytes:
     would kill the process with SIGBUS."""
 
     def __init__(self, path: str, size: int):
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # a file object owns the descriptor: closing twice is a no-op, and one dropped unclosed
+        # closes it (a bare number closed twice could close another file that reused it)
+        self.file = open(path, "rb", buffering=0)
+        self.fd = self.file.fileno()
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         self.path = path
@@ -61,9 +64,8 @@ class PreadBytes:
         return data
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.fd = -1
+        self.file.close()
 
 
 _pools = ProcessLocal()  # a forked DataLoader worker makes its own threads
@@ -153,9 +155,11 @@ class PrefetchedBytes:
 
 
 def local_fill(path: str) -> Tuple[Callable[[memoryview, int], int], Callable[[], None]]:
-    """``fill(view, offset)`` by ``preadv`` on one descriptor, and its ``close``."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    return (lambda view, offset: os.preadv(fd, [view], offset)), (lambda: os.close(fd))
+    """``fill(view, offset)`` by ``preadv`` on one descriptor, and its ``close``. A file object
+    owns the descriptor: ``close`` may run twice (the second does nothing), and a fill after it
+    raises instead of reading whatever file has since reused the number."""
+    f = open(path, "rb", buffering=0)
+    return (lambda view, offset: os.preadv(f.fileno(), [view], offset)), f.close
 
 
 def remote_fill(location: Location, name: str) -> Callable[[memoryview, int], int]:

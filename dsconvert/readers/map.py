@@ -1,60 +1,114 @@
-"""``MapDataset``: random access (``len``, indexing) over the shards of any format; hdf5 and
-npy outputs open as this. Shuffling and DDP come from the DataLoader's sampler."""
+"""``MapDataset``: random access (``len``, indexing) over the shards of any format, the drop-in
+for ``ImageFolder``: ``ds[i]`` is the source's sample i, whatever order the shards store the
+samples in (a shuffled output's order file maps it: :mod:`dsconvert.shuffle`). Shuffling,
+DDP and every other sampler come from the DataLoader, exactly as with ImageFolder.
+
+Local shards are read by one ``pread`` a sample. Where each read pays a round trip
+(latency-bound mounts such as NFS or FUSE, and remote shards without a cache), a batch
+(``__getitems__``, which the DataLoader calls once per batch) requests all its samples' bytes
+at once, concurrently, so the round trips overlap instead of adding up."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..codecs import ENCODED_MODES, decode_errors_naming
+import numpy as np
+
+from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field
 from ..formats.base import ShardReader
+from ..io.localfs import is_latency_bound
 from ..io.shard_cache import ShardAccess
-from ..manifest import Manifest
+from ..manifest import ORDER_NAME, Manifest
 from ..processes import ProcessLocal, settle_worker
+from ..shuffle import load_order
 from .base import ShardDataset, TorchDataset, cumulative, locate
 
 __all__ = ["MapDataset"]
 
 
 class MapDataset(ShardDataset, TorchDataset):
-    """Map-style Dataset of ``(image, label)``; a drop-in for ImageFolder. Shards open lazily,
-    in the process that reads (h5py and mmap handles never cross a fork). Outputs that store
-    pixels give them as zero-copy views (npy) with ``decode="numpy"``. See
-    :func:`dsconvert.open_dataset`."""
+    """Map-style Dataset of ``(image, label)`` (or dicts of decoded fields, for wds outputs of
+    other sources); a drop-in for ImageFolder. Shards open lazily, in the process that reads
+    (h5py and mmap handles never cross a fork). Outputs that store pixels give them as
+    zero-copy views (npy) with ``decode="numpy"``. See :func:`dsconvert.open_dataset`."""
 
     def __init__(self, root: str, manifest: Manifest, transform: Optional[Callable] = None,
                  target_transform: Optional[Callable] = None, decode: str = "pil",
-                 access: Optional[ShardAccess] = None):
+                 access: Optional[ShardAccess] = None, allow_pickle: bool = False,
+                 max_member_bytes: int = 1 << 31, prefetch: Optional[bool] = None):
         super().__init__(root, manifest, transform, target_transform, decode, access)
-        if not self.classification:
+        if not self.classification and not self.format.any_samples:
             raise ValueError(f"{root}: {manifest.format} outputs hold (image, label) samples only")
         self.stored = manifest.stored
         if decode in ENCODED_MODES and self.stored == "decoded":
             raise ValueError(f"{root} stores decoded pixels, so there are no encoded bytes for "
                              f"decode={decode!r}; use decode='numpy' or 'pil'")
+        self.allow_pickle = allow_pickle  # pickled fields run code when loaded: only for trusted data
+        self._open_options = {"max_member_bytes": max_member_bytes}
+        # True: a batch's bytes are requested concurrently (None: decided by the storage, see the module doc)
+        self.prefetch = prefetch
         self._sizes = [s.num_samples for s in manifest.shards]
         self._ends = cumulative(self._sizes)
         self._shards: Dict[int, ShardReader] = ProcessLocal()
+        self._order: Optional[np.ndarray] = None  # source position -> stored position (shuffled outputs)
+        if manifest.order is not None:
+            data = self.access.file_bytes(ORDER_NAME, manifest.order)  # checked against its sha256
+            self._order = load_order(data, manifest.num_samples, self.access.url_of(ORDER_NAME))
 
     def __len__(self) -> int:
         return self.manifest.num_samples
+
+    def close(self) -> None:
+        """Close the shards this process opened (they reopen on the next read); also done
+        when the dataset is collected."""
+        shards = self.__dict__.get("_shards") or {}
+        for shard in list(shards.values()):
+            shard.close()
+        shards.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown, or a shard already gone
+            pass
 
     def shard(self, k: int) -> ShardReader:
         """Shard k, opened in this process on first use."""
         shard = self._shards.get(k)
         if shard is None:
             settle_worker()
-            shard = self._shards[k] = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest)
+            shard = self._shards[k] = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest,
+                                                             **self._open_options)
+            if self.decode == "buffer":  # zero-copy views of a memory map, where the format has one
+                shard.prepare(0, len(shard.keys), False, views=True)
         return shard
 
-    def __getitem__(self, index: int) -> Tuple[Any, Any]:
+    def where(self, index: int) -> Tuple[int, int]:
+        """(shard, sample in it) of the source's sample ``index``."""
         n = self.manifest.num_samples
         i = int(index)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample index {index} out of range for {n} samples")
-        k, j = locate(self._ends, i, self._sizes)
+        if self._order is not None:
+            i = int(self._order[i])
+        return locate(self._ends, i, self._sizes)
+
+    def _fetches(self) -> bool:
+        if self.prefetch is None:
+            remote_uncached = self.access.remote and self.access.cache is None
+            self.prefetch = remote_uncached or (
+                not self.access.remote and is_latency_bound(self.access.cache_dir_or_root()))
+        return bool(self.prefetch) and hasattr(self.format, "iterable") and self.format.iterable
+
+    def __getitem__(self, index: int) -> Any:
+        if self._fetches():
+            return self.__getitems__([index])[0]
+        k, j = self.where(index)
         shard = self.shard(k)
+        if not self.classification:
+            return self._fields(shard, k, j)
         try:  # a plain try: free on the hot path, where a context manager costs as much as the read
             image = self._image(shard.image(j), self.stored == "decoded")
         except Exception:
@@ -62,8 +116,43 @@ class MapDataset(ShardDataset, TorchDataset):
                 raise
         return self._finish(image, shard.labels[j])
 
-    def __getitems__(self, indices: List[int]) -> List[Tuple[Any, Any]]:
+    def _fields(self, shard: ShardReader, k: int, j: int, source: Any = None) -> Dict[str, Any]:
+        sample: Dict[str, Any] = {"__key__": shard.keys[j]}
+        with decode_errors_naming(f"{self.manifest.shards[k].name}: {shard.keys[j]}"):
+            stored = shard.fields(j, source) if source is not None else shard.fields(j)
+            for name, data in stored.items():
+                sample[name] = decode_field(name, data, self.decode, self.allow_pickle)
+        return self._finish_dict(sample)
+
+    def __getitems__(self, indices: List[int]) -> List[Any]:
         """The samples of one batch (torch's DataLoader calls this once per batch, then
-        collates): one call instead of ``len(indices)`` from the fetcher."""
-        getitem = self.__getitem__
-        return [getitem(i) for i in indices]
+        collates): one call instead of ``len(indices)`` from the fetcher; on latency-bound
+        storage, their bytes requested at once."""
+        if not self._fetches():
+            getitem = self.__getitem__
+            return [getitem(i) for i in indices]
+        places = [self.where(i) for i in indices]
+        wanted: Dict[int, List[int]] = {}
+        for k, j in places:
+            wanted.setdefault(k, []).append(j)
+        sources: Dict[int, Any] = {}
+        try:
+            for k, js in wanted.items():
+                sources[k] = self.shard(k).scattered(js, self.classification)  # type: ignore[attr-defined]
+            out = []
+            for k, j in places:
+                shard, source = self.shard(k), sources[k]
+                if not self.classification:
+                    out.append(self._fields(shard, k, j, source))
+                    continue
+                o, size = shard.image_spans()[j]  # type: ignore[attr-defined]
+                try:
+                    image = self._image(source.get(o, size))
+                except Exception:
+                    with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
+                        raise
+                out.append(self._finish(image, shard.labels[j]))
+            return out
+        finally:
+            for source in sources.values():
+                source.close()

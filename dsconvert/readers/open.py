@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Union
 
 from ..formats import FORMATS, get
+from ..io.localfs import is_latency_bound
 from ..io.shard_cache import ShardAccess
 from ..errors import OptionError
 from ..manifest import MANIFEST_NAME, Manifest
@@ -21,6 +22,7 @@ def open_dataset(
     storage_options: Optional[Dict[str, Any]] = None,
     cache_dir: Optional[str] = None,
     cache_size: Union[int, str, None] = None,
+    stream: Optional[bool] = None,
     **options: Any,
 ) -> Any:
     """Open a dsconvert output as a Dataset, a drop-in for ``ImageFolder(root, transform)``.
@@ -31,8 +33,25 @@ def open_dataset(
     :mod:`dsconvert.fused`). For ImageFolder and list sources a sample is ``(image, label)``; for other
     sources a dict of decoded fields with ``__key__``.
 
-    Format options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
-    ``even`` (None | "pad" | "drop"), ``prefetch``, ``batch_size`` (whole batches built in the
+    Local outputs open **map-style** by default (``len``, ``ds[i]``, ``__getitems__``): the drop-in
+    for ``ImageFolder`` with ``DataLoader(ds, batch_size=B, shuffle=True, num_workers=W)``,
+    ``DistributedSampler`` or any other sampler; ``ds[i]`` is the source's sample i (ImageFolder's
+    sample i when no input was skipped), whatever order the shards store them in. wds outputs
+    are read by one ``pread`` per sample from local shards or from ``cache_dir``; on latency-bound
+    mounts (NFS, FUSE...) and remote shards, each batch's bytes are requested at once, concurrently
+    (``prefetch=True/False`` overrides the detection).
+
+    ``stream=True`` (or any of the streaming options below) opens a wds output as an
+    IterableDataset instead, reading the shards in order: for remote shards without a cache,
+    latency-bound storage, or a resumable position across ranks and workers. A wds output on an
+    object store or a latency-bound mount (NFS, CephFS, FUSE...) without ``cache_dir`` streams by
+    default: the stream reads ahead in threads while the worker decodes (``stream=False`` reads
+    it by index, each batch's members requested at once). With ``cache_dir`` on a local SSD it
+    is read by index from there.
+
+    Streaming options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
+    ``even`` (``"pad"``, the default: every rank takes as many samples, the last ones
+    repeating the epoch's first, as ``DistributedSampler`` does; ``"drop"``; None: split exactly), ``prefetch``, ``batch_size`` (whole batches built in the
     worker, for ``DataLoader(ds, batch_size=None)``; with ``collate=False`` the samples one by
     one, dealt in whole batches, for ``DataLoader(ds, batch_size=...)``), ``allow_pickle`` (default False: pickled
     fields stay bytes, since loading them runs code from the data); see
@@ -70,9 +89,31 @@ def open_dataset(
     root = access.location.url
     if manifest.format not in FORMATS:
         raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")
-    if get(manifest.format).iterable:  # here, not at the top: the Dataset modules import torch
-        from .stream import StreamDataset as dataset
+    if _streams(get(manifest.format).iterable, access, stream, options, root):
+        from .stream import StreamDataset as dataset  # here, not at the top: the Dataset modules import torch
     else:
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,
                    decode=decode, access=access, **options)
+
+
+STREAM_OPTIONS = ("shuffle", "seed", "buffer_size", "rank", "world_size", "even", "batch_size", "collate")
+
+
+def _streams(iterable: bool, access: ShardAccess, stream: Optional[bool], options: Dict[str, Any], root: str) -> bool:
+    """Whether the output opens as a stream (see :func:`open_dataset`)."""
+    if stream not in (None, True, False):
+        raise OptionError(f"stream must be True, False or None, not {stream!r}")
+    asked = sorted(o for o in options if o in STREAM_OPTIONS)
+    if not iterable:
+        if stream:
+            raise OptionError(f"{root} is map-style only: read it with a sampler (shuffle=True, DistributedSampler)")
+        return False
+    if stream is False and asked:
+        raise OptionError(f"{', '.join(asked)} are streaming options, and stream=False reads by index: shuffle, "
+                          "shard over ranks and batch with the DataLoader and its sampler instead")
+    if stream is None:  # random reads pay a round trip each on object stores and latency-bound mounts
+        uncached = access.cache is None
+        far = access.remote or is_latency_bound(access.location.url)
+        return bool(asked) or (uncached and far)
+    return stream

@@ -1,0 +1,217 @@
+"""open_dataset as a drop-in for ImageFolder: random access over every output, the same samples
+in the same batches as ImageFolder under the same DataLoader and seed, any sampler, exact len."""
+
+import os
+
+import numpy as np
+import pytest
+
+from dsconvert import convert, open_dataset
+from dsconvert.errors import ManifestError, OptionError
+from dsconvert.manifest import ORDER_NAME, Manifest
+
+from conftest import make_image_folder, pil_loader, reference_image_folder
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, RandomSampler,  # noqa: E402
+                              Subset, WeightedRandomSampler)
+
+
+def to_array(image):
+    """A transform DataLoader workers can pickle: the image's pixels as a tensor."""
+    return torch.from_numpy(np.array(image))
+
+
+class ReferenceImageFolder(Dataset):
+    """torchvision's ImageFolder where torchvision is installed, else its make_dataset and
+    loader as they are written there (conftest.reference_image_folder)."""
+
+    def __init__(self, root, transform=None):
+        try:
+            from torchvision.datasets import ImageFolder
+        except Exception:  # not installed, or a torch it does not import beside
+            self.inner = None
+            self.samples = reference_image_folder(root)
+        else:
+            self.inner = ImageFolder(root)
+            self.samples = self.inner.samples
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        image = pil_loader(path)
+        return (self.transform(image) if self.transform else image), label
+
+
+@pytest.fixture(scope="module")
+def sorted_source(tmp_path_factory, photos):
+    """A class-sorted ImageFolder of 3 classes, 75 images, converted to wds in 6 shards."""
+    root = tmp_path_factory.mktemp("dropin")
+    src = str(root / "src")
+    make_image_folder(src, photos, {"ant": 30, "bee": 25, "cow": 20}, size=(24, 16))
+    out = str(root / "wds")
+    convert(src, out, samples_per_shard=13, workers=1)
+    return src, out
+
+
+def batches(loader):
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def test_a_labelled_wds_output_stores_a_shuffled_order_and_reads_in_the_source_order(sorted_source):
+    src, out = sorted_source
+    manifest = Manifest.load(out)
+    assert manifest.order is not None and os.path.exists(os.path.join(out, ORDER_NAME))
+    ds = open_dataset(out, decode="raw")
+    assert type(ds).__name__ == "MapDataset" and len(ds) == 75
+    reference = reference_image_folder(src)
+    for i in range(len(ds)):
+        raw, label = ds[i]
+        path, want = reference[i]
+        assert label == want and raw == open(path, "rb").read()
+    stored = [label for raw, label in open_dataset(out, decode="raw", stream=True)]
+    assert stored != sorted(stored)  # the shards do not hold the classes one after the other
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_shuffle_gives_imagefolders_batches(sorted_source, workers):
+    src, out = sorted_source
+    ours = open_dataset(out, transform=to_array)
+    theirs = ReferenceImageFolder(src, transform=to_array)
+
+    def loader(ds):
+        g = torch.Generator().manual_seed(7)
+        return DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers, generator=g)
+
+    got, want = batches(loader(ours)), batches(loader(theirs))
+    assert len(got) == len(want) == len(loader(ours)) == 5
+    assert [len(labels) for _, labels in got] == [16, 16, 16, 16, 11]
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("make_sampler", [
+    lambda ds: DistributedSampler(ds, num_replicas=2, rank=1, seed=3),
+    lambda ds: RandomSampler(ds, generator=torch.Generator().manual_seed(1)),
+    lambda ds: WeightedRandomSampler([1.0 + (i % 3) for i in range(len(ds))], 40,
+                                     generator=torch.Generator().manual_seed(2)),
+], ids=["distributed", "random", "weighted"])
+def test_any_sampler_reads_imagefolders_samples(sorted_source, make_sampler):
+    src, out = sorted_source
+    ours, theirs = open_dataset(out, transform=to_array), ReferenceImageFolder(src, transform=to_array)
+    got = batches(DataLoader(ours, batch_size=8, sampler=make_sampler(ours), num_workers=2))
+    want = batches(DataLoader(theirs, batch_size=8, sampler=make_sampler(theirs)))
+    assert len(got) == len(want)
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_subset_and_negative_indices(sorted_source):
+    src, out = sorted_source
+    ds = open_dataset(out, decode="raw")
+    reference = reference_image_folder(src)
+    sub = Subset(ds, [74, 0, 40])
+    assert [label for _, label in sub] == [reference[i][1] for i in (74, 0, 40)]
+    assert ds[-1] == ds[74]
+    with pytest.raises(IndexError):
+        ds[75]
+
+
+def test_len_of_the_loader_is_the_batches_it_gives(sorted_source):
+    _, out = sorted_source
+    ds = open_dataset(out, transform=to_array)
+    for workers in (0, 2, 3):
+        loader = DataLoader(ds, batch_size=32, num_workers=workers)
+        assert [len(labels) for _, labels in loader] == [32, 32, 11] and len(loader) == 3
+
+
+def test_source_order_and_other_seeds(tmp_path, photos):
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 40, "b": 40}, size=(16, 16))
+    labels = {}
+    for name, kw in (("source", {"order": "source"}), ("s0", {}), ("s0w2", {"workers": 2}), ("s1", {"seed": 1})):
+        out = str(tmp_path / name)
+        kw.setdefault("workers", 1)
+        convert(src, out, samples_per_shard=20, **kw)
+        labels[name] = [label for _, label in open_dataset(out, decode="raw", stream=True)]
+        assert [label for _, label in open_dataset(out, decode="raw")] == [0] * 40 + [1] * 40
+    assert labels["source"] == [0] * 40 + [1] * 40
+    assert labels["s0"] == labels["s0w2"] != labels["s1"]
+    assert Manifest.load(str(tmp_path / "source")).order is None
+    for a, b in (("s0", "s0w2"),):
+        for name in sorted(os.listdir(tmp_path / a)):
+            if name.endswith((".tar", ".npy")):
+                assert (tmp_path / a / name).read_bytes() == (tmp_path / b / name).read_bytes()
+
+
+def test_an_order_file_changed_after_the_conversion_is_refused(sorted_source, tmp_path):
+    import shutil
+
+    _, out = sorted_source
+    copy = str(tmp_path / "copy")
+    shutil.copytree(out, copy)
+    order = np.load(os.path.join(copy, ORDER_NAME))
+    np.save(os.path.join(copy, ORDER_NAME), order[::-1].copy())  # a permutation, but not this output's
+    with pytest.raises(ManifestError, match="sha256"):
+        open_dataset(copy)
+    from dsconvert.verify import verify
+
+    assert any(p["path"] == ORDER_NAME for p in verify(copy)["problems"])
+
+
+@pytest.mark.parametrize("data", [b"", b"\x93NUMPY garbage", None])
+def test_order_files_that_are_not_permutations_are_refused(data):
+    import io
+
+    from dsconvert.shuffle import load_order
+
+    if data is None:
+        buf = io.BytesIO()
+        np.save(buf, np.array([0, 1, 1], dtype=np.int64))
+        data = buf.getvalue()
+    with pytest.raises(ManifestError):
+        load_order(data, 3, "x")
+
+
+def test_streaming_options_and_stream_false_disagree(sorted_source):
+    _, out = sorted_source
+    assert type(open_dataset(out, shuffle=True)).__name__ == "StreamDataset"
+    assert type(open_dataset(out, stream=True)).__name__ == "StreamDataset"
+    with pytest.raises(OptionError, match="streaming options"):
+        open_dataset(out, stream=False, shuffle=True)
+
+
+def test_dict_samples_by_index(tmp_path, photos):
+    from conftest import crop, encode, write
+    import random
+
+    src = str(tmp_path / "flat")
+    rng = random.Random(0)
+    photo = next(iter(photos.values()))
+    for i in range(10):
+        write(os.path.join(src, f"s{i:02d}.jpg"), encode(crop(photo, rng, (16, 16))))
+        write(os.path.join(src, f"s{i:02d}.json"), b'{"i": %d}' % i)
+    out = str(tmp_path / "out")
+    convert(src, out, workers=1)
+    ds = open_dataset(out, decode="numpy")
+    assert len(ds) == 10 and [ds[i]["json"]["i"] for i in range(10)] == list(range(10))
+    assert ds[3]["__key__"] == "s03" and ds[3]["jpg"].shape == (16, 16, 3)
+
+
+def test_batches_fetched_at_once_are_the_same_batches(sorted_source):
+    """prefetch=True (latency-bound storage): a batch's members are requested concurrently,
+    across shards; the batches are the ones pread gives."""
+    _, out = sorted_source
+
+    def loader(**kw):
+        g = torch.Generator().manual_seed(3)
+        return batches(DataLoader(open_dataset(out, transform=to_array, **kw), batch_size=16, shuffle=True,
+                                  num_workers=2, generator=g))
+
+    fetched, plain = loader(prefetch=True), loader(prefetch=False)
+    assert len(fetched) == len(plain) == 5
+    for (a, la), (b, lb) in zip(fetched, plain):
+        assert torch.equal(la, lb) and torch.equal(a, b)
