@@ -43,7 +43,8 @@ def make(case, rank, world):
     out, b, workers = case["out"], case["batch"], case["workers"]
     kw = dict(num_workers=workers, multiprocessing_context=case.get("context") if workers else None)
     if case["kind"] == "stream":
-        opts = dict(shuffle=True, seed=3, buffer_size=case.get("window", 20), rank=rank, world_size=world)
+        opts = dict(shuffle=True, seed=3, buffer_size=case.get("window", 20), rank=rank, world_size=world,
+                    even=case.get("even", "pad"))
         if case.get("in_dataset"):
             ds = open_dataset(out, decode="raw", batch_size=b, **opts)
             loader = StatefulDataLoader(ds, batch_size=None, **kw)
@@ -54,7 +55,7 @@ def make(case, rank, world):
         return ds, loader
     ds = open_dataset(out, decode=case.get("decode", "raw"))
     if case["kind"] == "sampler":
-        sampler = ResumableSampler(ds, seed=3, rank=rank, world_size=world)
+        sampler = ResumableSampler(ds, seed=3, rank=rank, world_size=world, even=case.get("even", "pad"))
         sampler.set_epoch(EPOCH)
         return sampler, StatefulDataLoader(ds, batch_size=b, sampler=sampler, collate_fn=keep, **kw)
     gen = torch.Generator().manual_seed(5)  # torchdata's stateful RandomSampler, seeded

@@ -87,8 +87,8 @@ def test_gloo_ranks_resume_on_the_same_and_on_another_topology(tmp_path, outputs
     3 new ranks x 1 worker continue from samples_seen = 3 steps x 4 x 2 ranks: together with
     what the first job consumed, every sample exactly once."""
     k = 3
-    cases = [dict(name="wds", kind="stream", out=outputs["wds"], workers=2, in_dataset=True),
-             dict(name="npy", kind="sampler", out=outputs["npy"], workers=2, decode="numpy")]
+    cases = [dict(name="wds", kind="stream", out=outputs["wds"], workers=2, in_dataset=True, even=None),
+             dict(name="npy", kind="sampler", out=outputs["npy"], workers=2, decode="numpy", even=None)]
     cases = [dict(c, batch=B, stops=[k], states=str(tmp_path)) for c in cases]
     first = launch(tmp_path, "first", [dict(c, phase=p) for c in cases for p in ("full", "stop")], world=2)
     second = launch(tmp_path, "second", [dict(c, phase="resume") for c in cases], world=2)
@@ -212,7 +212,7 @@ def test_a_malformed_state_is_refused_in_one_line(outputs, state):
     from dsconvert import open_dataset
     from dsconvert.data import ResumableSampler
 
-    ds = open_dataset(outputs["wds"], decode="raw")
+    ds = open_dataset(outputs["wds"], decode="raw", stream=True)
     with pytest.raises(ValueError) as err:
         ds.load_state_dict(state)
     assert len(str(err.value)) < 300 and "\n" not in str(err.value)
@@ -256,9 +256,11 @@ def test_the_shared_epoch_pickles_as_a_private_copy():
         assert b.epoch == 3 and b.pending() == 10
         b.set_epoch(5)
         assert a.epoch == 3 and a.pending() == 10 and b.pending() is None
-    assert a.take(0, 0, 2) == 10 and a.take(0, 0, 2) == 0 and a.take(0, 1, 2) == 10 and a.take(1, 0, 2) == 10
+    # each (rank, worker) takes the resume once; its next iteration is the next epoch's start
+    assert a.begin(0, 0, 2) == (3, 10) and a.begin(0, 0, 2) == (4, 0)
+    assert a.begin(0, 1, 2) == (3, 10) and a.begin(1, 0, 2) == (3, 10)
     a.resume(3, 10)  # every rank loads the same resume: nothing changes
-    assert a.take(1, 0, 2) == 0 and a.take(1, 1, 2) == 10
+    assert a.begin(1, 0, 2) == (4, 0) and a.begin(1, 1, 2) == (3, 10)
 
 
 def _rank_reads(ds, rank, barrier, queue, load_in_rank):
@@ -282,7 +284,7 @@ def test_ranks_started_from_the_trainer_each_take_the_resume(outputs, context, l
 
     from dsconvert import open_dataset
 
-    ds = open_dataset(outputs["wds"], decode="raw", shuffle=True, seed=3)
+    ds = open_dataset(outputs["wds"], decode="raw", shuffle=True, seed=3, even=None)
     ds.set_epoch(1)
     everything = [hashlib.sha1(raw).hexdigest() for raw, _ in ds]
     if not load_in_rank:

@@ -19,12 +19,13 @@ batches no longer consume a prefix, so an elastic resume needs the batch in the 
 from __future__ import annotations
 
 import hashlib
+import random
 import reprlib
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["EVEN_MODES", "remaining", "Deal", "GlobalOrder", "seeded_rng", "parse_position", "worker_place"]
+__all__ = ["EVEN_MODES", "remaining", "Deal", "GlobalOrder", "epoch_order", "seeded_rng", "parse_position", "worker_place"]
 
 EVEN_MODES = (None, "pad", "drop")
 _LIMIT = 1 << 62  # positions and epochs are stored as int64 (shared with workers)
@@ -154,3 +155,13 @@ class GlobalOrder:
         p = self.physical(positions)
         k = np.searchsorted(self.ends, p, side="right")
         return self.order[k], p - self.starts[k]
+
+
+def epoch_order(sizes: Sequence[int], shuffle: bool, window: int, seed: object, epoch: int) -> GlobalOrder:
+    """The streaming reader's epoch: with ``shuffle``, the shards in a seeded order
+    (``Random(f"{seed}:{epoch}")``) and each ``window`` of positions permuted; else the shards
+    as stored."""
+    shards = list(range(len(sizes)))
+    if shuffle:
+        random.Random(f"{seed}:{epoch}").shuffle(shards)
+    return GlobalOrder(sizes, shards, window if shuffle else 1, seed, epoch)

@@ -26,12 +26,14 @@ _Sampler: Any = _torch_data.Sampler if _torch_data is not None else object
 
 class ResumableSampler(_Sampler):
     """Indices of a map-style dataset for this rank, in the epoch's global order, from where
-    the job stopped. ``even``: None, ``"pad"`` (repeat indices so that every rank takes as
-    many) or ``"drop"`` (drop the last ``len % world``), as :func:`dsconvert.open_dataset`'s
-    wds reader; ``rank``/``world_size`` default to torch.distributed's or RANK/WORLD_SIZE."""
+    the job stopped. ``even``: ``"pad"`` (the default, as ``DistributedSampler``: repeat
+    indices so that every rank takes as many), ``"drop"`` (drop the last ``len % world``) or
+    None, as :func:`dsconvert.open_dataset`'s streaming reader; ``rank``/``world_size`` default
+    to torch.distributed's or RANK/WORLD_SIZE. Without ``set_epoch``, each new iteration reads
+    the epoch after the previous one's."""
 
     def __init__(self, data: Union[Sized, int], shuffle: bool = True, seed: int = 0,
-                 rank: Optional[int] = None, world_size: Optional[int] = None, even: Optional[str] = None):
+                 rank: Optional[int] = None, world_size: Optional[int] = None, even: Optional[str] = "pad"):
         self.n = data if isinstance(data, int) else len(data)
         self.shuffle = shuffle
         self.seed = seed
@@ -40,6 +42,7 @@ class ResumableSampler(_Sampler):
         self.even = even
         self.epoch = 0
         self._pending: Optional[int] = None  # samples_seen to start the next iteration of ``epoch`` at
+        self._iterated = False  # an iteration of ``epoch`` has started: the next one reads epoch + 1
         self._start = 0
         self._yielded = 0
 
@@ -48,6 +51,7 @@ class ResumableSampler(_Sampler):
         if int(epoch) != self.epoch:
             self._pending = None
         self.epoch = int(epoch)
+        self._iterated = False
 
     def _deal(self, seen: int) -> Deal:
         return Deal(remaining(self.n, seen, self.world_size, self.even), self.world_size, self.rank, 1, 0, 1)
@@ -58,6 +62,9 @@ class ResumableSampler(_Sampler):
     def __iter__(self) -> Iterator[int]:
         """The rest of the epoch; a pending resume is taken when the first index is drawn (a
         loader may make an iterator it never draws from)."""
+        if self._iterated and self._pending is None:  # no set_epoch since the last iteration: the next epoch
+            self.epoch += 1
+        self._iterated = True
         seen, self._pending = self._pending or 0, None
         deal = self._deal(seen)
         self._start, self._yielded = seen, 0
@@ -83,3 +90,4 @@ class ResumableSampler(_Sampler):
         epoch, seen = parse_position(state)
         self.epoch = epoch
         self._pending = seen
+        self._iterated = False

@@ -8,14 +8,14 @@ exactly: with torchdata's StatefulDataLoader (each worker's place, :meth:`state_
 another number of ranks and workers (``load_state_dict({"epoch", "samples_seen"})``). A
 sample is located by arithmetic, never by reading what came before it. Local shards are read
 by ``pread`` (a memory map for ``decode="buffer"`` views), latency-bound and remote ones by
-concurrent ranged requests for exactly the members needed, one group ahead. ``even`` pads or
-drops so that every rank sees as many samples.
+concurrent ranged requests for exactly the members needed, one group ahead. ``even`` (``"pad"`` by
+default, as ``DistributedSampler``) pads or drops so that every rank takes as many samples and
+steps; ``None`` splits exactly, ranks differing by one sample.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -30,7 +30,7 @@ from ..manifest import Manifest
 from ..processes import settle_worker
 from .base import ShardDataset, TorchIterableDataset, collate
 from .epoch import SharedEpoch
-from .order import Deal, GlobalOrder, parse_position, remaining, worker_place
+from .order import Deal, GlobalOrder, epoch_order, parse_position, remaining, worker_place
 
 __all__ = ["StreamDataset"]
 
@@ -55,7 +55,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         buffer_size: int = 1000,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
-        even: Optional[str] = None,
+        even: Optional[str] = "pad",
         max_member_bytes: int = 1 << 31,
         prefetch: Optional[bool] = None,
         allow_pickle: bool = False,
@@ -106,7 +106,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for this epoch (call before iterating, on every rank). Reaches DataLoader
-        workers started with ``persistent_workers=True`` too (:mod:`dsconvert.readers.epoch`)."""
+        workers started with ``persistent_workers=True`` too (:mod:`dsconvert.readers.epoch`).
+        Without it, each new iteration reads the epoch after the previous one's."""
         self.epoch = int(epoch)
 
     # --- position: the StatefulDataLoader protocol and elastic resumption -----------------
@@ -141,11 +142,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
     # --- the epoch's order and this worker's part of it ----------------------------------
 
     def _order(self, epoch: int) -> GlobalOrder:
-        shards = list(range(len(self.manifest.shards)))
-        if self.shuffle:  # the shards' order as it always was: Random(f"{seed}:{epoch}")
-            random.Random(f"{self.seed}:{epoch}").shuffle(shards)
-        window = self.buffer_size if self.shuffle else 1
-        return GlobalOrder([s.num_samples for s in self.manifest.shards], shards, window, self.seed, epoch)
+        return epoch_order([s.num_samples for s in self.manifest.shards], self.shuffle, self.buffer_size,
+                           self.seed, epoch)
 
     def _deal(self, seen: int, wid: int, nworkers: int) -> Deal:
         rank, world = world_info(self.rank, self.world_size)
@@ -172,8 +170,9 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                     f"{tuple(resume['worker'])}, and this loader is {tuple(here)}: resume a job of another "
                     "shape with ds.load_state_dict({'epoch': e, 'samples_seen': n}), n the samples it consumed")
             epoch, seen, skip = resume["epoch"], resume["samples_seen"], resume["yielded"]
+            self._epoch.resumed(rank, wid, nworkers, epoch)
         else:
-            epoch, seen, skip = self.epoch, self._epoch.take(rank, wid, nworkers), 0
+            (epoch, seen), skip = self._epoch.begin(rank, wid, nworkers), 0
         deal = self._deal(seen, wid, nworkers)
         self._state = {"epoch": epoch, "samples_seen": seen, "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
         self._yielded = skip
