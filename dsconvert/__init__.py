@@ -23,6 +23,7 @@ from .readers.open import open_dataset  # noqa: E402
 from .errors import (  # noqa: E402
     BadInputError,
     DsconvertError,
+    FusedFallbackWarning,
     InsufficientSpaceError,
     ManifestError,
     MissingDependencyError,
@@ -46,6 +47,7 @@ __all__ = [
     "DataLoadingMonitor",
     "Manifest",
     "DsconvertError",
+    "FusedFallbackWarning",
     "InsufficientSpaceError",
     "SourceError",
     "ManifestError",

@@ -1,4 +1,5 @@
-"""One exception root for dsconvert; each subclass also derives from the matching builtin."""
+"""One exception root for dsconvert (each subclass also derives from the matching builtin), and
+the warnings it gives."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ __all__ = [
     "InsufficientSpaceError",
     "OptionError",
     "NotRegularFileError",
+    "FusedFallbackWarning",
 ]
 
 
@@ -74,3 +76,9 @@ class MissingDependencyError(DsconvertError, ImportError):
 class NotRegularFileError(DsconvertError, OSError):
     """A file an output names is a symlink to a device, a FIFO, a folder...: never opened, since
     reading ``/dev/zero`` never ends and opening a FIFO blocks."""
+
+
+class FusedFallbackWarning(UserWarning):
+    """``decode="fused"`` could not fold the transform's crop or resize into decoding: the
+    dataset decodes whole images (the same samples, slower). Said once per dataset, naming the
+    step that stopped it."""

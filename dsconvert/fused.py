@@ -159,17 +159,21 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
                               flip=None, output="uint8", rest=[], original=transform)
     ops = _ops(transform)
     if ops is None:
-        return FusedTransform(None, None, "pil", [], transform)
+        what = "no transform" if transform is None else f"the transform ({_name(transform)}) is not a Compose"
+        return FusedTransform(None, None, "pil", [], transform, f"{what}: nothing to fold")
     # v2's recommended order converts first (ToImage, then the geometry on a uint8 tensor, which
     # torchvision resizes with the same antialiased kernel); an explicit antialias=False is left as given
     first = _conversion(ops[0])
     if first in ("uint8", "image"):
-        if any(getattr(op, "antialias", True) is False for op in ops[1:3]):
-            return FusedTransform(None, None, "pil", [], transform)
+        unaliased = next((op for op in ops[1:3] if getattr(op, "antialias", True) is False), None)
+        if unaliased is not None:
+            return FusedTransform(None, None, "pil", [], transform,
+                                  f"{_name(unaliased)}(antialias=False) resizes without the antialiasing fused decoding "
+                                  "reproduces")
         ops = ops[1:]
     geometry, used = _geometry(ops)
     if geometry is None:
-        return FusedTransform(None, None, "pil", [], transform)
+        return FusedTransform(None, None, "pil", [], transform, _why_not(ops))
     rest = ops[used:]
     flip: Optional[float] = None
     if rest and _from_torchvision(rest[0]) and type(rest[0]).__name__ == "RandomHorizontalFlip":
@@ -179,6 +183,30 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
     if output == "pil" and rest and _conversion(rest[0]) != "pil":
         output, rest = _conversion(rest[0]), rest[1:]
     return FusedTransform(geometry, flip, output, rest, transform)
+
+
+def _name(op: Any) -> str:
+    return type(op).__name__
+
+
+def _why_not(ops: List[Any]) -> str:
+    """Why :func:`_geometry` found nothing to fold in ``ops``, naming the step."""
+    if not ops:
+        return "the Compose has no crop or resize to fold"
+    op, name = ops[0], _name(ops[0])
+    if not _from_torchvision(op):
+        return f"its first step, {name}, is not a torchvision crop or resize (folded: RandomResizedCrop, Resize, " \
+               "CenterCrop, RandomCrop, first)"
+    if name in ("RandomResizedCrop", "Resize") and _interpolation(op) is None:
+        return f"{name} uses an interpolation fused decoding does not reproduce ({getattr(op, 'interpolation', None)})"
+    if name == "Resize" and len(ops) > 1 and _name(ops[1]) == "CenterCrop":
+        return f"CenterCrop after Resize has a size fused decoding does not read ({getattr(ops[1], 'size', None)!r})"
+    if name == "RandomCrop":
+        return "RandomCrop pads (padding or pad_if_needed), which fused decoding does not reproduce"
+    if name in ("RandomResizedCrop", "Resize", "CenterCrop"):
+        return f"{name} has a size fused decoding does not read ({getattr(op, 'size', None)!r})"
+    return f"its first step, {name}, is not a crop or resize (folded: RandomResizedCrop, Resize, CenterCrop, " \
+           "RandomCrop, first)"
 
 
 def _conversion(op: Any) -> str:
@@ -439,8 +467,9 @@ class FusedTransform:
     pixels). See the module doc."""
 
     def __init__(self, geometry: Optional[Geometry], flip: Optional[float], output: str, rest: List[Any],
-                 original: Optional[Callable]):
+                 original: Optional[Callable], why_not: str = ""):
         self.geometry = geometry
+        self.why_not = why_not  # when nothing is fused: the step that stopped it, in words
         # a RandomHorizontalFlip's p; None: no flip. A flip draws torch.rand(1) on every sample,
         # as torchvision's does, p = 0 included, so the random stream stays torchvision's
         self.flip = flip

@@ -9,6 +9,7 @@ with the same interface.
 
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_right
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -20,6 +21,7 @@ from ..fused import fuse
 from ..formats import Format, get
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
+from ..errors import FusedFallbackWarning
 from ..optional import optional_import
 
 __all__ = ["TorchDataset", "TorchIterableDataset", "Transforms", "ShardDataset", "locate"]
@@ -52,6 +54,10 @@ class Transforms:
         self.class_to_idx = {c: i for i, c in enumerate(classes or [])}
         # decode="fused": the transform's leading crop/resize folded into decoding (fused.py)
         self.fused = fuse(transform) if decode == "fused" else None
+        if self.fused is not None and not self.fused.fused and transform is not None:
+            warnings.warn(f"decode='fused' decodes whole images for this dataset: {self.fused.why_not}. The samples "
+                          "are the transform's, only slower; put the crop or resize first to fold it into decoding",
+                          FusedFallbackWarning, stacklevel=4)
 
     def _fused_needs_images(self, classification: bool) -> None:
         if self.fused is not None and not classification:
