@@ -6,10 +6,12 @@ consumer takes uint8 224x224 CHW batches, as a training loop would before moving
 GPU. ``train`` is RandomResizedCrop(224) + RandomHorizontalFlip, ``eval`` is Resize(256) +
 CenterCrop(224). Readers:
 
-    imagefolder          torchvision.datasets.ImageFolder over the photos (decode by Pillow)
-    dsconvert_pil        dsconvert wds shards, decode="pil" (the drop-in)
-    dsconvert_fused      dsconvert wds shards, decode="fused" (the same torchvision transform)
-    dsconvert_fused_batched  the same, batches built in the worker (batch_size= on the dataset)
+    imagefolder          torchvision.datasets.ImageFolder over the photos (decode by Pillow), shuffle=True
+    dsconvert_pil        dsconvert wds shards, decode="pil": the drop-in, map-style, shuffle=True
+    dsconvert_numpy      the same, decode="numpy" (the fast JPEG decoder) + the transform
+    dsconvert_fused      the same, decode="fused" (the same torchvision transform)
+    dsconvert_fused_stream   the streaming reader (stream=True), decode="fused", DataLoader batching
+    dsconvert_fused_batched  the streaming reader, batches built in the worker (batch_size= on the dataset)
     dsconvert_npy        dsconvert npy --resize 256 cache, decode="numpy" + the transform
     dsconvert_npy_fused  the same cache, decode="fused"
     webdataset           webdataset.WebDataset over the same tars, .decode("pil")
@@ -49,8 +51,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-READERS = ("imagefolder", "dsconvert_pil", "dsconvert_fused", "dsconvert_fused_batched", "dsconvert_npy",
-           "dsconvert_npy_fused", "webdataset", "litdata", "mosaic", "ffcv", "dali")
+READERS = ("imagefolder", "dsconvert_pil", "dsconvert_numpy", "dsconvert_fused", "dsconvert_fused_stream",
+           "dsconvert_fused_batched", "dsconvert_npy", "dsconvert_npy_fused", "webdataset", "litdata", "mosaic", "ffcv", "dali")
 PEER_PYTHON = {"ffcv": "ffcv", "dali": "dali", "litdata": "peers", "mosaic": "peers", "webdataset": "peers"}
 
 
@@ -77,29 +79,43 @@ def loader(dataset: Any, workers: int, batch: int, **kw: Any) -> Any:
 def read_imagefolder(work: str, kind: str, workers: int, batch: int) -> Any:
     from torchvision.datasets import ImageFolder
 
-    return loader(ImageFolder(os.path.join(work, "photos"), torchvision_transform(kind)), workers, batch)
+    return loader(ImageFolder(os.path.join(work, "photos"), torchvision_transform(kind)), workers, batch,
+                  shuffle=True)
 
 
-def _dsconvert(path: str, kind: str, workers: int, batch: int, decode: str, batched: bool = False) -> Any:
+def _dsconvert(path: str, kind: str, workers: int, batch: int, decode: str, batched: bool = False,
+               stream: bool = False) -> Any:
+    """The drop-in (map-style, DataLoader(shuffle=True)), or the streaming reader (``stream``),
+    or the stream building whole batches in the worker (``batched``)."""
     from dsconvert import open_dataset
 
     T = torchvision_transform(kind)
-    if decode == "numpy":  # the stored pixels are arrays: the transform starts from a PIL image
+    if decode == "numpy":  # the pixels are arrays: the transform starts from a PIL image
         import torchvision.transforms as TV
 
         T = TV.Compose([TV.ToPILImage()] + T.transforms)
     if batched:
         ds = open_dataset(path, transform=T, decode=decode, batch_size=batch)
         return loader(ds, workers, None)
-    return loader(open_dataset(path, transform=T, decode=decode), workers, batch)
+    if stream:
+        return loader(open_dataset(path, transform=T, decode=decode, stream=True), workers, batch)
+    return loader(open_dataset(path, transform=T, decode=decode), workers, batch, shuffle=True)
 
 
 def read_dsconvert_pil(work, kind, workers, batch):
     return _dsconvert(os.path.join(work, "wds"), kind, workers, batch, "pil")
 
 
+def read_dsconvert_numpy(work, kind, workers, batch):
+    return _dsconvert(os.path.join(work, "wds"), kind, workers, batch, "numpy")
+
+
 def read_dsconvert_fused(work, kind, workers, batch):
     return _dsconvert(os.path.join(work, "wds"), kind, workers, batch, "fused")
+
+
+def read_dsconvert_fused_stream(work, kind, workers, batch):
+    return _dsconvert(os.path.join(work, "wds"), kind, workers, batch, "fused", stream=True)
 
 
 def read_dsconvert_fused_batched(work, kind, workers, batch):
@@ -231,7 +247,7 @@ def prepare_ours(work: str, photos: int, per_shard: int) -> None:
         make_demo_dataset(src, num_per_class=photos // 8)
     for fmt, extra in (("wds", {}), ("npy", {"resize": 256})):
         out = os.path.join(work, fmt)
-        if not os.path.exists(os.path.join(out, "manifest.json")):
+        if not os.path.exists(os.path.join(out, "dsconvert.json")):
             convert(src, out, format=fmt, samples_per_shard=per_shard, **extra)
 
 
