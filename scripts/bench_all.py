@@ -103,6 +103,16 @@ def render_train_input(data: Dict[str, Any]) -> str:
     return "```\n" + bench_train_input.render(data["summary"]) + "\n```\n"
 
 
+def render_mixing(data: Dict[str, Any]) -> str:
+    import bench_mixing
+
+    return bench_mixing.render(data)
+
+
+DROPIN_READERS = ("imagefolder,dsconvert_pil,dsconvert_numpy,dsconvert_fused,dsconvert_fused_stream,"
+                  "dsconvert_fused_batched,ffcv")
+
+
 def render_foreign(data: Dict[str, Any]) -> str:
     meta = data["meta"]
     lines = [f"{meta['photos']:,} photos ({meta['bytes'] / 1e6:.0f} MB) in tar shards by webdataset's ShardWriter and in "
@@ -476,6 +486,10 @@ BENCHMARKS: Dict[str, Dict[str, Any]] = {
     "train_input": {"argv": lambda a: ["scripts/bench_train_input.py", "--photos", str(a.photos), "--rounds",
                                        str(a.rounds)] + _peer_args(a),
                     "render": render_train_input, "needs": lambda a: a.python_ffcv and a.python_peers},
+    "dropin": {"argv": lambda a: ["scripts/bench_train_input.py", "--photos", str(a.photos), "--rounds",
+                                  str(a.rounds), "--batch", "256", "--readers", DROPIN_READERS] + _peer_args(a),
+               "render": render_train_input, "needs": lambda a: a.python_ffcv},
+    "mixing": {"argv": lambda a: ["scripts/bench_mixing.py", "--rounds", str(a.rounds)], "render": render_mixing},
     "analyze": {"argv": lambda a: ["scripts/bench_analyze.py", "--files", "100000", "--rounds", str(a.rounds + 2)],
                 "render": render_analyze},
     "diagnose": {"argv": lambda a: ["scripts/bench_diagnose.py", "--seconds", "6", "--rounds", str(a.rounds + 2)],
