@@ -8,7 +8,8 @@ transforms, and folds them into decoding:
   torchvision's ``get_params`` draws (so a seeded run crops the same boxes), then decodes the
   JPEG at the largest DCT-domain reduction (1/2, 1/4, 1/8) that still leaves the box 2.5 times
   the output size (``DCT_MARGIN``: the bilinear filter must still do most of the reduction,
-  or text and fine detail drift from torchvision's pixels), and resizes only the box;
+  or text and fine detail drift from torchvision's pixels; bilinear and bicubic only: nearest
+  and Pillow's other filters decode at full scale), and resizes only the box;
 * ``Resize`` (shorter side or exact size), optionally followed by ``CenterCrop``, decodes at the
   largest reduction that leaves the image 2.5 times the resized size; ``RandomCrop`` and
   ``CenterCrop`` alone crop the decoded pixels;
@@ -285,6 +286,14 @@ def _reduction(height: int, width: int, need_h: float, need_w: float) -> int:
     return 1
 
 
+def _whole(need: Callable[[int, int], Tuple[float, float]]) -> Callable[[int, int], Tuple[float, float]]:
+    """``need`` (for what it draws or computes), asking for the whole image: no DCT reduction."""
+    def whole(height: int, width: int) -> Tuple[float, float]:
+        need(height, width)
+        return float(height), float(width)
+    return whole
+
+
 def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
             region: Optional[Region] = None) -> Tuple[np.ndarray, int, Tuple[int, int]]:
     """(pixels, k, (top, left)): a JPEG decoded at the largest reduction 1/k that still leaves
@@ -482,6 +491,13 @@ class FusedTransform:
         return self.geometry is not None
 
     @property
+    def _reduces(self) -> bool:
+        """Whether a JPEG may be decoded at a DCT-domain reduction: for the bilinear and bicubic
+        filters only. Nearest (and Pillow's other filters) pick or weigh single source pixels,
+        which a reduced decode replaces by block averages: up to 93 levels off on photographs."""
+        return self.geometry is not None and self.geometry.interpolation in _TORCH_FILTERS
+
+    @property
     def _planar(self) -> bool:
         """Whether resizes write CHW planes: for every output but a PIL image."""
         return self.output != "pil"
@@ -511,7 +527,7 @@ class FusedTransform:
                 return (top // k - ry) * k, (-(-(top + h) // k) + ry) * k, (left // k - rx) * k, \
                     (-(-(left + w) // k) + rx) * k
 
-            pixels, k, origin = _decode(data, need, region)
+            pixels, k, origin = _decode(data, need if self._reduces else _whole(need), region)
             if not box:  # decoded by Pillow without a header read: draw the box now
                 box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
             return self._finish(self._crop_resize(pixels, box[0], k, g, origin, self._planar))
@@ -531,7 +547,8 @@ class FusedTransform:
                     return _centre_region((height, width), target[0], g.crop, g.interpolation)
                 return 0, height, 0, width  # the whole image is resized, then cropped
 
-            pixels, k, origin = _decode(data, need_resized, region_resized)
+            pixels, k, origin = _decode(data, need_resized if self._reduces else _whole(need_resized),
+                                        region_resized)
             # at 1/k the image's ceil(width / k) columns cover width / k of it: the resize maps
             # exactly that area (resizing all the columns would stretch it by up to one pixel)
             area = (full[0][1] / k, full[0][0] / k) if k > 1 and full else None

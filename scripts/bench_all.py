@@ -113,6 +113,12 @@ DROPIN_READERS = ("imagefolder,dsconvert_pil,dsconvert_numpy,dsconvert_fused,dsc
                   "dsconvert_fused_batched,ffcv")
 
 
+def render_fused_accuracy(data: Dict[str, Any]) -> str:
+    import fused_accuracy
+
+    return fused_accuracy.render(data)
+
+
 def render_foreign(data: Dict[str, Any]) -> str:
     meta = data["meta"]
     lines = [f"{meta['photos']:,} photos ({meta['bytes'] / 1e6:.0f} MB) in tar shards by webdataset's ShardWriter and in "
@@ -490,6 +496,7 @@ BENCHMARKS: Dict[str, Dict[str, Any]] = {
                                   str(a.rounds), "--batch", "256", "--readers", DROPIN_READERS] + _peer_args(a),
                "render": render_train_input, "needs": lambda a: a.python_ffcv},
     "mixing": {"argv": lambda a: ["scripts/bench_mixing.py", "--rounds", str(a.rounds)], "render": render_mixing},
+    "fused_accuracy": {"argv": lambda a: ["scripts/fused_accuracy.py"], "render": render_fused_accuracy},
     "analyze": {"argv": lambda a: ["scripts/bench_analyze.py", "--files", "100000", "--rounds", str(a.rounds + 2)],
                 "render": render_analyze},
     "diagnose": {"argv": lambda a: ["scripts/bench_diagnose.py", "--seconds", "6", "--rounds", str(a.rounds + 2)],
