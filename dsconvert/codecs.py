@@ -28,7 +28,7 @@ from PIL import Image, UnidentifiedImageError
 
 from . import optional
 from .errors import BadInputError, DsconvertError
-from .jpeg_structure import top_rows
+from .jpeg_structure import arithmetic, top_rows
 from .jpeg_structure import whole as jpeg_whole
 from .processes import ProcessLocal
 
@@ -161,6 +161,7 @@ def check_image(data: bytes, max_pixels: Optional[int] = None, full: bool = Fals
     """
     if not data:
         raise BadInputError("empty file (0 bytes)")
+    refuse_unverifiable(data)
     try:
         with pixel_limit(max_pixels):
             img = _pil_open(data)
@@ -212,6 +213,18 @@ def check_field(field: str, data: bytes, verify: bool, max_pixels: Optional[int]
 # --- decoding when reading --------------------------------------------------------------
 
 
+ARITHMETIC_REASON = ("arithmetic-coded JPEG: a truncated one decodes as zeros without any error, so none can be "
+                     "trusted, and Pillow (ImageFolder's decoder) refuses those over about 64 kB; re-encode it "
+                     "losslessly with `jpegtran -optimize -copy all IN > OUT`")
+
+
+def refuse_unverifiable(data: Any) -> None:
+    """The one decoder policy's first rule, on every path (checks, pil, numpy, fused,
+    decoded outputs): a JPEG that no decoder can verify is refused."""
+    if data[:3] == _JPEG_MAGIC and arithmetic(bytes(data[:65536]) if not isinstance(data, bytes) else data):
+        raise BadInputError(ARITHMETIC_REASON)
+
+
 def _over_limit(what: str) -> BadInputError:
     return BadInputError(f"{what} exceeds the limit of {Image.MAX_IMAGE_PIXELS} "
                          "(PIL.Image.MAX_IMAGE_PIXELS; raise it with --max-image-pixels)")
@@ -233,7 +246,8 @@ def check_pixels(width: int, height: int, resized_from: Optional[Tuple[int, int]
 
 def _pil_rgb(data: bytes) -> Image.Image:
     # Exactly torchvision's pil_loader: open, then convert("RGB") (which loads), within the
-    # pixel limit.
+    # pixel limit; a JPEG no decoder can verify refused, as on every path.
+    refuse_unverifiable(data)
     return _pil_open(data).convert("RGB")
 
 
@@ -560,6 +574,7 @@ def decode_rgb(data: bytes, decoder: str = "pil") -> np.ndarray:
     """HWC uint8 RGB pixels, as ``np.asarray(Image.open(f).convert("RGB"))``, with JPEGs
     through the named fast decoder (:func:`fast_decode`); CMYK, non-JPEG data, and anything
     libjpeg warns about go through Pillow, which decides exactly as it does for ``decode="pil"``."""
+    refuse_unverifiable(data)
     if decoder != "pil" and data[:3] == _JPEG_MAGIC:
         fast = next((fn for name, fn in jpeg_decoders() if name == decoder), None)
         if isinstance(fast, FastJpeg):
@@ -675,6 +690,7 @@ def decode_resized(data: bytes, decoder: str = "pil", resize: Optional[int] = No
     ceil(width * n / 8) columns cover width * n / 8 of them) to the output, so nothing shifts.
     ``decoder="pil"`` with ``resampler="pil"`` is Pillow's exact pipeline (full decode, then
     resize); ``resampler``: see :func:`resolve_resampler`."""
+    refuse_unverifiable(data)
     if scaled and (resize is not None or size is not None) and decoder != "pil" and data[:3] == _JPEG_MAGIC:
         fast = next((fn for name, fn in jpeg_decoders() if name == decoder), None)
         header = None

@@ -51,7 +51,7 @@ from PIL import Image
 
 from . import resample
 from .codecs import (_JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode,
-                     Region, jpeg_decoders, nchw_view, region_decode)
+                     Region, jpeg_decoders, nchw_view, refuse_unverifiable, region_decode)
 from .errors import BadInputError
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
@@ -307,6 +307,8 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
     bottom row (:func:`dsconvert.codecs.fast_decode`)."""
     data = bytes(data) if not isinstance(data, bytes) else data
     if data[:3] == _JPEG_MAGIC:
+        refuse_unverifiable(data)
+
         def reduction(height: int, width: int) -> int:
             return _reduction(height, width, *need(height, width))
 
@@ -333,8 +335,10 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
             width, height = img.size
             k = reduction(height, width)
             if k > 1:  # draft takes the largest scale <= size // asked: w // (w // k) lies in [k, 2k)
-                _, box = img.draft(img.mode, (max(1, width // k), max(1, height // k)))
-                k = round(width / box[2])  # draft's box is the image at the scale it chose: width / scale
+                drafted = img.draft(img.mode, (max(1, width // k), max(1, height // k)))
+                # draft's box is the image at the scale it chose (width / scale); None: it chose
+                # none (a file with no scan to decode, which load() then refuses)
+                k = round(width / drafted[1][2]) if drafted is not None else 1
             return np.asarray(img.convert("RGB")), k, (0, 0)
     return np.asarray(_pil_rgb(data)), 1, (0, 0)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["whole", "top_rows"]
+__all__ = ["whole", "top_rows", "arithmetic"]
 
 # the first marker after entropy-coded data: 0xFF followed by neither a stuffed zero, a
 # restart marker, nor a fill byte
@@ -46,6 +46,34 @@ def _huffman_table_ok(counts: bytes, values: bytes, dc: bool) -> bool:
             return False
         code <<= 1
     return not dc or all(v <= 15 for v in values)
+
+
+_ARITHMETIC_FRAMES = frozenset((0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))  # SOF9-11, SOF13-15
+
+
+def arithmetic(data: bytes) -> bool:
+    """Whether the JPEG's frame is arithmetic-coded, from the marker segments before the first
+    scan (never raises; False for anything else, a damaged header included). libjpeg decodes a
+    truncated arithmetic scan as zeros without a warning, so no decoder can tell it from a
+    whole one; and Pillow refuses whole ones past about 64 kB."""
+    n = len(data)
+    if data[:2] != b"\xff\xd8":
+        return False
+    pos = 2
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return False
+        while pos < n and data[pos] == 0xFF:
+            pos += 1
+        if pos + 3 > n:
+            return False
+        marker = data[pos]
+        if marker in _ARITHMETIC_FRAMES:
+            return True
+        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xDA, 0xD9):  # a Huffman frame, a scan, the end
+            return False
+        pos += 1 + ((data[pos + 1] << 8) | data[pos + 2])
+    return False
 
 
 def whole(data: bytes) -> bool:
