@@ -111,3 +111,19 @@ def test_fused_names_the_step_it_could_not_fold_once(out):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         open_dataset(out, transform=foldable, decode="fused")
+
+
+def test_analyze_names_the_step_fused_decoding_could_not_fold(tmp_path, photos, monkeypatch):
+    pytest.importorskip("torchvision.transforms")
+    from dsconvert.analyze import analyze
+
+    (tmp_path / "usertf.py").write_text(
+        "import torchvision.transforms as T\n"
+        "flipped_first = T.Compose([T.RandomVerticalFlip(), T.RandomResizedCrop(32), T.PILToTensor()])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 6, "b": 6}, size=(64, 48))
+    report = analyze(src, sample=12, sweep_levels=[1], transform="usertf:flipped_first", pass_seconds=0.5)
+    notes = [n for n in report["verdict"]["notes"] if 'decode="fused" not measured' in n]
+    assert len(notes) == 1 and "RandomVerticalFlip" in notes[0]
+    assert not any("fused" in name for name in report["loader"]["passes"])

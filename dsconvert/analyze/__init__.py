@@ -223,7 +223,11 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         fast = jpeg_decoders()[0][0]
         from ..fused import fuse
 
-        fusable = transform_fn is not None and fuse(transform_fn).fused
+        folded = fuse(transform_fn) if transform_fn is not None else None
+        fusable = folded is not None and folded.fused
+        if folded is not None and not folded.fused:  # what open_dataset's FusedFallbackWarning says
+            notes.append(f"decode=\"fused\" not measured: it cannot fold this transform's crop or resize into "
+                         f"decoding ({folded.why_not}); with the crop or resize first it decodes only what it keeps")
         # images larger than the training size: the same shards with them re-encoded at the
         # size whose shorter side is the suggested one, at the median aspect ratio
         max_size = None
