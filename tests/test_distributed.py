@@ -67,3 +67,90 @@ def test_ranks_from_torch_distributed_read_exactly_once(tmp_path, photos, even, 
         assert sorted(r["len"] for r in results) == [10, 11] and got == everything
     for r in results:
         assert len(r["digests"]) == r["len"]
+
+
+DROPIN_SCRIPT = r"""
+import hashlib, json, os, sys
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from PIL import Image
+from dsconvert import open_dataset
+
+
+def to_array(image):
+    return torch.from_numpy(np.array(image))
+
+
+class Reference(Dataset):
+    # torchvision's ImageFolder where it imports, else its make_dataset and pil_loader as written there
+    def __init__(self, root):
+        try:
+            from torchvision.datasets import ImageFolder
+            self.samples = ImageFolder(root).samples
+        except Exception:
+            exts = (".jpg", ".jpeg", ".png")
+            classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+            self.samples = [(os.path.join(d, f), i) for i, c in enumerate(classes)
+                            for d, _, fs in sorted(os.walk(os.path.join(root, c))) for f in sorted(fs)
+                            if f.lower().endswith(exts)]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        with open(path, "rb") as f:
+            return to_array(Image.open(f).convert("RGB")), label
+
+
+def digests(loader):
+    return [[hashlib.sha1(images.numpy().tobytes()).hexdigest(), labels.tolist()] for images, labels in loader]
+
+
+if __name__ == "__main__":
+    src, out, result = sys.argv[1:4]
+    dist.init_process_group("gloo", init_method="env://")
+    del os.environ["RANK"], os.environ["WORLD_SIZE"]
+    got = {}
+    for name, ds in (("ours", open_dataset(out, transform=to_array)), ("imagefolder", Reference(src))):
+        sampler = DistributedSampler(ds, shuffle=True, seed=4)
+        sampler.set_epoch(2)
+        got[name] = digests(DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2))
+    for name, batch, kw in (("stream", 4, {}), ("stream_dealt", 5, {"batch_size": 5, "collate": False})):
+        stream = open_dataset(out, decode="raw", shuffle=True, **kw)  # even="pad" by default
+        loader = DataLoader(stream, batch_size=batch, num_workers=2)
+        steps = list(loader)
+        t = torch.tensor([len(steps)])
+        for _ in steps:  # a per-step collective: ranks with unequal steps would hang or fail here
+            dist.all_reduce(torch.ones(1))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        got[name] = [len(steps), int(t), len(loader)]
+    with open(result, "w") as f:
+        json.dump(got, f)
+    dist.destroy_process_group()
+"""
+
+
+def test_distributed_sampler_over_gloo_ranks_gives_imagefolders_batches(tmp_path, photos):
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, {"a": 11, "b": 10}, size=(24, 16))
+    out = str(tmp_path / "out")
+    convert(src, out, samples_per_shard=4, workers=1)  # 21 samples: ranks of 11 and 10 unless padded
+    script = tmp_path / "dropin.py"
+    script.write_text(DROPIN_SCRIPT)
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, str(script), src, out, str(tmp_path / f"r{rank}.json")],
+                                      env=env))
+    for p in procs:
+        assert p.wait(timeout=180) == 0
+    results = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    for r in results:
+        assert r["ours"] == r["imagefolder"] and len(r["ours"]) == 3  # 11 samples a rank (padded): 4, 4, 3
+        # the stream: every rank as many steps (unpadded, batches of 5 dealt whole would give the
+        # ranks 3 and 2 steps, and the collective would fail); dealt whole, len(loader) is exact
+        assert r["stream"][0] == r["stream"][1] and r["stream_dealt"] == [3, 3, 3]
