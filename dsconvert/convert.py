@@ -40,6 +40,7 @@ from .source import LAYOUTS, Source, scan
 from .io.location import Location, is_remote
 from .io.localfs import free_bytes, mount_of
 from .io.locks import file_lock
+from .io.owner import OWNER_NAME, Owned, owner_token
 
 __all__ = ["convert", "ConvertResult", "EXIT_SKIPPED", "accepts"]
 
@@ -83,7 +84,7 @@ def _claim(out: Location, overwrite: bool) -> None:
     # one listing, not an exists() check then a listing: a conversion started a moment earlier
     # makes its lock file (before any other) in between, and was taken for a foreign file
     present = out.listdir()
-    if MANIFEST_NAME in present or LOCK_NAME in present:
+    if MANIFEST_NAME in present or LOCK_NAME in present or OWNER_NAME in present:
         return
     if present and not overwrite:
         shown = ", ".join(repr(n) for n in present[:5]) + (f" and {len(present) - 5} more" if len(present) > 5 else "")
@@ -126,21 +127,45 @@ def _shard_files(prefix: str) -> str:
     return rf"{re.escape(prefix)}-\d{{6}}\.[a-z0-9.]+"
 
 
-def _remove_stale(out: Location, prefix: str, keep: set) -> None:
+def _remove_stale(out: Location, prefix: str, keep: set, owned: Owned) -> None:
     """Remove our shards and indexes that the current plan does not contain, and temp files
-    left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.io.localfs.atomic_write`)."""
+    left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.io.localfs.atomic_write`).
+    Only files the owner journal proves ours: a user's file named like a shard stays."""
     shard = _shard_files(prefix)
     stale = re.compile(rf"^{shard}$")
     temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)}|{re.escape(ORDER_NAME)})\.\d+\.tmp$")
     for name in out.listdir():
-        if temp.match(name) or (stale.match(name) and name not in keep):
+        if temp.match(name) or (stale.match(name) and name not in keep and owned.proves(name)):
             out.remove(name)
+
+
+def _adopt(owned: Owned, manifest: Manifest) -> None:
+    """Note a finished output's files as ours before its manifest goes (an output written
+    before the owner journal existed has no other proof of them)."""
+    for entry in manifest.shards:
+        owned.add(entry.name, entry.bytes, entry.sha256)
+        for name, part in entry.parts.items():
+            owned.add(name, part["bytes"], part["sha256"])
+
+
+def _refuse_foreign(out: Location, fmt: Type[Format], todo: List[ShardSpec], owned: Owned) -> None:
+    """Before any shard is written: a file already where a planned one goes must be one this
+    output wrote (a kill's leftover), else the conversion stops rather than replace it."""
+    present = set(out.listdir())
+    for spec in todo:
+        for name in fmt.planned_files(spec.name):
+            if name in present and not owned.proves(name):
+                raise OutputExistsError(
+                    f"{out.url_of(name)} is not a file this conversion wrote, and shard {spec.index} goes there: "
+                    "move it away (or pass --overwrite to replace it) and run the same command again",
+                    out.url_of(name))
 
 
 def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, samples_per_shard: int,
                 shard_bytes: int, min_shards: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
                 format_options: Dict[str, Any], bytes_ratio: float,
-                storage_options: Dict[str, Any], positions: Optional[List[int]] = None) -> List[ShardSpec]:
+                storage_options: Dict[str, Any], positions: Optional[List[int]] = None,
+                owner: str = "") -> List[ShardSpec]:
     """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels);
     ``positions``: the samples' stored order, as source positions (None: the source's)."""
     sample_type = source.sample_type
@@ -151,7 +176,7 @@ def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, s
     return [
         ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
                   tuple(samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options,
-                  source.kind, tuple(positions[a:b]) if positions is not None else ())
+                  source.kind, tuple(positions[a:b]) if positions is not None else (), owner)
         for i, (a, b) in enumerate(ranges)
     ]
 
@@ -222,8 +247,10 @@ def _out_of_space_is_resumable(out: Location) -> Iterator[None]:
             "command again to resume", out.url) from None
 
 
-def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar) -> List[ShardResult]:
-    """Write every spec, reporting each finished shard; the first error cancels the rest."""
+def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar,
+         owned: Optional[Owned] = None) -> List[ShardResult]:
+    """Write every spec, reporting each finished shard; the first error cancels the rest.
+    With ``owned``, a file this output cannot prove it wrote where a shard goes stops it first."""
     if not specs:
         return []
     fmt = get(specs[0].format)
@@ -236,6 +263,8 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
             bar.update(len(spec.samples))
         else:
             todo.append(spec)
+    if owned is not None and todo:
+        _refuse_foreign(owned.out, fmt, todo, owned)
     started = time.perf_counter()
     nbytes = 0
 
@@ -461,6 +490,7 @@ def convert(
     _claim(location, overwrite)
     lock = contextlib.nullcontext() if location.remote else _output_lock(out_dir)
     with lock, _out_of_space_is_resumable(location):
+        owned = Owned(location, owner_token(location))
         if location.exists(MANIFEST_NAME):
             previous = Manifest.load(location)
             same = previous.options == options and previous.source.get("url") == src_abs
@@ -474,7 +504,10 @@ def convert(
                 return ConvertResult(previous, out_dir, already_complete=True)
             # else inputs changed while it ran: rescan; shards whose inputs did not change are kept.
             # The manifest goes first: from the first rewritten shard on it would describe shards
-            # that are no longer there, and a kill then would leave it lying.
+            # that are no longer there, and a kill then would leave it lying. Its files are noted
+            # ours first: the manifest was their proof.
+            if not overwrite:
+                _adopt(owned, previous)
             location.remove(MANIFEST_NAME)
 
         if scanned is not None:
@@ -507,12 +540,12 @@ def convert(
         positions = shuffled_order(len(source.samples), seed) if shuffled else None
         specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes, min_shards,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}),
-                            positions)
+                            positions, owned.token)
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
-            results = _run(specs, workers, executor, bar)
+            results = _run(specs, workers, executor, bar, None if overwrite else owned)
 
         keep = {name for r in results for name in fmt.files_of(r.entry)}
-        _remove_stale(location, prefix, keep)
+        _remove_stale(location, prefix, keep, Owned(location, owned.token))  # read again: the writers added
         manifest = _build_manifest(src_abs, source, format, results, options, decode)
         if shuffled:  # before the manifest, which names it: a kill in between leaves no finished output
             manifest.order = _save_order(location, results)

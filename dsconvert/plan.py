@@ -46,12 +46,15 @@ class ShardSpec:
     # each sample's place in the source's order, when the output stores a shuffled order
     # (empty: the samples are in source order); recorded per written sample
     positions: Tuple[int, ...] = ()
+    # the output's owner token (dsconvert.io.owner): writers note each file they move in under
+    # it, so cleanup can prove what it wrote; empty: not noted. Not content: out of the digest
+    owner: str = ""
 
     def digest(self) -> str:
         d = asdict(self)
         if not d["positions"]:  # source order: left out, so earlier outputs still match
             d.pop("positions")
-        for volatile in ("out_dir", "strict", "storage_options"):  # where it goes, how errors end, how to
+        for volatile in ("out_dir", "strict", "storage_options", "owner"):  # where it goes, how errors end, how to
             d.pop(volatile)                                         # reach it: not content
         if d["source_kind"] == "files":  # left out where it has its old meaning: earlier outputs still match
             d.pop("source_kind")

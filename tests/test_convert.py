@@ -109,7 +109,7 @@ def test_changed_plan_without_manifest_removes_stale_shards(tmp_path, image_fold
     write(os.path.join(out, "notes.txt"), b"the user's own file stays")
     m = convert(image_folder, out, samples_per_shard=8, workers=1).manifest
     assert sorted(os.listdir(out)) == sorted(
-        [".dsconvert.lock", "notes.txt"] + m.own_files() + [n for s in m.shards for n in (s.name, s.index)])
+        [".dsconvert.lock", ".dsconvert.owner", "notes.txt"] + m.own_files() + [n for s in m.shards for n in (s.name, s.index)])
 
 
 def test_a_changed_source_file_is_rewritten_on_resume(tmp_path, image_folder, photos):
@@ -191,6 +191,8 @@ def test_strict_with_a_process_pool(tmp_path, image_folder):
 
 def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_path, image_folder, photos):
     from dsconvert.formats.wds import Wds
+    from dsconvert.io.location import Location
+    from dsconvert.io.owner import owner_token
     from dsconvert.plan import ShardSpec
     from dsconvert.source import scan
 
@@ -200,7 +202,9 @@ def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     (out / ".dsconvert.lock").touch()  # the folder is a dsconvert output, as a conversion's first step makes it
-    spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification", tuple(source.samples))
+    owner = owner_token(Location(str(out)))  # ... and its writers note what they write under its token
+    spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification", tuple(source.samples),
+                     owner=owner)
     result = Wds.write_shard(spec)
     assert result.entry.num_samples == 15
     assert [s.path for s in result.skipped] == [victim]

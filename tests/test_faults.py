@@ -20,8 +20,9 @@ from conftest import ROOT, encode, make_image_folder, write
 
 
 def outputs(folder):
-    """Every file of an output, by name (the lock file is not output)."""
-    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n != ".dsconvert.lock"}
+    """Every file of an output, by name (the lock and owner files are not output)."""
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))
+            if n not in (".dsconvert.lock", ".dsconvert.owner")}
 
 
 def wait_group_gone(pgid, timeout=10.0):

@@ -36,12 +36,13 @@ from ..codecs import decode_resized, field_kind, pixel_limit
 from ..errors import BadInputError, ManifestError
 from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
+from ..io.owner import note
 from ..keys import escape_path
 from ..manifest import Manifest, ShardEntry, expect, is_int, is_int_list, is_list_of_lists, is_str_list
 from ..plan import ShardResult, ShardSpec, read_samples
 from ..source import Sample, Skipped
 
-__all__ = ["Format", "Sink", "ShardReader", "ShardRecord", "Problem", "part_of", "part_problems",
+__all__ = ["Format", "Sink", "ShardReader", "ShardRecord", "Problem", "part_of", "part_problems", "write_owned",
            "pixels_for", "image_field", "manifest_image_field"]
 
 
@@ -94,10 +95,11 @@ class ShardRecord:
         d.update(extra)
         return cls(d)
 
-    def save(self, out: Location, name: str) -> Dict[str, Any]:
-        """Write the record as ``name``; return its {bytes, sha256} for the manifest."""
+    def save(self, out: Location, name: str, owner: str = "") -> Dict[str, Any]:
+        """Write the record as ``name`` (noted as ``owner``'s first); return its {bytes, sha256}
+        for the manifest."""
         data = json_bytes(self.d)
-        out.write_bytes(name, data)
+        write_owned(out, owner, name, data)
         return part_of(data)
 
     @classmethod
@@ -165,6 +167,13 @@ def _pairs_of_ints(stats: List[List[Any]]) -> bool:
     pairs = list(chain.from_iterable(stats))
     return (set(map(type, pairs)) <= {list} and set(map(len, pairs)) <= {2}
             and is_int_list(list(chain.from_iterable(pairs))))
+
+
+def write_owned(out: Location, owner: str, name: str, data: bytes) -> None:
+    """Write ``name`` whole, noted first as the output ``owner``'s (none when empty)."""
+    if owner:
+        note(out, owner, name, len(data), hashlib.sha256(data).hexdigest())
+    out.write_bytes(name, data)
 
 
 def part_problems(entry: ShardEntry, name: str, data: bytes) -> List[Problem]:
@@ -284,6 +293,11 @@ class Format:
         """Every file of a shard: the shard first, then its record and any others."""
         return [entry.name] + ([entry.index] if entry.index else [])
 
+    @classmethod
+    def planned_files(cls, shard_name: str) -> List[str]:
+        """Every file writing the shard ``shard_name`` makes (files_of, before it exists)."""
+        return cls.files_of(ShardEntry(shard_name, 0, 0, "", cls.index_name(shard_name)))
+
     # --- writing ------------------------------------------------------------------------
 
     @classmethod
@@ -341,11 +355,13 @@ class Format:
             f.flush()
             nbytes = os.fstat(f.fileno()).st_size  # a sink may write through the path (h5py)
             digest = sink.sha256 or file_sha256(f.name)
+            if spec.owner:  # before the move into place: a kill after it leaves a file we can prove ours
+                note(out, spec.owner, spec.name, nbytes, digest)
         if spec.positions:
             extra = dict(extra, positions=positions)
         record = ShardRecord.build(cls.id, spec, keys, labels if classification else None, sources, stats,
                                    nbytes, digest, skipped, fields, extra)
-        index_part = record.save(out, cls.index_name(spec.name))
+        index_part = record.save(out, cls.index_name(spec.name), spec.owner)
         return record.result(cls.index_name(spec.name), index_part)
 
     @classmethod

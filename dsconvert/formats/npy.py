@@ -40,7 +40,8 @@ from ..io.location import Location
 from ..manifest import Manifest, ShardEntry
 from ..plan import ShardSpec
 from ..source import Sample
-from .base import Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, part_of, pixels_for
+from .base import (Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, part_of,
+                   pixels_for, write_owned)
 
 __all__ = ["Npy", "FORMAT", "SAMPLE_DTYPE", "load_rows", "rows_problem", "pixels_extent", "open_pixels"]
 
@@ -85,7 +86,8 @@ class _PixelSink(Sink):
         rows_name = Npy.rows_name(self.spec.name)
         table = io.BytesIO()
         np.save(table, np.array(self.rows, dtype=SAMPLE_DTYPE))
-        Location(self.spec.out_dir, self.spec.storage_options).write_bytes(rows_name, table.getvalue())
+        write_owned(Location(self.spec.out_dir, self.spec.storage_options), self.spec.owner, rows_name,
+                    table.getvalue())
         return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest(),
                 "parts": {rows_name: part_of(table.getvalue())}}
 
