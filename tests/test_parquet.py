@@ -115,6 +115,37 @@ def test_looks_like_parquet(tmp_path, labelled):
     assert not looks_like_parquet(str(tmp_path / "f" / ".hidden"))
 
 
+def _not_regular(path: str, kind: str) -> None:
+    if kind == "dev-zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "broken-link":
+        os.symlink(path + ".gone", path)
+    else:
+        os.symlink("/dev/null", path)
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "broken-link", "dev-null"])
+def test_a_non_regular_file_named_parquet_changes_nothing(tmp_path, labelled, kind):
+    """A device, FIFO or broken link named ``b.parquet`` beside ``a.parquet`` is left out with
+    its reason: the folder is still Parquet, converts, and nothing blocks; alone it is no source."""
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(open(labelled, "rb").read())
+    _not_regular(str(folder / "b.parquet"), kind)
+    assert looks_like_parquet(str(folder))
+    source = dsconvert.source.scan(str(folder))
+    assert source.kind == "parquet" and len(source.samples) == 7
+    assert [(s.path, s.reason.startswith("not a regular file")) for s in source.ignored] == [("b.parquet", True)]
+    m = dsconvert.convert(str(folder), str(tmp_path / "out"), workers=1).manifest
+    assert m.num_samples == 7 and m.accounting["files_ignored"] == 1
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    _not_regular(str(alone / "b.parquet"), kind)
+    assert not looks_like_parquet(str(alone))
+
+
 # --- scanning -------------------------------------------------------------------------------
 
 

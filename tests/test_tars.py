@@ -554,3 +554,100 @@ def test_a_shard_changed_after_its_manifest_is_not_converted_again(image_folder,
     again = convert(str(out), str(tmp_path / "again"), "wds", workers=1).manifest
     assert again.num_samples == m.num_samples - m.shards[0].num_samples
     assert all("differs from its manifest" in s["reason"] for s in again.skipped) and len(again.skipped) == 8
+
+
+# --- issue 33: an index is checked at every read after open, and bounded before it is read ------
+
+def _resealed(d):
+    """An index rewritten whole, its own digest made to match: only the digest taken at open tells."""
+    from dsconvert.io.location import json_bytes
+    from dsconvert.source.tars import _digest
+
+    d.pop("index_sha256", None)
+    return json_bytes({**d, "index_sha256": _digest(d)})
+
+
+def _tamper(path, how):
+    d = json.loads(open(path, "rb").read())
+    if how == "labels-swapped":
+        d["label_values"] = {k: v[1:] + v[:1] for k, v in d["label_values"].items()}
+        d["keys"] = d["keys"][1:] + d["keys"][:1]
+        data = _resealed(d)
+    elif how == "offsets-moved":  # the image column points at the caption members, or at header bytes
+        d["members"]["jpg"]["offset"] = [o - 512 for o in d["members"]["jpg"]["offset"]]
+        data = _resealed(d)
+    elif how == "empty-object":
+        data = b"{}"
+    elif how == "garbage":
+        data = b"\x00\xffnot json"
+    elif how == "other-index":
+        data = open(path.replace("000001", "000000"), "rb").read()
+    else:
+        os.remove(path)
+        if how == "folder":
+            os.mkdir(path)
+        elif how == "dev-zero":
+            os.symlink("/dev/zero", path)
+        elif how == "fifo":
+            os.mkfifo(path)
+        elif how == "sparse":
+            with open(path, "wb") as f:
+                f.truncate(3 << 30)
+        return
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+TAMPERING = ["labels-swapped", "offsets-moved", "empty-object", "garbage", "other-index", "deleted", "folder",
+             "dev-zero", "fifo", "sparse"]
+
+
+@pytest.mark.parametrize("label", [None, "cls"])
+@pytest.mark.parametrize("how", TAMPERING)
+def test_an_index_changed_after_open_is_never_trusted(shardwriter_tars, how, label):
+    """Every later read of a saved index checks the digest taken when the tars were opened:
+    a change of any kind is one ManifestError naming the index, never other samples."""
+    from dsconvert import ManifestError
+
+    ds = open_dataset(shardwriter_tars, label=label, decode="raw")
+    path = os.path.join(shardwriter_tars, INDEX_FOLDER, "train-000001.tar.json")
+    _tamper(path, how)
+    with pytest.raises(ManifestError) as err:
+        list(ds)
+    message = str(err.value)
+    assert "\n" not in message and "train-000001.tar.json" in message and "open the dataset again" in message
+    # opened again, the tars are read as they are (indexed again where the index is not trusted)
+    assert len(list(open_dataset(shardwriter_tars, label=label, decode="raw"))) == 60
+
+
+@pytest.mark.parametrize("how", ["folder", "sparse", "dev-zero", "fifo"])
+def test_an_index_path_that_is_not_a_small_regular_file_never_blocks_reading(shardwriter_tars, how):
+    """Before open: a folder, a sparse file of gigabytes, a device or a FIFO where an index goes
+    is not read (its size is checked first) and does not stop the tars from being read."""
+    import tracemalloc
+
+    open_dataset(shardwriter_tars)
+    path = os.path.join(shardwriter_tars, INDEX_FOLDER, "train-000001.tar.json")
+    _tamper(path, how)
+    tracemalloc.start()
+    try:
+        got = [dict(s) for s in open_dataset(shardwriter_tars, decode="raw")]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == webdataset_samples(shardwriter_tars)
+    assert peak < 64 << 20  # the 3 GiB file was not read
+    assert len(open_dataset(shardwriter_tars, label="cls")) == 60  # and again, still there
+
+
+def test_a_broken_symlink_among_the_tars_is_a_counted_skip(shardwriter_tars):
+    os.symlink(os.path.join(shardwriter_tars, "gone.tar"), os.path.join(shardwriter_tars, "train-000003.tar"))
+    os.mkfifo(os.path.join(shardwriter_tars, "train-000004.tar"))
+    with pytest.warns(UserWarning, match="2 sample.s. or member.s. not read.*train-000003.tar: a broken symlink"):
+        ds = open_dataset(shardwriter_tars, decode="raw")
+    assert len(ds) == 60
+    reasons = {s["path"]: s["reason"] for s in ds.manifest.skipped}
+    assert reasons["train-000003.tar"].startswith("a broken symlink")
+    assert reasons["train-000004.tar"] == "not a regular file"
+    source = scan(shardwriter_tars)  # as a conversion source too
+    assert {s.path for s in source.skipped} >= {"train-000003.tar", "train-000004.tar"}

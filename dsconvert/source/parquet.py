@@ -73,9 +73,19 @@ def _entries(location: Location) -> List[Tuple[str, str, Dict[str, Any]]]:
     return sorted(out, key=lambda x: x[0])
 
 
+NOT_REGULAR = "not a regular file (a device, FIFO, socket or broken link): not read"
+
+
+def _not_regular(kind: str) -> bool:
+    """A listing entry that is neither a file nor a folder (fsspec's ``other``: a FIFO, a
+    device, ``/dev/zero`` behind a link): never read, and no say in what the folder is."""
+    return kind not in ("file", "directory")
+
+
 def looks_like_parquet(src: str, storage_options: Optional[Dict[str, Any]] = None) -> bool:
     """Whether ``src`` is a ``.parquet`` file, or a folder whose non-hidden entries are all
-    ``.parquet`` files (at least one). Lists only; False on any error."""
+    ``.parquet`` files (at least one; entries that are not regular files or folders are left
+    out). Lists only; False on any error."""
     if "{" in src and ".." in src:
         return False
     try:
@@ -86,7 +96,7 @@ def looks_like_parquet(src: str, storage_options: Optional[Dict[str, Any]] = Non
         entries = _entries(location)
     except Exception:  # an unreachable store, a bad URL: not Parquet, and scan() says why
         return False
-    names = [(n, t) for n, t, _ in entries if not is_ignored(n)]
+    names = [(n, t) for n, t, _ in entries if not is_ignored(n) and not _not_regular(t)]
     return bool(names) and all(t == "file" and n.lower().endswith(SUFFIX) for n, t in names)
 
 
@@ -280,7 +290,7 @@ def parquet_source(src: str, label: Optional[str] = None,
             if t == "file" and n.lower().endswith(SUFFIX):
                 listed.append((n, e))
             else:
-                ignored.append(Skipped(escape_path(n), "not a .parquet file"))
+                ignored.append(Skipped(escape_path(n), NOT_REGULAR if _not_regular(t) else "not a .parquet file"))
     if not listed:
         raise SourceError(f"no .parquet files in {escape_path(src)}", src)
 

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tarfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,10 @@ __all__ = ["TarShards", "TarAccess", "list_tars", "looks_like_tars", "tar_source
 INDEX_FOLDER = ".dsconvert-index"
 INDEX_SCHEMA = 2  # 2: the index's own sha256
 LABEL_MEMBER_BYTES = 1 << 16  # a label member larger than this is not a label
+# a saved index is at most this many bytes per byte of its tar, and a base: every member takes
+# 512 bytes of header in the tar and far fewer in the index (a larger file is not read: indexed again)
+INDEX_BYTES_PER_TAR_BYTE = 64
+INDEX_BASE_BYTES = 1 << 20
 _SAFE_TAR = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
@@ -351,6 +356,9 @@ class TarShards:
         self.label = parse_label(label)
         self.index_dir = index_dir or self._index_dir()
         infos = self._infos()
+        # each index's {bytes, sha256} as validated here, so that a later read can check it is the same
+        self.parts: Dict[str, Dict[str, Any]] = {}
+        self.unsaved: Dict[str, bytes] = {}  # indexes that could not be saved (a read-only cache, a folder there)
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.names) or 1))) as pool:
             results = list(pool.map(lambda n: self._index(n, infos[n]), self.names))
         self.records: Dict[str, Dict[str, Any]] = {}
@@ -375,26 +383,43 @@ class TarShards:
         return _default_index_dir(self.location.url)
 
     def _infos(self) -> Dict[str, Dict[str, Any]]:
+        """Each tar's size, mtime and type; a tar that cannot be looked at (a dangling link,
+        one removed since the listing) is ``{"type": "error", "reason"}``: skipped, counted."""
         fs, base = self.location.fs, self.location.path()
+        out: Dict[str, Dict[str, Any]] = {}
         if self.location.remote:
             listed = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e for e in fs.ls(base, detail=True)}
-            return {n: listed.get(n) or fs.info(f"{base}/{n}") for n in self.names}
-        out = {}
+            for n in self.names:
+                try:
+                    out[n] = listed.get(n) or fs.info(f"{base}/{n}")
+                except OSError as exc:
+                    out[n] = {"type": "error", "reason": f"unreadable: {exc.strerror or exc}"}
+            return out
         for n in self.names:
-            st = os.stat(os.path.join(base, n))
-            out[n] = {"size": st.st_size, "mtime": st.st_mtime_ns, "type": "file"}
+            try:
+                st = os.stat(os.path.join(base, n))
+            except OSError as exc:  # a dangling symlink: ENOENT
+                why = "a broken symlink" if os.path.islink(os.path.join(base, n)) else "unreadable"
+                out[n] = {"type": "error", "reason": f"{why}: {exc.strerror or exc}"}
+                continue
+            kind = "file" if stat.S_ISREG(st.st_mode) else "other"  # a FIFO, a device: skipped, never opened
+            out[n] = {"size": st.st_size, "mtime": st.st_mtime_ns, "type": kind}
         return out
 
     def index_path(self, name: str) -> str:
         return os.path.join(self.index_dir, name + ".json")
 
     def _index(self, name: str, info: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        if info.get("type") == "error":
+            return None, info["reason"]
         if info.get("type", "file") != "file":
             return None, "not a regular file"
         identity = _identity(info)
-        saved = self._load(name, identity)
-        if saved is not None and (self.label is None or self.label_spec in saved["label_values"]):
-            return saved, None
+        loaded = self._load(name, identity)
+        saved = loaded[0] if loaded is not None else None
+        if loaded is not None and (self.label is None or self.label_spec in loaded[0]["label_values"]):
+            self.parts[name] = _part(loaded[1])
+            return loaded[0], None
         try:
             if self.location.remote:
                 f = self.location.fs.open(self.location.path(name), "rb", block_size=4 << 20,
@@ -413,22 +438,27 @@ class TarShards:
             known[self.label_spec] = values
         record.update({"bytes": identity["size"], "sha256": _sha_of(identity), "tar": identity,
                        "index_schema": INDEX_SCHEMA, "label_values": dict(sorted(known.items()))})
+        data = json_bytes({**record, "index_sha256": _digest(record)})
+        self.parts[name] = _part(data)
         try:
             os.makedirs(self.index_dir, exist_ok=True)
             with atomic_write(self.index_path(name)) as out:
-                out.write(json_bytes({**record, "index_sha256": _digest(record)}))
-        except OSError:
-            pass  # a read-only cache: the index is rebuilt next time
+                out.write(data)
+        except OSError:  # a read-only cache, a folder where the index goes: rebuilt next time, kept in memory now
+            self.unsaved[name] = data
         return record, None
 
-    def _load(self, name: str, identity: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    def _load(self, name: str, identity: Dict[str, Any]) -> Optional[Tuple[Dict[str, Any], bytes]]:
         """A saved index of this very tar (same identity and schema), every column a reader
-        uses checked; None when there is none (or it is not trustworthy)."""
+        uses checked, and its bytes; None when there is none (or it is not trustworthy). A file
+        larger than such a tar's index can be is not read (a sparse file of gigabytes, say)."""
         from ..formats.wds import Wds
 
         try:
             with open_regular(self.index_path(name)) as f:
-                data = f.read()
+                data = read_bounded(f, index_bound(identity["size"]))
+            if data is None:
+                return None
             record = Wds.load_record(self.index_path(name), data).d
         except (OSError, ManifestError):
             return None
@@ -446,7 +476,7 @@ class TarShards:
         for col in record["members"].values():  # every member inside the tar, or indexed again
             if any(o >= 0 and (o + n > identity["size"] or n < 0) for o, n in zip(col["offset"], col["size"])):
                 return None
-        return record
+        return record, data
 
     def labels_of(self, name: str) -> List[Any]:
         """The label values of a tar's samples, for this object's ``label``."""
@@ -458,6 +488,25 @@ class TarShards:
             return None
         names = sorted({v for n in self.names for v in self.labels_of(n) if isinstance(v, str)})
         return names or None
+
+
+def _part(data: bytes) -> Dict[str, Any]:
+    """A file's {bytes, sha256}, as a manifest's ``parts`` lists it."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def index_bound(tar_bytes: int) -> int:
+    """The most bytes a saved index of a tar of ``tar_bytes`` is read up to."""
+    return INDEX_BASE_BYTES + INDEX_BYTES_PER_TAR_BYTE * tar_bytes
+
+
+def read_bounded(f: Any, limit: int) -> Optional[bytes]:
+    """All of a regular file ``f`` if it holds at most ``limit`` bytes (its size checked
+    before reading, and no more than that read however it grows), else None."""
+    if os.fstat(f.fileno()).st_size > limit:
+        return None
+    data = f.read(limit + 1)
+    return data if len(data) <= limit else None
 
 
 def _is_label_value(value: Any) -> bool:
@@ -637,17 +686,33 @@ class TarAccess(ShardAccess):
 
     def __init__(self, root: str, storage_options: Optional[Dict[str, Any]], cache_dir: Optional[str],
                  cache_size: Any, index_dir: str, label: Optional[str], classes: Optional[List[str]],
-                 keep: Dict[str, List[int]]):
+                 keep: Dict[str, List[int]], unsaved: Optional[Dict[str, bytes]] = None):
         super().__init__(root, storage_options, cache_dir, cache_size)
         self.index_dir = index_dir
         self.label = label
         self.classes = classes
         self.keep = keep  # per tar, the samples read (those with a label and an image, for ``label``)
+        self.unsaved = dict(unsaved or {})  # by index name: indexes open_tars could not save
 
     def file_bytes(self, name: str, part: Optional[Dict[str, Any]] = None, refresh: bool = False) -> bytes:
+        """The index of tar ``name[:-5]`` as open_tars validated it: ``part`` (the manifest's
+        {bytes, sha256} of it, taken at open) checked at every read, since the file may have
+        been rewritten, emptied or removed since."""
         tar = name[: -len(".json")]
-        with open_regular(os.path.join(self.index_dir, check_name(name, self.index_dir))) as f:
-            data = f.read()
+        path = os.path.join(self.index_dir, check_name(name, self.index_dir))
+        if part is None:
+            raise ManifestError(f"{path}: no digest of the index of {tar} was taken when the tars were opened", path)
+        data = self.unsaved.get(name)
+        if data is None:
+            try:
+                with open_regular(path) as f:
+                    data = read_bounded(f, int(part["bytes"]))
+            except OSError as exc:
+                raise ManifestError(f"{path}: the index of {tar} is unreadable since the dataset was opened "
+                                    f"({exc.strerror or exc}); open the dataset again", path) from None
+        if data is None or _part(data) != {"bytes": part["bytes"], "sha256": part["sha256"]}:
+            raise ManifestError(f"{path}: the index of {tar} changed since the dataset was opened (another "
+                                "--label, or edited); open the dataset again", path)
         if self.label is None:
             return data
         d = json.loads(data)
@@ -700,7 +765,8 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
                           and any(c["offset"][j] >= 0 for c in images.values())]
             left_out += record["num_samples"] - len(keep[name])
             fields.update({f: "image" for f in images})
-        entries.append(ShardEntry(name, len(keep[name]), record["bytes"], record["sha256"], name + ".json"))
+        entries.append(ShardEntry(name, len(keep[name]), record["bytes"], record["sha256"], name + ".json",
+                                  {name + ".json": shards.parts[name]}))
         skipped += [Skipped(s["path"], s["reason"]) for s in record["skipped"]]
     if not entries:
         raise SourceError(f"no readable .tar shards in {path}" + (f" ({skipped[0].path}: {skipped[0].reason})"
@@ -715,5 +781,6 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
                         sample_type="classification" if label is not None else "dict", classes=classes,
                         fields=dict(sorted(fields.items())), num_samples=sum(e.num_samples for e in entries),
                         shards=entries, skipped=[{"path": s.path, "reason": s.reason} for s in skipped])
-    access = TarAccess(location.url, storage_options, cache_dir, cache_size, shards.index_dir, label, classes, keep)
+    access = TarAccess(location.url, storage_options, cache_dir, cache_size, shards.index_dir, label, classes, keep,
+                       {n + ".json": data for n, data in shards.unsaved.items() if n in keep})
     return manifest, access
