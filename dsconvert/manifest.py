@@ -39,6 +39,7 @@ Paths in ``skipped``/``ignored`` are relative to the source root, escaped with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -88,6 +89,13 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     # shuffled outputs: {"name", "bytes", "sha256"} of the order file (module doc); None: source order
     order: Optional[Dict[str, Any]] = None
+
+    def identity(self) -> str:
+        """A short digest of what the dataset holds (each shard's sha256 and sample count, the
+        order file's): reading states carry it, so a state of another dataset is refused."""
+        content = [[s.sha256, s.num_samples] for s in self.shards]
+        blob = json.dumps([content, self.num_samples, (self.order or {}).get("sha256")]).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
 
     def own_files(self) -> List[str]:
         """The output's files besides its shards' (format.files_of): the manifest, the order file."""

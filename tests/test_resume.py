@@ -159,7 +159,7 @@ def test_an_elastic_resume_in_the_trainer_process(outputs, even):
             ds.set_epoch(2)
             if seen is not None:
                 ds.load_state_dict({"epoch": 2, "samples_seen": seen})
-                assert ds.state_dict() == {"epoch": 2, "samples_seen": seen}
+                assert ds.state_dict() == {"epoch": 2, "samples_seen": seen, "dataset": ds.manifest.identity()}
             keys = _keys(DataLoader(ds, batch_size=B))
             got.append(keys if steps is None else keys[: steps * B])
             if seen is not None:
@@ -221,18 +221,78 @@ def test_a_malformed_state_is_refused_in_one_line(outputs, state):
             ResumableSampler(10, rank=0, world_size=1).load_state_dict(state)
 
 
-def test_a_position_past_the_end_is_an_empty_rest_of_the_epoch(outputs):
+def test_the_end_of_the_epoch_is_an_empty_rest_and_past_it_is_refused(outputs):
     from dsconvert import open_dataset
     from dsconvert.data import ResumableSampler
 
     ds = open_dataset(outputs["wds"], decode="raw", even="pad", world_size=3, rank=2)
-    ds.load_state_dict({"epoch": 0, "samples_seen": 10 ** 12})
+    ds.load_state_dict({"epoch": 0, "samples_seen": N + 1})  # 50 samples padded to 51 over 3 ranks
     assert len(ds) == 0 and list(ds) == [] and len(list(ds)) == len(ds) > 0
-    ds.load_state_dict({"epoch": 0, "samples_seen": 0, "worker": [2, 3, 0, 1, 1], "yielded": 10 ** 12})
+    ds.load_state_dict({"epoch": 0, "samples_seen": 0, "worker": [2, 3, 0, 1, 1], "yielded": N})
     assert list(ds) == []
     sampler = ResumableSampler(N, rank=1, world_size=2, even="pad")
-    sampler.load_state_dict({"epoch": 0, "samples_seen": 10 ** 12})
+    sampler.load_state_dict({"epoch": 0, "samples_seen": N})
     assert len(sampler) == 0 and list(sampler) == [] and len(list(sampler)) == 25
+    # padded, a job on more ranks deals more than N (up to 2N is taken); past that, refused
+    ds.load_state_dict({"epoch": 0, "samples_seen": N + 2})
+    for state in ({"epoch": 0, "samples_seen": 10 ** 12}, {"epoch": 0, "samples_seen": 2 * N + 1},
+                  {"epoch": 0, "samples_seen": 0, "worker": [2, 3, 0, 1, 1], "yielded": 10 ** 12}):
+        with pytest.raises(ValueError, match="beyond the epoch") as err:
+            ds.load_state_dict(state)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="beyond the epoch"):
+        sampler.load_state_dict({"epoch": 0, "samples_seen": 2 * N + 1})
+    with pytest.raises(ValueError, match="beyond the epoch"):
+        ResumableSampler(N, rank=1, world_size=2, even=None).load_state_dict({"epoch": 0, "samples_seen": N + 1})
+
+
+@pytest.mark.parametrize("even", ["pad", "drop", None])
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_state_of_another_dataset_or_past_the_epoch_is_refused(outputs, tmp_path, photos, even, world):
+    """States carry their dataset's identity: one saved from another output (another format,
+    or the same source converted with other shards) is refused in one line, by the stream and
+    by the sampler; one without it (older versions) is taken; none passes the epoch's end."""
+    from dsconvert import open_dataset
+    from dsconvert.data import ResumableSampler
+
+    other_src = str(tmp_path / "src")
+    make_image_folder(other_src, photos, {"a": 27, "b": 23}, size=(24, 16))
+    other = str(tmp_path / "other")
+    convert(other_src, other, samples_per_shard=10, workers=1)  # the same samples, other shards
+    paths = [outputs["wds"], outputs["hdf5"], outputs["npy"], other]
+
+    def readers(path):  # wds outputs stream; every local output is map-style, read through the sampler
+        mapped = open_dataset(path, decode="numpy", stream=False)
+        got = [ResumableSampler(mapped, rank=0, world_size=world, even=even)]
+        if path in (outputs["wds"], other):
+            got.append(open_dataset(path, decode="raw", stream=True, even=even, world_size=world, rank=0))
+        return got
+
+    states = {}
+    for path in paths:
+        for r in readers(path):
+            r.load_state_dict({"epoch": 1, "samples_seen": 7})  # no identity: taken
+            states.setdefault(path, []).append(r.state_dict())
+            assert r.state_dict()["samples_seen"] == 7 and isinstance(r.state_dict()["dataset"], str)
+    stream = open_dataset(outputs["wds"], decode="raw", stream=True, shuffle=True, seed=4)
+    for _ in stream:
+        break
+    states[outputs["wds"]].append(stream.state_dict())  # a worker's place, mid-epoch
+    for path in paths:
+        for r in readers(path):
+            for source, saved in states.items():
+                for state in saved:
+                    if source == path:
+                        if "worker" not in state:
+                            r.load_state_dict(state)
+                        continue
+                    with pytest.raises(ValueError, match="another dataset") as err:
+                        r.load_state_dict(state)
+                    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+            for seen in ((2 * N + world if even == "pad" else N + world), 2 * N + 100, 10 ** 15):
+                with pytest.raises(ValueError, match="beyond the epoch"):
+                    r.load_state_dict({"epoch": 0, "samples_seen": seen})
+            r.load_state_dict({"epoch": 0, "samples_seen": N})  # the end: an empty rest
 
 
 def test_a_worker_state_from_another_topology_says_how_to_resume(outputs):

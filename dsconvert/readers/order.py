@@ -25,7 +25,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["EVEN_MODES", "remaining", "Deal", "GlobalOrder", "epoch_order", "seeded_rng", "parse_position", "worker_place"]
+__all__ = ["EVEN_MODES", "remaining", "Deal", "GlobalOrder", "epoch_order", "seeded_rng", "parse_position",
+           "check_state", "worker_place"]
 
 EVEN_MODES = (None, "pad", "drop")
 _LIMIT = 1 << 62  # positions and epochs are stored as int64 (shared with workers)
@@ -41,6 +42,28 @@ def parse_position(state: Any) -> Tuple[int, int]:
                          f"{reprlib.repr(seen)}")
     return epoch, seen
 
+
+def check_state(state: Any, identity: Optional[str], total: int, ranks: int, even: Optional[str]) -> Tuple[int, int]:
+    """(epoch, samples_seen) of a reading state for the dataset ``identity`` (a
+    :meth:`Manifest.identity`; None: unknown) of ``total`` samples, refused in one line when it
+    names another dataset or counts more samples than an epoch can deal (``total``; with
+    ``even="pad"`` up to twice that, or the padding for ``ranks``: a job on more ranks pads
+    more): it cannot be a state of this one. A state without ``dataset`` (an older version's,
+    or one written by hand) is taken."""
+    epoch, seen = parse_position(state)
+    theirs = state.get("dataset")
+    if theirs is not None and (not isinstance(theirs, str) or len(theirs) > 64):
+        raise ValueError(f"a reading state's 'dataset' is a short digest string, not {reprlib.repr(theirs)}")
+    if theirs is not None and identity is not None and theirs != identity:
+        raise ValueError(f"this reading state was saved from another dataset ({theirs}; this one is {identity}): "
+                         "load it into the dataset it came from")
+    most = max(total, remaining(total, 0, ranks, even), 2 * total if even == "pad" else 0)
+    yielded = state.get("yielded")
+    for name, value in (("samples_seen", seen), ("yielded", yielded)):
+        if type(value) is int and value > most:
+            raise ValueError(f"{name} {value} is beyond the epoch, which deals {most} samples here: "
+                             "not a state of this dataset")
+    return epoch, seen
 
 def worker_place(state: Dict[str, Any]) -> Tuple[list, int]:
     """(worker: [rank, world, worker id, workers, chunk], samples it yielded) of a worker's state."""

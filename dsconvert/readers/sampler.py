@@ -16,10 +16,12 @@ from typing import Any, Dict, Iterator, Optional, Sized, Union
 import numpy as np
 
 from ..distributed import world_info
+from ..manifest import Manifest
 from .base import _torch_data
-from .order import Deal, parse_position, remaining, seeded_rng
+from .order import Deal, check_state, remaining, seeded_rng
 
 __all__ = ["ResumableSampler"]
+
 
 _Sampler: Any = _torch_data.Sampler if _torch_data is not None else object
 
@@ -35,6 +37,8 @@ class ResumableSampler(_Sampler):
     def __init__(self, data: Union[Sized, int], shuffle: bool = True, seed: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None, even: Optional[str] = "pad"):
         self.n = data if isinstance(data, int) else len(data)
+        manifest = getattr(data, "manifest", None)  # open_dataset's: states name their dataset
+        self.identity: Optional[str] = manifest.identity() if isinstance(manifest, Manifest) else None
         self.shuffle = shuffle
         self.seed = seed
         self.rank, self.world_size = world_info(rank, world_size)
@@ -76,18 +80,21 @@ class ResumableSampler(_Sampler):
             yield i
 
     def state_dict(self) -> Dict[str, Any]:
-        """``{"epoch", "samples_seen"}``: samples the whole job has drawn, assuming every rank
+        """``{"epoch", "samples_seen"}`` (and ``dataset``, its identity, over open_dataset's
+        datasets): samples the whole job has drawn, assuming every rank
         drew as many as this one (DDP's lock step). A DataLoader with workers draws ahead of
         what the model consumed, so for an elastic resume take samples_seen from the training
         loop; torchdata's StatefulDataLoader snapshots this at the right moment by itself."""
+        ours = {"dataset": self.identity} if self.identity is not None else {}
         if self._pending is not None:
-            return {"epoch": self.epoch, "samples_seen": self._pending}
-        return {"epoch": self.epoch, "samples_seen": min(self.n, self._start + self._yielded * self.world_size)}
+            return {"epoch": self.epoch, "samples_seen": self._pending, **ours}
+        return {"epoch": self.epoch, "samples_seen": min(self.n, self._start + self._yielded * self.world_size), **ours}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next iteration continues epoch ``state["epoch"]`` after its first
-        ``state["samples_seen"]`` positions, dealt over this sampler's ranks."""
-        epoch, seen = parse_position(state)
+        ``state["samples_seen"]`` positions, dealt over this sampler's ranks. A state of another
+        dataset, or past the epoch's end, is refused (:func:`check_state`)."""
+        epoch, seen = check_state(state, self.identity, self.n, self.world_size, self.even)
         self.epoch = epoch
         self._pending = seen
         self._iterated = False

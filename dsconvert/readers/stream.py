@@ -30,7 +30,7 @@ from ..manifest import Manifest
 from ..processes import settle_worker
 from .base import ShardDataset, TorchIterableDataset, collate
 from .epoch import SharedEpoch
-from .order import Deal, GlobalOrder, epoch_order, parse_position, remaining, worker_place
+from .order import Deal, GlobalOrder, check_state, epoch_order, remaining, worker_place
 
 __all__ = ["StreamDataset"]
 
@@ -95,6 +95,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         self._resume: Optional[Dict[str, Any]] = None  # a worker's own saved place (StatefulDataLoader)
         self._state: Optional[Dict[str, Any]] = None  # the running iteration's place
         self._yielded = 0  # samples it has produced (in batches or one by one)
+        self._identity: Optional[str] = None  # the manifest's identity, taken once (states carry it)
 
     @property
     def epoch(self) -> int:
@@ -118,11 +119,13 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         which :meth:`load_state_dict` restores exactly in a loader of the same shape. A process
         that has not iterated (the trainer's, when workers read) cannot see the workers'
         progress: it returns where its next iteration starts, ``{"epoch", "samples_seen"}``;
-        save the StatefulDataLoader's state, or count samples in the training loop."""
+        save the StatefulDataLoader's state, or count samples in the training loop. Every state
+        names its dataset (``dataset``: :meth:`Manifest.identity`)."""
         if self._state is None:
             pending = self._epoch.pending()
-            return {"epoch": self.epoch, "samples_seen": pending or 0}
-        return dict(self._state, yielded=self._yielded)  # samples, whether items are samples or batches
+            return {"epoch": self.epoch, "samples_seen": pending or 0, "dataset": self.identity}
+        # samples, whether items are samples or batches
+        return dict(self._state, yielded=self._yielded, dataset=self.identity)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue an epoch. ``{"epoch": e, "samples_seen": n}``, n the number of samples the
@@ -130,14 +133,23 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         samples after the first n of the epoch's global order over this job's ranks and workers,
         whatever their number (exact when the consumed ones were a prefix: see
         :mod:`dsconvert.readers.order`). A state from :meth:`state_dict` inside a worker
-        (with ``worker`` and ``yielded``) resumes that worker where it stopped."""
-        epoch, seen = parse_position(state)
+        (with ``worker`` and ``yielded``) resumes that worker where it stopped. A state naming
+        another dataset (``dataset``), or past the epoch's end, is refused in one line."""
+        epoch, seen = check_state(state, self.identity, self.manifest.num_samples,
+                                  world_info(self.rank, self.world_size)[1], self.even)
         if "worker" in state or "yielded" in state:
             where, yielded = worker_place(state)
             self._resume = {"epoch": epoch, "samples_seen": seen, "worker": where, "yielded": yielded}
         else:
             self._resume = None
             self._epoch.resume(epoch, seen)
+
+    @property
+    def identity(self) -> str:
+        """The dataset's identity (:meth:`Manifest.identity`), which its states carry."""
+        if self._identity is None:
+            self._identity = self.manifest.identity()
+        return self._identity
 
     # --- the epoch's order and this worker's part of it ----------------------------------
 
