@@ -41,23 +41,28 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _gloo_ranks(tmp_path, script_text, args, world=2, timeout=180):
+    """Run ``script_text`` as ``world`` gloo ranks on 127.0.0.1 (``args(result_path)``: its
+    arguments); the JSON each rank wrote, by rank."""
+    script = tmp_path / "rank.py"
+    script.write_text(script_text)
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, str(script), *args(str(tmp_path / f"r{rank}.json"))], env=env))
+    for p in procs:
+        assert p.wait(timeout=timeout) == 0
+    return [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(world)]
+
+
 @pytest.mark.parametrize("even, context", [("", "fork"), ("drop", "spawn")])
 def test_ranks_from_torch_distributed_read_exactly_once(tmp_path, photos, even, context):
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"a": 11, "b": 10}, size=(24, 16))
     out = str(tmp_path / "out")
     convert(src, out, samples_per_shard=4, workers=1)  # 21 samples, 6 shards
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    port = str(_free_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, str(script), out, str(tmp_path / f"r{rank}.json"), even, context],
-                                      env=env))
-    for p in procs:
-        assert p.wait(timeout=120) == 0
-    results = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    results = _gloo_ranks(tmp_path, RANK_SCRIPT, lambda result: [out, result, even, context])
     everything = sorted(hashlib.sha1(open(os.path.join(d, f), "rb").read()).hexdigest()
                         for d, _, fs in os.walk(src) for f in fs)
     got = sorted(d for r in results for d in r["digests"])
@@ -138,17 +143,7 @@ def test_distributed_sampler_over_gloo_ranks_gives_imagefolders_batches(tmp_path
     make_image_folder(src, photos, {"a": 11, "b": 10}, size=(24, 16))
     out = str(tmp_path / "out")
     convert(src, out, samples_per_shard=4, workers=1)  # 21 samples: ranks of 11 and 10 unless padded
-    script = tmp_path / "dropin.py"
-    script.write_text(DROPIN_SCRIPT)
-    port = str(_free_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, str(script), src, out, str(tmp_path / f"r{rank}.json")],
-                                      env=env))
-    for p in procs:
-        assert p.wait(timeout=180) == 0
-    results = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    results = _gloo_ranks(tmp_path, DROPIN_SCRIPT, lambda result: [src, out, result])
     for r in results:
         assert r["ours"] == r["imagefolder"] and len(r["ours"]) == 3  # 11 samples a rank (padded): 4, 4, 3
         # the stream: every rank as many steps (unpadded, batches of 5 dealt whole would give the
