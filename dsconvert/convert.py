@@ -167,10 +167,14 @@ def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, s
                 storage_options: Dict[str, Any], positions: Optional[List[int]] = None,
                 owner: str = "") -> List[ShardSpec]:
     """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels);
-    ``positions``: the samples' stored order, as source positions (None: the source's)."""
+    ``positions``: the samples' stored order, as source positions (None: the source's), each
+    then recorded as the sample's place in the original order (``source.positions`` maps it
+    further, for a source that is itself a shuffled output)."""
     sample_type = source.sample_type
     classification = sample_type == "classification"
     samples = source.samples if positions is None else [source.samples[p] for p in positions]
+    if source.positions is not None:  # the original order's places, carried through
+        positions = [source.positions[p] for p in positions] if positions is not None else list(source.positions)
     ranges = spread_plan(samples, samples_per_shard, max(1, shard_bytes - fmt.overhead), min_shards,
                          size_of=lambda s: int(fmt.sample_bytes(s, classification) * bytes_ratio))
     return [
@@ -547,7 +551,8 @@ def convert(
         keep = {name for r in results for name in fmt.files_of(r.entry)}
         _remove_stale(location, prefix, keep, Owned(location, owned.token))  # read again: the writers added
         manifest = _build_manifest(src_abs, source, format, results, options, decode)
-        if shuffled:  # before the manifest, which names it: a kill in between leaves no finished output
+        if shuffled or source.positions is not None:  # before the manifest, which names it: a kill in between
+            # leaves no finished output
             manifest.order = _save_order(location, results)
         manifest.save(location)
     resumed = sum(r.resumed for r in results)

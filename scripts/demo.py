@@ -84,7 +84,7 @@ def main() -> int:
         import torch
 
         loader = torch.utils.data.DataLoader(open_dataset(shards, transform=to_tensor_64),
-                                             batch_size=64, num_workers=2)
+                                             batch_size=64, shuffle=True, num_workers=2)
         t = time.perf_counter()
         n = sum(len(labels) for _, labels in loader)
         print(f"   DataLoader (2 workers, PIL decode + resize): {n} samples, {n / (time.perf_counter() - t):.0f} samples/s")

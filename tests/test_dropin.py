@@ -215,3 +215,19 @@ def test_batches_fetched_at_once_are_the_same_batches(sorted_source):
     assert len(fetched) == len(plain) == 5
     for (a, la), (b, lb) in zip(fetched, plain):
         assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_a_shuffled_output_converted_again_keeps_imagefolders_order(sorted_source, tmp_path):
+    """wds -> npy (the README's re-conversion): the new output reads the wds shards in their
+    stored order, and each sample keeps its place in the original source, so ds[i] is still
+    ImageFolder's sample i."""
+    src, out = sorted_source
+    for fmt, kw in (("npy", {"resize": 16}), ("hdf5", {}), ("wds", {"order": "source"})):
+        again = str(tmp_path / fmt)
+        convert(out, again, fmt, workers=2, **kw)
+        ds = open_dataset(again, decode="numpy")
+        want = open_dataset(out, decode="numpy")  # the first output, by index
+        assert len(ds) == len(want) == 75
+        assert [ds[i][1] for i in range(75)] == [label for _, label in reference_image_folder(src)]
+        if fmt == "hdf5":
+            assert all(np.array_equal(ds[i][0], want[i][0]) for i in range(0, 75, 7))

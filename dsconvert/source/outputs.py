@@ -1,7 +1,9 @@
 """A dsconvert output as the source of another conversion (wds -> npy at a new ``--resize``,
 hdf5 -> wds, ...), read through the output's own reader, not by walking its files.
 
-The samples are the output's, in its order, with its keys, labels and classes; each input is
+The samples are the output's, in its order, with its keys, labels and classes (a shuffled
+output's samples also carry their places in the original source's order, which the new output
+keeps: its ``ds[i]`` is still the original source's sample i); each input is
 ``SHARD/KEY.FIELD`` (kind ``output``). Only outputs that hold the encoded images can be
 converted again: decoded pixels (npy, hdf5 ``--decode``) would have to be re-encoded, which
 loses quality and is never what a user wants, so such an output is refused with the source
@@ -13,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
+
 from ..errors import BadInputError, DsconvertError, SourceError
 from ..formats import get
 from ..formats.base import manifest_image_field
@@ -20,7 +24,7 @@ from ..io.localfs import file_sha256
 from ..io.location import mtime_ns_of
 from ..io.shard_cache import ShardAccess
 from ..keys import escape_path
-from ..manifest import Manifest
+from ..manifest import ORDER_NAME, Manifest
 from .samples import Sample, Source, SourceFile
 
 __all__ = ["output_source", "read_output_samples", "OutputShards"]
@@ -60,8 +64,17 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
             files = tuple(SourceFile(f, f"{entry.name}/{escape_path(key)}.{f}", size, mtime, entry.name, j)
                           for f, size in have)
             samples.append(Sample(key, files, record.labels[j] if classification and record.labels else None))
+    positions = None
+    if manifest.order is not None:  # read in stored order; each sample keeps its place in the original source
+        from ..shuffle import load_order
+
+        order = load_order(access.file_bytes(ORDER_NAME, manifest.order), manifest.num_samples,
+                           access.url_of(ORDER_NAME))
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.arange(len(order), dtype=np.int64)
+        positions = inverse.tolist()
     return Source(access.location.url, "output", samples, manifest.classes, kind="output",
-                  labelled=classification)
+                  labelled=classification, positions=positions)
 
 
 def read_output_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]:

@@ -106,6 +106,9 @@ class Source:
     kind: str = "files"
     labelled: Optional[bool] = None  # container sources: (image, label) samples, or dicts
     options: Dict[str, Any] = field(default_factory=dict)  # what shaped the scan (label=...), recorded
+    # each sample's place in the order its data was first converted from, when the samples come
+    # in another (a shuffled dsconvert output, read in its stored order); None: this order
+    positions: Optional[List[int]] = None
 
     @property
     def sample_type(self) -> str:
