@@ -186,8 +186,19 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
     missing = sorted(set(recorded) - current)
     extra = sorted(current - set(recorded))
     changed = sorted(p for p, st in recorded.items() if st is not None and p in now and now[p] != st)
+    # a shuffled output: each written sample's recorded source position names that sample in
+    # today's scan (what ds[i] relies on), when the source is as it was
+    misplaced = []
+    if not (missing or extra or changed):
+        places = source.positions or range(len(source.samples))  # a shuffled output as the source: its places
+        first = {place: escape_path(s.files[0].path) if s.files else None for place, s in zip(places, source.samples)}
+        for record in records:
+            for j, place in enumerate(record.d.get("positions") or []):
+                paths = record.d["sources"][j]
+                if not paths or first.get(place) != paths[0]:
+                    misplaced.append(paths[0] if paths else f"{record.name}[{j}]")
     return {"source": os.path.abspath(src), "files": len(current), "missing": missing, "extra": extra,
-            "changed": changed, "unchecked": unchecked}
+            "changed": changed, "unchecked": unchecked, "misplaced": sorted(misplaced)}
 
 
 def _order_problems(out: Location, manifest: Manifest, records: List[Optional[ShardRecord]]) -> List[Problem]:
@@ -198,6 +209,9 @@ def _order_problems(out: Location, manifest: Manifest, records: List[Optional[Sh
     from .shuffle import load_order, order_bytes
 
     if manifest.order is None:
+        if any(r is not None and r.d.get("positions") for r in records):
+            return [Problem("structure", MANIFEST_NAME, "the shard records hold a shuffled order's source positions "
+                            "but the manifest names no order file: reading by index would not give the source's order")]
         return []
     name = ORDER_NAME
     try:
@@ -290,12 +304,14 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
         say(f"comparing with the source {source}")
         diff = _source_diff(manifest, [r for r in records if r is not None], source, storage_options)
         report["source"] = diff
-        for kind in ("missing", "extra", "changed"):
+        for kind in ("missing", "extra", "changed", "misplaced"):
             for p in diff[kind]:
                 problems.append(Problem(f"source-{kind}", p, {
                     "missing": "in the output's accounting, but no longer in the source",
                     "extra": "in the source, but not in the output (added since the conversion)",
-                    "changed": "changed since the conversion (size or mtime differs)"}[kind]))
+                    "changed": "changed since the conversion (size or mtime differs)",
+                    "misplaced": "its recorded position in the source's order names another input: reading by "
+                                 "index would return it in another's place"}[kind]))
     report["problems"] = [asdict(p) for p in problems]
     report["errors"] = sum(p.severity == "error" for p in problems)
     report["warnings"] = sum(p.severity == "warning" for p in problems)

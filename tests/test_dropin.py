@@ -231,3 +231,63 @@ def test_a_shuffled_output_converted_again_keeps_imagefolders_order(sorted_sourc
         assert [ds[i][1] for i in range(75)] == [label for _, label in reference_image_folder(src)]
         if fmt == "hdf5":
             assert all(np.array_equal(ds[i][0], want[i][0]) for i in range(0, 75, 7))
+
+
+def test_verify_finds_an_order_that_no_longer_names_the_source(sorted_source, tmp_path):
+    """The manifest's order entry removed, or two records' positions swapped with every digest
+    made consistent again: ds[i] would be wrong; verify (with --source for the second) says so."""
+    import hashlib
+    import json
+    import shutil
+
+    from dsconvert.shuffle import order_bytes
+    from dsconvert.verify import verify
+
+    src, out = sorted_source
+    assert verify(out, source=src)["ok"]
+    dropped = str(tmp_path / "dropped")
+    shutil.copytree(out, dropped)
+    m = json.load(open(os.path.join(dropped, "dsconvert.json")))
+    del m["order"]
+    json.dump(m, open(os.path.join(dropped, "dsconvert.json"), "w"))
+    assert not verify(dropped)["ok"]
+
+    swapped = str(tmp_path / "swapped")
+    shutil.copytree(out, swapped)
+    m = json.load(open(os.path.join(swapped, "dsconvert.json")))
+    entry = m["shards"][0]
+    record_path = os.path.join(swapped, entry["index"])
+    record = json.load(open(record_path))
+    record["positions"][0], record["positions"][1] = record["positions"][1], record["positions"][0]
+    data = json.dumps(record).encode()
+    open(record_path, "wb").write(data)
+    entry["parts"][entry["index"]] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    stored = []
+    for e in m["shards"]:
+        stored += json.load(open(os.path.join(swapped, e["index"])))["positions"]
+    order = order_bytes(stored)
+    open(os.path.join(swapped, ORDER_NAME), "wb").write(order)
+    m["order"] = {"name": ORDER_NAME, "bytes": len(order), "sha256": hashlib.sha256(order).hexdigest()}
+    json.dump(m, open(os.path.join(swapped, "dsconvert.json"), "w"))
+    assert verify(swapped)["ok"]  # consistent with itself
+    report = verify(swapped, source=src)
+    assert not report["ok"] and len(report["source"]["misplaced"]) == 2
+
+
+def test_indices_are_integers_as_imagefolder_takes_them(sorted_source):
+    _, out = sorted_source
+    ds = open_dataset(out, decode="raw")
+    assert ds[np.int64(3)] == ds[3]
+    for bad in (2.7, "3", True, None):
+        with pytest.raises(TypeError):
+            ds[bad]
+
+
+def test_encoded_hdf5_gives_buffers_by_index(sorted_source, tmp_path):
+    src, _ = sorted_source
+    out = str(tmp_path / "h5")
+    convert(src, out, "hdf5", workers=1)
+    ds = open_dataset(out, decode="buffer")
+    buf, label = ds[5]
+    path, want = reference_image_folder(src)[5]
+    assert isinstance(buf, np.ndarray) and buf.tobytes() == open(path, "rb").read() and label == want

@@ -127,3 +127,18 @@ def test_analyze_names_the_step_fused_decoding_could_not_fold(tmp_path, photos, 
     notes = [n for n in report["verdict"]["notes"] if 'decode="fused" not measured' in n]
     assert len(notes) == 1 and "RandomVerticalFlip" in notes[0]
     assert not any("fused" in name for name in report["loader"]["passes"])
+
+
+def test_epochs_stay_whole_when_the_worker_count_changes_or_a_peek_comes_first(out):
+    """A rank's iterations come in rounds, one per loader iteration whatever its worker count:
+    a peek with next(iter(ds)) or a loader with other workers must not put workers of one
+    epoch in different epochs (samples read twice, others not at all)."""
+    ds = open_dataset(out, decode="raw", shuffle=True, seed=5, buffer_size=4)
+    everything = sorted(_digests(open_dataset(out, decode="raw", stream=True)))
+    next(iter(ds))  # epoch 0, a round of one
+    epochs = []
+    for workers in (2, 3, 1, 2):
+        got = _digests(DataLoader(ds, batch_size=None, num_workers=workers))
+        assert sorted(got) == everything, workers
+        epochs.append(got)
+    assert ds.epoch == 4 and len({tuple(e) for e in epochs}) == 4

@@ -316,11 +316,12 @@ def test_the_shared_epoch_pickles_as_a_private_copy():
         assert b.epoch == 3 and b.pending() == 10
         b.set_epoch(5)
         assert a.epoch == 3 and a.pending() == 10 and b.pending() is None
-    # each (rank, worker) takes the resume once; its next iteration is the next epoch's start
-    assert a.begin(0, 0, 2) == (3, 10) and a.begin(0, 0, 2) == (4, 0)
-    assert a.begin(0, 1, 2) == (3, 10) and a.begin(1, 0, 2) == (3, 10)
+    # each (rank, worker) takes the resume once; once a rank's round (its 2 workers) has begun,
+    # the next round reads the next epoch from its start
+    assert a.begin(0, 0, 2) == (3, 10) and a.begin(0, 1, 2) == (3, 10)
+    assert a.begin(0, 0, 2) == (4, 0) and a.begin(1, 0, 2) == (3, 10)
     a.resume(3, 10)  # every rank loads the same resume: nothing changes
-    assert a.begin(1, 0, 2) == (4, 0) and a.begin(1, 1, 2) == (3, 10)
+    assert a.begin(1, 1, 2) == (3, 10) and a.begin(1, 0, 2) == (4, 0)
 
 
 def _rank_reads(ds, rank, barrier, queue, load_in_rank):

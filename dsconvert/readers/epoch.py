@@ -6,11 +6,14 @@ repeat the first one's order). The epoch lives in a small shared block instead: 
 map the same pages, spawned ones receive them while they start (the one time multiprocessing
 lets shared memory travel by pickle); a plain pickle or deepcopy takes a private copy.
 
-**Epochs advance by themselves.** Each (rank, worker) slot counts its own iterations: the
-first reads the epoch last set (``set_epoch``, a resume, or 0), each later one the next epoch,
-so a plain loop (or Lightning without a callback) reshuffles every epoch, as MosaicML
-Streaming does. Every worker of a rank iterates once per epoch, so they agree. ``set_epoch``
-wins when called: it starts every slot's count again from the epoch it names.
+**Epochs advance by themselves.** A rank's iterations come in rounds: a DataLoader with W
+workers starts one iteration in each of its W workers when its iterator is made (one in the
+process itself with no workers). The first worker to begin after a whole round starts the next
+round, which reads the next epoch; the other W - 1 join it. The first round after the epoch is
+set (``set_epoch``, a resume, or 0 at the start) reads that epoch. So a plain loop (or
+Lightning without a callback) reshuffles every epoch, as MosaicML Streaming does, whatever the
+worker count of each loader (a peek with ``next(iter(ds))`` is a round of one). ``set_epoch``
+wins when called.
 
 An elastic resume (``load_state_dict({"epoch", "samples_seen"})``) sits here too, with one flag
 per (rank, worker id): each worker applies it to the first iteration it runs of that epoch and
@@ -26,22 +29,26 @@ import multiprocessing
 from multiprocessing.context import get_spawning_popen
 from typing import Any, Dict, Optional, Tuple
 
-__all__ = ["SharedEpoch", "MAX_SLOTS"]
+__all__ = ["SharedEpoch", "MAX_SLOTS", "MAX_RANKS"]
 
 MAX_SLOTS = 1 << 16  # ranks x workers per rank that an elastic resume can tell apart
+MAX_RANKS = 1 << 14  # ranks whose rounds of iterations are counted apart
+_GEN_OF, _EPOCH_OF, _BEGUN, _OF = range(4)  # a rank's round: its generation, epoch, workers begun, workers
 _EPOCH, _PENDING, _RESUME_EPOCH, _RESUME_SEEN, _TAKEN, _GEN, _LATEST, _STARTED = range(8)
 _LIMIT = 1 << 62
 
 
 class SharedEpoch:
     """``epoch`` and a pending resume ``(epoch, samples_seen)``, shared with workers, and
-    each (rank, worker) slot's next epoch (the module doc)."""
+    each rank's round of iterations (the module doc)."""
 
     def __init__(self, epoch: int = 0):
         self._a = multiprocessing.RawArray("q", 8)
         self._flags = multiprocessing.RawArray("b", MAX_SLOTS)
-        self._gen = multiprocessing.RawArray("q", MAX_SLOTS)  # the generation a slot's ``_next`` belongs to
-        self._next = multiprocessing.RawArray("q", MAX_SLOTS)  # the epoch the slot's next iteration reads
+        self._rounds = multiprocessing.RawArray("q", 4 * MAX_RANKS)  # per rank: _GEN_OF, _EPOCH_OF, _BEGUN, _OF
+        # a round's workers begin at the same moment; made in the spawn context so that it can reach
+        # workers of any start method (a fork-context lock refuses to be pickled for spawn)
+        self._lock = multiprocessing.get_context("spawn").Lock()
         self._a[_EPOCH] = epoch
         self._a[_GEN] = 1
 
@@ -64,15 +71,30 @@ class SharedEpoch:
             raise ValueError(f"a dataset tells apart up to {MAX_SLOTS} ranks x DataLoader workers")
         return slot
 
+    def _round(self, rank: int, workers: int, epoch: Optional[int] = None) -> int:
+        """The epoch of the iteration a worker of ``rank``'s ``workers``-worker loader begins now:
+        its round's, or the next one's when the last round is whole (``epoch``: the one it reads,
+        from a saved place)."""
+        if not 0 <= rank < MAX_RANKS:
+            raise ValueError(f"a dataset counts the epochs of up to {MAX_RANKS} ranks apart, not rank {rank}")
+        a, r, i = self._a, self._rounds, 4 * rank
+        with self._lock:
+            if r[i + _GEN_OF] != a[_GEN]:  # the first round since the epoch was set
+                r[i + _GEN_OF], r[i + _EPOCH_OF], r[i + _BEGUN], r[i + _OF] = a[_GEN], a[_EPOCH], 0, workers
+            if r[i + _BEGUN] >= r[i + _OF] or r[i + _OF] != workers:  # a whole round: this begins the next
+                r[i + _EPOCH_OF] += 1 if r[i + _BEGUN] else 0
+                r[i + _BEGUN], r[i + _OF] = 0, workers
+            if epoch is not None:
+                r[i + _EPOCH_OF] = epoch
+            r[i + _BEGUN] += 1
+            return int(r[i + _EPOCH_OF])
+
     def begin(self, rank: int, worker: int, workers: int) -> Tuple[int, int]:
         """(epoch, samples_seen at its start) of the iteration this (rank, worker) starts now:
-        the slot's next epoch, and the pending resume's samples_seen the first time it asks
+        its round's epoch, and the pending resume's samples_seen the first time the slot asks
         for that resume's epoch, else 0."""
         a, slot = self._a, self._slot(rank, worker, workers)
-        if self._gen[slot] != a[_GEN]:
-            self._gen[slot], self._next[slot] = a[_GEN], a[_EPOCH]
-        epoch = int(self._next[slot])
-        self._next[slot] = epoch + 1
+        epoch = self._round(rank, workers)
         self._started(epoch)
         seen = 0
         if a[_PENDING] and a[_RESUME_EPOCH] == epoch and not self._flags[slot]:
@@ -82,11 +104,10 @@ class SharedEpoch:
         return epoch, seen
 
     def resumed(self, rank: int, worker: int, workers: int, epoch: int) -> None:
-        """This slot's iteration reads ``epoch`` from a worker's saved place: its next one reads
-        the epoch after."""
-        a, slot = self._a, self._slot(rank, worker, workers)
-        self._gen[slot], self._next[slot] = a[_GEN], epoch + 1
-        self._started(epoch)
+        """This (rank, worker)'s iteration reads ``epoch`` from a worker's saved place: it joins
+        a round of that epoch, and the next round reads the epoch after."""
+        self._slot(rank, worker, workers)
+        self._started(self._round(rank, workers, epoch))
 
     def _started(self, epoch: int) -> None:
         a = self._a
@@ -126,19 +147,19 @@ class SharedEpoch:
 
     def __getstate__(self) -> Dict[str, Any]:
         if get_spawning_popen() is not None:  # a process being started: share the block itself
-            return {"shared": self._a, "flags": self._flags, "gen": self._gen, "next": self._next}
+            return {"shared": self._a, "flags": self._flags, "rounds": self._rounds, "lock": self._lock}
         return {"values": list(self._a), "taken": bytes(self._flags),  # pickle / deepcopy: a private copy
-                "gen": list(self._gen), "next": list(self._next)}
+                "rounds": bytes(memoryview(self._rounds).cast("B"))}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         if "shared" in state:
-            self._a, self._flags, self._gen, self._next = state["shared"], state["flags"], state["gen"], state["next"]
+            self._a, self._flags = state["shared"], state["flags"]
+            self._rounds, self._lock = state["rounds"], state["lock"]
         else:
             self._a = multiprocessing.RawArray("q", len(state["values"]))
             self._a[:] = state["values"]
             self._flags = multiprocessing.RawArray("b", MAX_SLOTS)
             self._flags[:] = state["taken"]
-            self._gen = multiprocessing.RawArray("q", MAX_SLOTS)
-            self._gen[:] = state["gen"]
-            self._next = multiprocessing.RawArray("q", MAX_SLOTS)
-            self._next[:] = state["next"]
+            self._rounds = multiprocessing.RawArray("q", 4 * MAX_RANKS)
+            memoryview(self._rounds).cast("B")[:] = state["rounds"]
+            self._lock = multiprocessing.get_context("spawn").Lock()

@@ -10,6 +10,7 @@ at once, concurrently, so the round trips overlap instead of adding up."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -79,13 +80,15 @@ class MapDataset(ShardDataset, TorchDataset):
             settle_worker()
             shard = self._shards[k] = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest,
                                                              **self._open_options)
-            if self.decode == "buffer":  # zero-copy views of a memory map, where the format has one
+            if self.decode == "buffer" and self.format.iterable:  # zero-copy views of the tar's memory map
                 shard.prepare(0, len(shard.keys), False, views=True)
         return shard
 
     def where(self, index: int) -> Tuple[int, int]:
         """(shard, sample in it) of the source's sample ``index``."""
         n = self.manifest.num_samples
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):  # ImageFolder takes ints only
+            raise TypeError(f"sample indices are integers, not {type(index).__name__}")
         i = int(index)
         if i < 0:
             i += n
