@@ -39,7 +39,7 @@ from .errors import OptionError, SourceError
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
 from .optional import require
-from .io.location import Location
+from .io.location import Location, local_form
 from .io.localfs import evict_page_cache
 from .transforms import CropToTensor, load_transform
 
@@ -228,6 +228,7 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     """Read each of ``paths`` through a DataLoader per worker count, batch size and cache
     state; return the report (schema ``dsconvert.bench``, version 1). See the module doc."""
     require("torch", "dsconvert bench")
+    paths = [local_form(p) for p in paths]  # file:// URLs as the paths they name
     from .processes import available_cpus
 
     say = log or (lambda msg: None)

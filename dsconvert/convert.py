@@ -37,7 +37,7 @@ from .plan import CHANGED_DURING, MIN_SHARDS, ShardResult, ShardSpec, parse_size
 from .shuffle import ORDERS, order_bytes, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import LAYOUTS, Source, scan
-from .io.location import Location, is_remote
+from .io.location import Location, is_remote, local_form
 from .io.localfs import free_bytes, mount_of
 from .io.locks import file_lock
 from .io.owner import OWNER_NAME, Owned, owner_token
@@ -431,6 +431,7 @@ def convert(
     ``scanned``: a :class:`Source` of ``src`` already scanned (or a part of one: analyze
     converts its measured sample this way) to convert instead of scanning ``src`` again.
     """
+    src, out = local_form(src), local_form(out)  # file:// URLs as the paths they name
     if format not in FORMATS:
         raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     if layout not in LAYOUTS:

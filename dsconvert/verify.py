@@ -37,7 +37,7 @@ from .errors import BadInputError, DsconvertError, ManifestError, NotRegularFile
 from .formats import FORMATS, Format, get
 from .formats.base import Problem, ShardRecord, part_problems
 from .io.localfs import SizeBoundedFile, stream_sha256
-from .io.location import Location, is_remote
+from .io.location import Location, is_remote, local_form
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest, ShardEntry
 from .processes import available_cpus, process_pool
@@ -239,6 +239,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     from .convert import _shard_files
 
     say = log or (lambda msg: None)
+    source = local_form(source) if source is not None else None  # file:// URLs as the paths they name
     location = Location(out, storage_options)
     out = location.url
     storage_options = dict(storage_options or {})

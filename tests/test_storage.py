@@ -32,3 +32,20 @@ def test_fuse_mount_is_latency_bound_and_read_with_prefetch(slow_mount, photos):
     over_fuse = list(ds)
     assert ds.prefetch is True and len(over_fuse) == 11
     assert over_fuse == list(open_dataset(str(backing / "out"), decode="raw", stream=True))
+
+
+def test_file_urls_name_the_paths_they_point_at(tmp_path, image_folder, monkeypatch):
+    """file:// (and local://) URLs are what fsspec calls local paths: every entry point takes
+    them for the path they name, never as a relative path under the current folder."""
+    from dsconvert import convert, open_dataset
+    from dsconvert.cli import main
+    from dsconvert.verify import verify
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["shard", f"file://{image_folder}", "-o", f"file://{out}", "-q", "--workers", "1"]) == 0
+    assert (out / "dsconvert.json").exists() and not (tmp_path / "file:").exists()
+    assert len(open_dataset(f"file://{out}")) == len(open_dataset(str(out))) == 16
+    assert verify(f"local://{out}", source=f"file://{image_folder}")["ok"]
+    again = convert(f"file://{image_folder}", f"file://{out}", workers=1)
+    assert again.already_complete

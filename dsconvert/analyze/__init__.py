@@ -24,7 +24,7 @@ from ..optional import jpeg_region, require
 from ..processes import available_cpus
 from .. import resample
 from ..progress import progress_bar
-from ..io.location import filesystem, is_remote, protocol_of
+from ..io.location import filesystem, is_remote, local_form, protocol_of
 from ..source.samples import CLASSIFICATION_LAYOUTS
 from ..io.localfs import free_bytes, storage_kind
 from .detect import Detected
@@ -96,6 +96,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
     from .loader import candidates, loader_passes, page_cache_bytes, sample_source, transform_cost
     say = log or (lambda msg: None)
     started = time.perf_counter()
+    src = local_form(src)  # file:// URLs as the paths they name
+    output_dir = local_form(output_dir) if output_dir is not None else None
     fs = None
     if is_remote(src):
         fs, root = filesystem(src, storage_options)

@@ -32,7 +32,7 @@ from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from ..errors import MissingDependencyError, NotRegularFileError, OptionError
 from .localfs import atomic_write, check_name, open_regular
 
-__all__ = ["json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location", "protocol_of",
+__all__ = ["local_form", "json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location", "protocol_of",
            "mtime_ns_of"]
 
 LOCAL_PROTOCOLS = ("file", "local")
@@ -40,6 +40,15 @@ LOCAL_PROTOCOLS = ("file", "local")
 
 def protocol_of(url: str) -> str:
     return url.split("://", 1)[0].lower() if "://" in url else "file"
+
+
+def local_form(url: str) -> str:
+    """``file:///data/train`` (or ``local://``) as the plain path ``/data/train``; any other URL
+    or path as it is. Entry points take both, and the rest of dsconvert sees one form."""
+    url = str(url)
+    if "://" in url and protocol_of(url) in LOCAL_PROTOCOLS:
+        return url.split("://", 1)[1]
+    return url
 
 
 def is_remote(url: str) -> bool:
@@ -90,7 +99,7 @@ def filesystem(url: str, storage_options: Optional[Dict[str, Any]] = None) -> Tu
     import fsspec
 
     if not is_remote(url):
-        return fsspec.filesystem("file"), os.path.abspath(url)
+        return fsspec.filesystem("file"), os.path.abspath(local_form(url))
     try:
         return fsspec.core.url_to_fs(url, **(storage_options or {}))
     except ImportError as exc:
@@ -127,7 +136,7 @@ class Location:
         names come from manifests); False for a scanned source's relative paths."""
         self.flat = flat
         self.remote = is_remote(url)
-        self.url = url.rstrip("/") if self.remote else os.path.abspath(url)
+        self.url = url.rstrip("/") if self.remote else os.path.abspath(local_form(url))
         self.storage_options = dict(storage_options or {}) if self.remote else {}
 
     def __repr__(self) -> str:

@@ -36,7 +36,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from ..errors import ManifestError, OptionError
 from ..manifest import ShardEntry
-from .location import Location, filesystem, is_remote
+from .location import Location, filesystem, is_remote, local_form
 from .localfs import check_name, file_sha256, open_regular, regular_size
 from .locks import file_lock
 
@@ -246,6 +246,8 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
     from concurrent.futures import ThreadPoolExecutor
 
     from ..formats import get
+
+    cache_dir = local_form(cache_dir)  # file:// URLs as the paths they name
     from ..manifest import Manifest
 
     access = ShardAccess(url, storage_options, cache_dir, max_bytes)

@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 from ..formats import FORMATS, get
 from ..io.localfs import is_latency_bound
+from ..io.location import local_form
 from ..io.shard_cache import ShardAccess
 from ..errors import OptionError
 from ..manifest import MANIFEST_NAME, Manifest
@@ -74,6 +75,9 @@ def open_dataset(
     output on a network file system can be cached the same way.
     """
     from ..source.tars import looks_like_tars, open_tars
+
+    path = local_form(path)  # file:// URLs as the paths they name
+    cache_dir = local_form(cache_dir) if cache_dir is not None else None
 
     label = options.pop("label", None)
     index_dir = options.pop("index_dir", None)

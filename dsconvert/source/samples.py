@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from ..codecs import IMAGE_EXTENSIONS, is_image_field
 from ..errors import SourceError
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
-from ..io.location import Location, filesystem, is_remote, mtime_ns_of
+from ..io.location import Location, filesystem, is_remote, local_form, mtime_ns_of
 
 __all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
            "looks_like_image_folder", "is_ignored", "source_of_listings"]
@@ -475,6 +475,7 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    src = local_form(src)  # file:// URLs as the paths they name
     container = layout if layout in CONTAINER_LAYOUTS else container_layout(src, storage_options) if layout == "auto" else None
     if container == "tars":
         from .tars import tar_source
