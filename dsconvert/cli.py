@@ -20,14 +20,14 @@ from collections import Counter
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, List, Optional
 
-from . import __version__
+from . import __version__, skips
 from .codecs import DECODE_MODES, DECODERS, parse_hw
 from .convert import EXIT_SKIPPED, convert
 from .errors import DsconvertError, OptionError, SourceError
 from .formats import FORMATS
 from .manifest import Manifest
 from .shuffle import ORDERS
-from .plan import MIN_SHARDS, MIN_SPREAD_SAMPLES, parse_size
+from .plan import MAX_SAMPLE_BYTES, MIN_SHARDS, MIN_SPREAD_SAMPLES, parse_size
 from .io.location import is_remote, parse_storage_options
 from .sizing import format_size
 from .source import LAYOUTS
@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-image-pixels", type=_positive_int, default=None, metavar="N",
                    help="skip images with more pixels than N as decompression bombs "
                    "(default: Pillow's MAX_IMAGE_PIXELS)")
+    p.add_argument("--max-sample-bytes", type=parse_size, default=MAX_SAMPLE_BYTES, metavar="SIZE",
+                   help="skip an input value larger than SIZE before reading or decoding it (e.g. 256MiB; "
+                   "0: no limit; default: 64MiB), the byte bound beside the pixel bound")
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default: %(default)s)")
     p.add_argument("--order", choices=ORDERS, default="auto",
                    help="the order the shards store samples in: shuffled (seeded by --seed, so that a streaming "
@@ -372,13 +375,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _skip_summary(manifest: Manifest, limit: int) -> List[str]:
-    reasons = Counter(s["reason"].split(":")[0] for s in manifest.skipped)
-    lines = [f"skipped {len(manifest.skipped)} input file(s):"]
+    reasons: Counter = Counter()
+    for s in manifest.skipped:
+        reasons[s["reason"].split(":")[0]] += skips.count_of(s)
+    lines = [f"skipped {skips.total(manifest.skipped)} input(s):"]
     lines += [f"  {n:>6}  {reason}" for reason, n in reasons.most_common()]
     for s in manifest.skipped[:limit]:
         lines.append(f"  {s['path']}: {s['reason']}")
     if len(manifest.skipped) > limit:
-        lines.append(f"  ... ({len(manifest.skipped) - limit} more; `dsconvert info --skipped OUT`)")
+        more = skips.total(manifest.skipped[limit:])
+        lines.append(f"  ... ({more} more; `dsconvert info --skipped OUT`)")
     return lines
 
 
@@ -410,7 +416,8 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
         args.src, args.output, args.format, layout=args.layout, label=args.label,
         samples_per_shard=args.samples_per_shard, shard_size=args.shard_size,
         workers=args.workers, verify=args.verify, strict=args.strict, overwrite=args.overwrite,
-        max_image_pixels=args.max_image_pixels, prefix=args.prefix, decode=args.decode,
+        max_image_pixels=args.max_image_pixels,
+        max_sample_bytes=args.max_sample_bytes or None, prefix=args.prefix, decode=args.decode,
         resize=args.resize, size=args.size, decoder=args.decoder, force=args.force,
         max_size=args.max_size, quality=args.quality, min_shards=args.min_shards, progress=not args.quiet,
         storage_options=parse_storage_options(args.storage_option), executor=executor, order=args.order, seed=args.seed,
@@ -598,7 +605,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
               f"{a['files_skipped']} skipped ({a['files_ignored']} ignored"
               + (f"; first: {first.get('path')}: {first.get('reason')}" if first else "") + ")")
     else:
-        print(f"inputs:      not recorded; {len(m.skipped)} skipped, {len(m.ignored)} ignored")
+        print(f"inputs:      not recorded; {skips.total(m.skipped)} skipped, {len(m.ignored)} ignored")
     if m.skipped:
         print("\n".join(_skip_summary(m, len(m.skipped) if args.skipped else 10)))
     return 0

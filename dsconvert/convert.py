@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import errno
 import os
 import re
@@ -22,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
-from . import __version__
+from . import __version__, skips
 from .codecs import pixel_limit, resolve_decoder, resolve_resampler
 from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
                      OutputExistsError, OutputLockedError, SourceError)
@@ -33,10 +34,11 @@ from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest
 from .processes import available_cpus, process_pool
 from .progress import progress_bar
 from .reencode import DEFAULT_QUALITY
-from .plan import CHANGED_DURING, MIN_SHARDS, ShardResult, ShardSpec, parse_size, spread_plan
+from .plan import (CHANGED_DURING, MAX_SAMPLE_BYTES, MIN_SHARDS, ShardResult, ShardSpec, over_limit, parse_size,
+                   spread_plan)
 from .shuffle import ORDERS, order_bytes, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
-from .source import LAYOUTS, Source, scan
+from .source import LAYOUTS, Skipped, Source, scan
 from .io.location import Location, is_remote, local_form
 from .io.localfs import free_bytes, mount_of
 from .io.locks import file_lock
@@ -373,6 +375,7 @@ def convert(
     strict: bool = False,
     overwrite: bool = False,
     max_image_pixels: Optional[int] = None,
+    max_sample_bytes: Optional[int] = MAX_SAMPLE_BYTES,
     prefix: str = "shard",
     decode: bool = False,
     resize: Optional[int] = None,
@@ -489,6 +492,7 @@ def convert(
         decode=decode, resize=resize, size=list(size) if size else None, decoder=decoder_name, **shrink,
         **resampling, **spread, **({"label": label} if label is not None else {}), order=order,
         **({"seed": seed} if order != "source" else {}),
+        **({"max_sample_bytes": max_sample_bytes or 0} if max_sample_bytes != MAX_SAMPLE_BYTES else {}),
     )
     started = time.perf_counter()
     location.makedirs()
@@ -520,6 +524,7 @@ def convert(
         else:
             with progress_bar(progress, "scanning", unit=" files") as bar:
                 source = scan(src_abs, layout, progress=bar.update, storage_options=storage_options, label=label)
+        source = _drop_over_limit(source, max_sample_bytes)
         if strict and source.skipped:
             first = source.skipped[0]
             raise BadInputError(first.reason, first.path)
@@ -540,6 +545,8 @@ def convert(
                                                        estimate.sampled, estimate.exact), fmt)
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
                           "decoder": decoder_name, **resampling, **shrink, **fmt.writer_options(source)}
+        if max_sample_bytes != MAX_SAMPLE_BYTES:  # the default left out: earlier outputs' specs still match
+            format_options["max_sample_bytes"] = max_sample_bytes or 0
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes and estimate.bytes else 1.0
         shuffled = resolve_order(order, fmt, source) == "shuffled"
         positions = shuffled_order(len(source.samples), seed) if shuffled else None
@@ -561,6 +568,27 @@ def convert(
                          time.perf_counter() - started, workers if executor is None else 0)
 
 
+def _drop_over_limit(source: Source, limit: Optional[int]) -> Source:
+    """The source less the samples with an input the scan already knows is over the byte bound
+    (a file's size, a tar member's, a Parquet row group's bytes per row): skipped unread."""
+    if not limit or not any(f.size > limit for s in source.samples for f in s.files):
+        return source
+    kept, skipped = [], list(source.skipped)
+    positions = [] if source.positions is not None else None
+    for i, sample in enumerate(source.samples):
+        big = next((f for f in sample.files if f.size > limit), None)
+        if big is None:
+            kept.append(sample)
+            if positions is not None:
+                positions.append(source.positions[i])
+            continue
+        reason = over_limit(big.size, limit)
+        if source.kind == "parquet":
+            reason = "about " + reason.replace(" bytes, over", " bytes a row in its row group, over", 1)
+        skipped.extend(Skipped(f.path, reason) for f in sample.files)
+    return dataclasses.replace(source, samples=kept, skipped=skipped, positions=positions)
+
+
 def _save_order(out: Location, results: List[ShardResult]) -> Dict[str, Any]:
     """Write the order file of a shuffled output (:mod:`dsconvert.shuffle`); its manifest entry."""
     stored: List[int] = []
@@ -573,11 +601,16 @@ def _save_order(out: Location, results: List[ShardResult]) -> Dict[str, Any]:
     return {"name": ORDER_NAME, **part_of(data)}
 
 
+def _skip_entry(path: str, s: Skipped) -> Dict[str, Any]:
+    return {"path": path, "reason": s.reason, **({"count": s.count} if s.count != 1 else {})}
+
+
 def _build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult],
                     options: Dict[str, Any], decoded: bool) -> Manifest:
-    skipped = [{"path": escape_path(s.path), "reason": s.reason} for s in source.skipped]
+    listed = [_skip_entry(escape_path(s.path), s) for s in source.skipped]
     for r in results:
-        skipped.extend({"path": s.path, "reason": s.reason} for s in r.skipped)
+        listed.extend(_skip_entry(s.path, s) for s in r.skipped)
+    skipped = skips.compact(listed) if source.kind in skips.ROW_KINDS else listed
     fields: Dict[str, str] = {}
     for r in results:
         fields.update(r.fields)
@@ -585,10 +618,10 @@ def _build_manifest(url: str, source: Source, fmt: str, results: List[ShardResul
     accounting = {
         "files_seen": source.num_files,
         "files_written": written,
-        "files_skipped": len(skipped),
+        "files_skipped": skips.total(skipped),
         "files_ignored": len(source.ignored),
     }
-    if accounting["files_seen"] != written + len(skipped):
+    if accounting["files_seen"] != written + accounting["files_skipped"]:
         raise RuntimeError(f"internal error: input accounting does not add up: {accounting}")
     entries = [r.entry for r in results]
     return Manifest(

@@ -20,7 +20,9 @@ Schema version 1::
                   "num_samples": 1000, "bytes": 123456, "sha256": "...",
                   # the shard's other files, checked wherever a copy of them is read
                   "parts": {"shard-000000.index.json": {"bytes": 5678, "sha256": "..."}}}],
-      "skipped": [{"path": "cat/bad.jpg", "reason": "corrupt or truncated image: ..."}],
+      "skipped": [{"path": "cat/bad.jpg", "reason": "corrupt or truncated image: ..."},
+                  # a run of rows of one container, one reason: dsconvert.skips
+                  {"path": "train.parquet/rows 7-9", "reason": "no image (null)", "count": 3}],
       "ignored": [{"path": ".DS_Store", "reason": "hidden file or OS metadata"}],
       "accounting": {"files_seen": 1236, "files_written": 1234, "files_skipped": 2,
                      "files_ignored": 1},
@@ -157,8 +159,10 @@ class Manifest:
             items = d.get(name, [])
             expect(
                 isinstance(items, list) and all(isinstance(x, dict) and isinstance(x.get("path"), str)
-                                                and isinstance(x.get("reason"), str) for x in items),
-                where, name, "a list of {path, reason} objects with string values",
+                                                and isinstance(x.get("reason"), str)
+                                                and is_int(x.get("count", 1)) and x.get("count", 1) >= 1
+                                                for x in items),
+                where, name, "a list of {path, reason[, count >= 1]} objects",
             )
         accounting = d.get("accounting", {})
         expect(isinstance(accounting, dict) and all(is_int(v) and v >= 0 for v in accounting.values()),

@@ -138,6 +138,23 @@ def parse_size(text: str) -> int:
 
 
 CHANGED_DURING = "changed during the conversion"  # a skip reason that a rerun undoes
+# The byte bound beside the pixel bound: an input value larger than this is skipped before it is
+# decoded, verified or (where its size is known ahead, as a file's or a Parquet row group's) read.
+# A compressed container can hold far more than its bytes on disk (a 25 kB zstd Parquet held one
+# 256 MiB value); the largest ImageNet JPEG is 15 MB. ``max_sample_bytes=None`` lifts it.
+MAX_SAMPLE_BYTES = 64 << 20
+
+
+def sample_bytes_limit(spec: ShardSpec) -> Optional[int]:
+    """The spec's per-input byte bound (None: unbounded)."""
+    limit = spec.options.get("max_sample_bytes", MAX_SAMPLE_BYTES)
+    return int(limit) if limit else None
+
+
+def over_limit(size: int, limit: int) -> str:
+    """The skip reason of an input of ``size`` bytes over the bound."""
+    return (f"{size} bytes, over the per-sample limit of {limit} bytes (raise it with --max-sample-bytes, "
+            "or 0 for none)")
 REMOTE_BATCH_FILES = 64  # remote sources: files fetched concurrently per request batch
 REMOTE_BATCH_BYTES = 64 << 20
 
@@ -147,8 +164,11 @@ Fetched = Union[Dict[str, bytes], BadInputError]
 def _checked(spec: ShardSpec, sample: Sample, contents: Dict[str, Tuple[bytes, bool]]) -> Fetched:
     """Fields of a sample from (bytes, still as scanned) per file; the first bad file decides."""
     fields: Dict[str, bytes] = {}
+    limit = sample_bytes_limit(spec)
     for f in sample.files:
         data, unchanged = contents[f.path]
+        if limit is not None and len(data) > limit:  # before any decode: a byte bomb costs no more work
+            return BadInputError(over_limit(len(data), limit), escape_path(f.path))
         if not unchanged or len(data) != f.size:
             return BadInputError(f"{CHANGED_DURING} (size or mtime differs from the scan); run the same "
                                  "command again to include it", escape_path(f.path))
@@ -169,7 +189,7 @@ def _read_local(spec: ShardSpec, sample: Sample) -> Fetched:
         path = f.path if os.path.isabs(f.path) else os.path.join(spec.root, f.path)
         try:
             with open(path, "rb") as fh:
-                data = fh.read()
+                data = fh.read(f.size + 1)  # bounded by the scan: a file grown since is 'changed'
                 st = os.fstat(fh.fileno())
         except OSError as exc:
             return BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path))

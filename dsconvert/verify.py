@@ -39,6 +39,7 @@ from .formats.base import Problem, ShardRecord, part_problems
 from .io.localfs import SizeBoundedFile, stream_sha256
 from .io.location import Location, is_remote, local_form
 from .keys import escape_path
+from .skips import ROW_KINDS, InputSet, count_of
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest, ShardEntry
 from .processes import available_cpus, process_pool
 
@@ -180,11 +181,18 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
                     unchecked += 1
                 else:
                     recorded[p] = tuple(stats[i][j])
+    rows = manifest.source.get("layout") == "parquet" or source.kind in ROW_KINDS
+    accounted, current = InputSet(rows), InputSet(rows)
+    for p in recorded:
+        accounted.add(p)
     for s in manifest.skipped:
-        recorded.setdefault(s["path"], None)
-    current = set(now) | {escape_path(s.path) for s in source.skipped}
-    missing = sorted(set(recorded) - current)
-    extra = sorted(current - set(recorded))
+        accounted.add(s["path"], count_of(s))
+    for p in now:
+        current.add(p)
+    for sk in source.skipped:
+        current.add(escape_path(sk.path), sk.count)
+    missing = accounted.minus(current)
+    extra = current.minus(accounted)
     changed = sorted(p for p, st in recorded.items() if st is not None and p in now and now[p] != st)
     # a shuffled output: each written sample's recorded source position names that sample in
     # today's scan (what ds[i] relies on), when the source is as it was

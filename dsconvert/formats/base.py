@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 from PIL import UnidentifiedImageError
 
+from .. import skips
 from ..codecs import decode_resized, field_kind, pixel_limit
 from ..errors import BadInputError, ManifestError
 from ..io.localfs import file_sha256, open_regular
@@ -64,6 +65,11 @@ def part_of(data: bytes) -> Dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _skip_list(spec: ShardSpec, skipped: List[Skipped]) -> List[Dict[str, Any]]:
+    listed = [{"path": s.path, "reason": s.reason, **({"count": s.count} if s.count != 1 else {})} for s in skipped]
+    return skips.compact(listed) if spec.source_kind in skips.ROW_KINDS else listed
+
+
 class ShardRecord:
     """A finished shard's record, ``NAME.index.json``, written after the shard itself.
 
@@ -90,7 +96,7 @@ class ShardRecord:
             "spec_sha256": spec.digest(), "bytes": nbytes, "sha256": sha256,
             "num_samples": len(keys), "fields": dict(sorted(fields.items())), "keys": keys,
             "labels": labels, "sources": sources, "stats": stats,
-            "skipped": [{"path": s.path, "reason": s.reason} for s in skipped],
+            "skipped": _skip_list(spec, skipped),
         }
         d.update(extra)
         return cls(d)
@@ -146,7 +152,8 @@ class ShardRecord:
                 for p in d["parts"].values())), "an object of file name -> {bytes, sha256}"),
             ("skipped", isinstance(d.get("skipped"), list) and all(
                 isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
-                for x in d["skipped"]), "a list of {path, reason} objects"),
+                and (is_int(x.get("count", 1)) and x.get("count", 1) >= 1) for x in d["skipped"]),
+             "a list of {path, reason[, count >= 1]} objects"),
         ):
             expect(ok, path, name, what)
 
@@ -156,7 +163,7 @@ class ShardRecord:
         d = self.d
         parts = {index_name: index_part, **d.get("parts", {})}
         entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name, dict(sorted(parts.items())))
-        skipped = [Skipped(s["path"], s["reason"]) for s in d["skipped"]]
+        skipped = [Skipped(s["path"], s["reason"], skips.count_of(s)) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
         return ShardResult(entry, skipped, dict(d["fields"]), files, positions=d.get("positions"))
 

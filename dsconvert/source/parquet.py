@@ -39,6 +39,7 @@ from ..errors import BadInputError, SourceError
 from ..io.localfs import open_regular
 from ..io.location import Location, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path
+from ..skips import row_run
 from .samples import LABEL_MAX, Sample, Skipped, Source, SourceFile, is_ignored
 
 __all__ = ["looks_like_parquet", "parquet_source", "read_parquet_samples", "ParquetRows"]
@@ -182,6 +183,8 @@ class _File:
         self.num_rows = 0
         self.sizes: List[int] = []  # per row group: estimated image bytes per row
         self.group_rows: List[int] = []
+        self.empty: List[bool] = []  # per row group: its statistics count every image null
+        self.present: List[Any] = []  # per row group: which rows hold an image (read when cheap), or None
         self.labels: Optional[List[Any]] = None
 
 
@@ -202,11 +205,55 @@ def _column_bytes(rg: Any, image: str) -> int:
     return total
 
 
+def _all_null(rg: Any, image: str) -> bool:
+    """Whether a row group's statistics count every row's image null (bytes, and path where
+    there is one): its rows are skipped as one run, unread. A file whose statistics lie only
+    skips its own rows; a file without statistics is read row by row."""
+    leaves = [rg.column(i) for i in range(rg.num_columns)
+              if rg.column(i).path_in_schema in (image, f"{image}.bytes", f"{image}.path")]
+    if not leaves:
+        return False
+    for col in leaves:
+        stats = col.statistics
+        if stats is None or not stats.has_null_count or stats.null_count < rg.num_rows:
+            return False
+    return True
+
+
+MIN_IMAGE_BYTES = 32  # below any JPEG, PNG or WebP file: a group holding less a row cannot hold one in each
+
+
+def _present(pf: Any, g: int, image: str) -> Any:
+    """Which rows of row group ``g`` hold an image (bytes, or a path naming one), as a numpy
+    bool array. Read at scan only where the group's image data is too small to hold an image a
+    row (``MIN_IMAGE_BYTES``): then reading it costs little, and the null rows become one
+    skipped run instead of millions of planned samples."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = pf.read_row_group(g, columns=[image], use_threads=False).column(0)
+    if pa.types.is_struct(col.type):
+        has = pc.is_valid(pc.struct_field(col, "bytes"))
+        if col.type.get_field_index("path") >= 0:
+            has = pc.or_(has, pc.is_valid(pc.struct_field(col, "path")))
+        has = pc.and_(has, pc.is_valid(col))
+    else:
+        has = pc.is_valid(col)
+    return np.asarray(has.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+SNIFF_GROUP_BYTES = 64 << 20  # the sniff reads the first row group whose image data is at most this
+
+
 def _sniff(pf: Any, image: str) -> Optional[str]:
-    """The field name of the first non-null image of the first row group (jpg, png, webp)."""
-    if pf.metadata.num_row_groups == 0:
+    """The field name of the first non-null image of the first row group small enough to read
+    (jpg, png, webp; None: none was). Conversion names each image by its own magic anyway."""
+    meta = pf.metadata
+    small = [g for g in range(meta.num_row_groups) if _column_bytes(meta.row_group(g), image) <= SNIFF_GROUP_BYTES]
+    if not small:
         return None
-    batches = pf.iter_batches(batch_size=16, row_groups=[0], columns=[image], use_threads=False)
+    batches = pf.iter_batches(batch_size=16, row_groups=[small[0]], columns=[image], use_threads=False)
     try:
         return _first_format(batches)
     finally:
@@ -220,9 +267,9 @@ def _first_format(batches: Iterator[Any]) -> Optional[str]:
         col = batch.column(0)
         if pa.types.is_struct(col.type):
             col = col.field("bytes")
-        for value in col.to_pylist():
-            if value:
-                return format_of(value) or "jpg"
+        for i in range(len(col)):
+            if col[i].is_valid:
+                return format_of(col[i].as_py()[:12]) or "jpg"
     return None
 
 
@@ -260,6 +307,29 @@ def _label_of(value: Any, kind: str, names: Optional[List[str]], index: Dict[str
     if value > LABEL_MAX:
         return f"label {value} is out of range: labels are int64 class indices"
     return int(value)
+
+
+class _Runs:
+    """Skipped rows gathered into runs (consecutive rows, one reason), each one :class:`Skipped`
+    with its count: a file declaring millions of null rows costs one entry, not millions."""
+
+    def __init__(self, shown: str, out: List[Skipped]):
+        self.shown, self.out = shown, out
+        self.first = self.last = -1
+        self.reason = ""
+
+    def skip(self, row: int, reason: str, count: int = 1) -> None:
+        if self.first >= 0 and row == self.last + 1 and reason == self.reason:
+            self.last = row + count - 1
+            return
+        self.flush()
+        self.first, self.last, self.reason = row, row + count - 1, reason
+
+    def flush(self) -> None:
+        if self.first >= 0:
+            self.out.append(Skipped(row_run(self.shown, self.first, self.last), self.reason,
+                                    self.last - self.first + 1))
+            self.first = -1
 
 
 def parquet_source(src: str, label: Optional[str] = None,
@@ -346,8 +416,17 @@ def parquet_source(src: str, label: Optional[str] = None,
                     rg = meta.row_group(g)
                     pf_info.group_rows.append(rg.num_rows)
                     pf_info.sizes.append(_column_bytes(rg, image) // max(1, rg.num_rows))
+                    pf_info.empty.append(_all_null(rg, image))
+                    pf_info.present.append(_present(pf, g, image) if not pf_info.empty[-1] and
+                                           _column_bytes(rg, image) < MIN_IMAGE_BYTES * rg.num_rows else None)
+                    if pf_info.present[-1] is not None and len(pf_info.present[-1]) != rg.num_rows:
+                        raise ValueError(f"its footer declares {rg.num_rows} rows in row group {g}, its image column "
+                                         f"holds {len(pf_info.present[-1])}")
                 if label_col is not None:
                     pf_info.labels = _read_labels(pf, label_col)
+                    if len(pf_info.labels) != meta.num_rows:  # the footer counts rows the data does not hold
+                        raise ValueError(f"its footer declares {meta.num_rows} rows, its label column holds "
+                                         f"{len(pf_info.labels)}")
         except SourceError:
             raise
         except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a truncated footer...
@@ -370,19 +449,28 @@ def parquet_source(src: str, label: Optional[str] = None,
     for f in files:
         stem = f.name[: -len(SUFFIX)] if f.name.lower().endswith(SUFFIX) else f.name
         shown = escape_path(f.name)
+        runs = _Runs(shown, skipped)  # rows skipped for one reason, one after another: one entry
         base = 0
         for g, nrows in enumerate(f.group_rows):
             size = f.sizes[g]
             base += nrows
+            if f.empty[g]:
+                runs.skip(base - nrows, "no image (null): the row group's statistics count every image null", nrows)
+                continue
+            present = f.present[g]
             for row in range(base - nrows, base):
+                if present is not None and not present[row - base + nrows]:
+                    runs.skip(row, "no image (null)")
+                    continue
                 path = f"{shown}/row {row}"
                 sample_label = None
                 if f.labels is not None:
                     value = _label_of(f.labels[row], kind, names, index)
                     if isinstance(value, str):
-                        skipped.append(Skipped(path, value))
+                        runs.skip(row, value)
                         continue
                     sample_label = value
+                runs.flush()
                 try:
                     key = encode_key(f"{stem}/{row:09d}")
                 except ValueError:
@@ -395,6 +483,7 @@ def parquet_source(src: str, label: Optional[str] = None,
                 if label_col is None:
                     inputs.append(SourceFile("json", f"{path}/json", 0, f.mtime_ns, f.name, row))
                 samples.append(Sample(key, tuple(inputs), sample_label))
+        runs.flush()
     if not samples and not skipped:
         raise SourceError(f"no rows in the Parquet files of {escape_path(src)}", src)
     return Source(location.url, "parquet", samples, classes, skipped, ignored, kind="parquet",

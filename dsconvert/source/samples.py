@@ -87,6 +87,7 @@ class Sample:
 class Skipped:
     path: str
     reason: str
+    count: int = 1  # a run of rows skipped for one reason (``a.parquet/rows 3-9``): dsconvert.skips
 
 
 @dataclass
@@ -120,7 +121,7 @@ class Source:
     @property
     def num_files(self) -> int:
         """Input files seen: in a sample or skipped (ignored litter is not counted)."""
-        return sum(len(s.files) for s in self.samples) + len(self.skipped)
+        return sum(len(s.files) for s in self.samples) + sum(s.count for s in self.skipped)
 
     @property
     def nbytes(self) -> int:
