@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .codecs import DECODE_MODES, ENCODED_MODES
+from . import schedstat
 from .errors import OptionError, SourceError
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
@@ -166,6 +167,7 @@ def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, colla
     loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate,
                         shuffle=False, persistent_workers=False)
     monitor = DataLoadingMonitor(window=1 << 30, warmup=1)
+    before = set(schedstat.children())
     cpu0 = _cpu()
     started = time.perf_counter()
     first_at: Optional[float] = None
@@ -185,6 +187,8 @@ def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, colla
                 and first_at is not None and n >= first_n + 4 * batch_size):
             break
     ended = time.perf_counter()
+    # the workers' run-queue waits, read while they live: what other processes' load cost the pass
+    waits = schedstat.waits_of(p for p in schedstat.children() if p not in before) if workers else {}
     steps.close()  # the loader's iterator goes, and with it the workers, which are reaped
     del steps, loader
     gc.collect()
@@ -200,6 +204,11 @@ def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, colla
     return {
         "dataset": target.path, "kind": target.kind, "workers": workers, "batch_size": batch_size,
         "cache": cache, "samples": n, "seconds": wall, "samples_per_s": rate,
+        # the rates had no other process taken the CPU: analyze decides on these (schedstat)
+        "unloaded_per_s": schedstat.unloaded(rate, waits), "unloaded_whole": schedstat.unloaded(n / wall if wall > 0
+                                                                                               else 0.0, waits),
+        "cpu_wait_share": (sum(w for _, w in waits.values()) / sum(a for a, _ in waits.values())
+                           if waits and sum(a for a, _ in waits.values()) > 0 else 0.0),
         "mb_per_s": rate * target.bytes_per_sample / 1e6,
         "startup_s": first_at - started if first_at is not None else wall,
         "wait_ms": {"p50": summary["load_ms"]["p50"], "p99": summary["load_ms"]["p99"]},

@@ -25,6 +25,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import skips
 from ..readers.base import TorchDataset, TorchIterableDataset
 from ..source import FolderListing, Source, SourceFile
 from ..source.dataset import SourceDataset
@@ -103,9 +104,9 @@ def transform_cost(source: Source, transform: Optional[Callable], count: int = 1
             image = ds[i][0]
         except Exception:  # a file that does not decode is the conversion's to skip, not ours
             continue
-        t = time.perf_counter()
+        t = time.thread_time()  # CPU time: what load does not move (the transforms run in this thread)
         transform(image)
-        seconds += time.perf_counter() - t
+        seconds += time.thread_time() - t
         timed += 1
     return seconds / timed * 1000 if timed else 0.0
 
@@ -217,7 +218,7 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
                     continue
                 if manifest.skipped and c is options[0]:
                     first = manifest.skipped[0]
-                    notes.append(f"{len(manifest.skipped)} of the {n} sampled samples do not convert (e.g. "
+                    notes.append(f"{skips.total(manifest.skipped)} of the {n} sampled samples do not convert (e.g. "
                                  f"{first.get('path')}: {first.get('reason')}); the passes leave them out")
                 out_files = [os.path.join(path, f) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f))]
                 out_bytes = sum(s.bytes for s in manifest.shards)
@@ -306,9 +307,13 @@ def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Se
             times = max(1, -(-8 * w * batch // max(1, n)))
             data, count = repeated(ds, times, n), n * times
         r = _one_pass(data, target, workers, batch, collate, cache, count, max_seconds)
-        row[cache] = r["samples_per_s"]
+        # decided on the rates less what other processes' CPU load cost the workers (a shared
+        # machine's load moves wall rates from pass to pass); the wall rates are kept beside them
+        row[cache] = r["unloaded_per_s"]
+        row[f"{cache}_wall"] = r["samples_per_s"]
+        row[f"{cache}_cpu_wait"] = r["cpu_wait_share"]
         row[f"{cache}_startup_s"] = r["startup_s"]
-        row[f"{cache}_whole"] = r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
+        row[f"{cache}_whole"] = r["unloaded_whole"]
         row[f"{cache}_batch"] = batch
         log(f"{cache}: {r['samples_per_s']:,.0f} samples/s ({r['samples']} samples in batches of {batch}, "
             f"{workers} workers)")

@@ -1,0 +1,88 @@
+"""Time a thread or process spent runnable but waiting for a CPU, from Linux's schedstat.
+
+Why: analyze's verdicts compare rates measured one after another. On a shared machine (a
+training node rarely is idle) other processes take the CPU for part of each pass, by a share
+that changes from pass to pass, so wall rates move with the load, and a verdict that compares
+them flips. The time a task waited in the run queue is what that load cost it: a wall time
+less that wait is what the task took for itself, on the CPU or blocked in I/O, which is what
+the verdict is about. ``/proc/<pid>/task/<tid>/schedstat`` gives it (on CPU ns, run-queue wait
+ns, time slices); where it is missing (not Linux, schedstats off) every wait reads as 0 and
+the wall figures stand as before.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterable, List, Optional, Tuple
+
+__all__ = ["thread_wait_s", "waits_of", "children", "unloaded"]
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _read(path: str) -> Optional[Tuple[int, int]]:
+    try:
+        with open(path, "rb") as f:
+            on_cpu, waited = f.read().split()[:2]
+        return int(on_cpu), int(waited)
+    except (OSError, ValueError):
+        return None
+
+
+def thread_wait_s() -> float:
+    """Seconds the calling thread has waited in the run queue over its life (0.0 if unknown)."""
+    got = _read("/proc/thread-self/schedstat")
+    return got[1] / 1e9 if got else 0.0
+
+
+def children(pid: Optional[int] = None) -> List[int]:
+    """The child processes of ``pid`` (this process by default), from every thread's list."""
+    pid = pid or os.getpid()
+    out: List[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return sorted(set(out))
+
+
+def _uptime() -> float:
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0])
+
+
+def waits_of(pids: Iterable[int]) -> Dict[int, Tuple[float, float]]:
+    """For each live process in ``pids``: (seconds alive, seconds its main thread waited in the
+    run queue). The main thread's wait is what delays the samples a DataLoader worker makes;
+    its helper threads' waits delay only their read-ahead."""
+    out: Dict[int, Tuple[float, float]] = {}
+    try:
+        now = _uptime()
+    except OSError:
+        return out
+    for pid in pids:
+        got = _read(f"/proc/{pid}/task/{pid}/schedstat")
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                started = int(f.read().rsplit(")", 1)[1].split()[19]) / _TICKS
+        except (OSError, ValueError, IndexError):
+            continue
+        if got is not None:
+            out[pid] = (max(0.0, now - started), got[1] / 1e9)
+    return out
+
+
+def unloaded(rate: float, waits: Dict[int, Tuple[float, float]]) -> float:
+    """``rate`` as the processes would have made it had they not waited for a CPU: scaled by
+    their time alive over their time alive less the wait (no waits known: ``rate``)."""
+    alive = sum(a for a, _ in waits.values())
+    waited = sum(min(w, a) for a, w in waits.values())
+    if alive <= 0 or waited <= 0 or waited >= alive:
+        return rate
+    return rate * alive / (alive - waited)
