@@ -47,8 +47,8 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("convert", ["convert"]),
     # the Datasets over outputs, sources and tars, and their cache
     ("readers", ["readers", "data"]),
-    # what runs over all of that: verify, bench, analyze, diagnose
-    ("tools", ["verify", "bench", "analyze", "diagnose", "html_report"]),
+    # what runs over all of that: verify, bench, analyze, diagnose (and the fix commands they advise)
+    ("tools", ["verify", "bench", "analyze", "diagnose", "advice", "html_report"]),
     # the public API (dsconvert/__init__.py)
     ("api", [""]),
     # the command line
