@@ -10,16 +10,9 @@ Public API::
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("dsconvert")  # pyproject.toml's, as installed: the one place it is written
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
-del PackageNotFoundError, version
-
+from .version import __version__
 from .convert import ConvertResult, convert  # noqa: E402
-from .readers.open import open_dataset  # noqa: E402
+from .readers.open import open_dataset, open_source  # noqa: E402
 from .errors import (  # noqa: E402
     BadInputError,
     DsconvertError,
@@ -35,7 +28,6 @@ from .errors import (  # noqa: E402
 from .manifest import Manifest  # noqa: E402
 from .monitor import DataLoadingMonitor  # noqa: E402
 from .source import scan  # noqa: E402
-from .source import open_source  # noqa: E402
 
 __all__ = [
     "__version__",

@@ -116,7 +116,7 @@ def _open(path: str, decode: str, transform: Optional[Callable], max_samples: in
         kind, sample_type = "tars", manifest.sample_type
     else:
         from .source import scan
-        from .source.dataset import SourceDataset
+        from .readers.source import SourceDataset
 
         source = scan(path, storage_options=storage_options)
         _check_transform(path, source.sample_type, transform)

@@ -543,7 +543,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from .io.shard_cache import prefetch
+    from .readers.prefetch import prefetch
 
     _local_folder(args.cache_dir, "the cache folder")
     report = prefetch(args.url, args.cache_dir, args.max_size, parse_storage_options(args.storage_option),

@@ -23,7 +23,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
-from . import __version__, skips
+from . import skips
+from .version import __version__
 from .codecs import pixel_limit, resolve_decoder, resolve_resampler
 from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
                      OutputExistsError, OutputLockedError, SourceError)
@@ -38,13 +39,15 @@ from .plan import (CHANGED_DURING, MAX_SAMPLE_BYTES, MIN_SHARDS, ShardResult, Sh
                    spread_plan)
 from .shuffle import ORDERS, order_bytes, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
-from .source import LAYOUTS, Skipped, Source, scan
+from .inputs import read_samples
+from .samples import LAYOUTS, Skipped, Source
+from .source import scan
 from .io.location import Location, is_remote, local_form
 from .io.localfs import free_bytes, mount_of
 from .io.locks import file_lock
 from .io.owner import OWNER_NAME, Owned, owner_token
 
-__all__ = ["convert", "ConvertResult", "EXIT_SKIPPED", "accepts"]
+__all__ = ["convert", "ConvertResult", "write_shard", "EXIT_SKIPPED", "accepts"]
 
 EXIT_SKIPPED = 3  # the CLI's exit status when the conversion finished but skipped inputs
 LOCK_NAME = ".dsconvert.lock"
@@ -291,9 +294,9 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
     try:
         if executor is None:
             for spec in todo:
-                finished(spec, fmt.write_shard(spec))
+                finished(spec, write_shard(spec))
         else:
-            task = _write_shard if own_pool is not None else fmt.write_shard
+            task = _write_shard if own_pool is not None else write_shard
             futures = {executor.submit(task, spec): spec for spec in todo}
             try:
                 for future in cf.as_completed(futures):
@@ -322,10 +325,16 @@ def _quiet_excepthook(kind: Any, value: BaseException, tb: Any) -> None:
         sys.__excepthook__(kind, value, tb)
 
 
+def write_shard(spec: ShardSpec) -> ShardResult:
+    """One shard written: its inputs read (:func:`dsconvert.inputs.read_samples`) and handed to
+    its format (``Format.write_shard``). The pure function the executor maps."""
+    return get(spec.format).write_shard(spec, read_samples(spec))
+
+
 def _write_shard(spec: ShardSpec) -> ShardResult:
-    """What our own pool's workers run: the format's write_shard, with quiet finalizers."""
+    """What our own pool's workers run: :func:`write_shard`, with quiet finalizers."""
     sys.unraisablehook, sys.excepthook = _quiet_unraisable, _quiet_excepthook
-    return get(spec.format).write_shard(spec)
+    return write_shard(spec)
 
 
 def _raise_cause(exc: BaseException, futures: Dict[cf.Future, ShardSpec], out_dir: str) -> None:

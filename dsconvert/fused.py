@@ -50,11 +50,12 @@ import numpy as np
 from PIL import Image
 
 from . import resample
+from .geometry import resized_size
 from .codecs import (_JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode,
                      Region, jpeg_decoders, nchw_view, refuse_unverifiable, region_decode)
 from .errors import BadInputError
 
-__all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box", "resized_size"]
+__all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box"]
 
 REDUCTIONS = (8, 4, 2)  # DCT-domain scaling factors 1/8, 1/4, 1/2, largest reduction first
 DCT_MARGIN = 2.5  # a reduced decode must cover the output this many times over (codecs.scaled_eighths)
@@ -258,17 +259,6 @@ def rrc_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[flo
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
-
-
-def resized_size(height: int, width: int, resize: Any, max_size: Optional[int] = None) -> Tuple[int, int]:
-    """(h, w) after torchvision's ``Resize(resize, max_size)``."""
-    if not isinstance(resize, int):
-        return int(resize[0]), int(resize[1])
-    short, long_ = (width, height) if width <= height else (height, width)
-    new_short, new_long = resize, int(resize * long_ / short)
-    if max_size is not None and new_long > max_size:
-        new_short, new_long = int(max_size * new_short / new_long), max_size
-    return (new_long, new_short) if width <= height else (new_short, new_long)
 
 
 # --- decoding at reduced scale -----------------------------------------------------------

@@ -17,7 +17,7 @@ import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import __version__
+from .version import __version__
 from .optional import require
 from .sizing import format_size
 

@@ -50,6 +50,7 @@ from typing import Any, Dict, List, Optional, Union
 from .errors import DsconvertError, ManifestError
 from .keys import escape_path, unescape_path
 from .io.location import Location, is_remote
+from .samples import LAYOUTS
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ORDER_NAME", "ShardEntry", "Manifest", "expect",
            "is_int", "is_str_list"]
@@ -247,8 +248,6 @@ def _unreadable(folder: str, where: str, exc: OSError) -> str:
 
 def _check_source(source: Dict[str, Any], where: str) -> None:
     """``source``: url, root and layout are strings when present (verify rescans with them)."""
-    from .source import LAYOUTS  # here: source imports codecs, which must not import the manifest
-
     for key in ("url", "root", "layout"):
         expect(key not in source or isinstance(source[key], str), where, f"source.{key}", "a string")
     expect(source.get("layout", "auto") in LAYOUTS, where, "source.layout", f"one of {LAYOUTS}")

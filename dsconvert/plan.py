@@ -1,5 +1,6 @@
 """What a shard is before and after it is written: the spec a worker gets, the result it
-returns, how samples are planned into shards, and how a spec's input files are read.
+returns, and how samples are planned into shards. Plain data and arithmetic: reading a spec's
+inputs is :mod:`dsconvert.inputs`', writing its shard its format's.
 
 A spec is plain, picklable data and fully determines the shard's bytes, so the same spec
 gives the same shard on any worker of any executor. Its digest (which leaves out the output
@@ -11,21 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
-from fractions import Fraction
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .codecs import check_field, is_image_field
-from .reencode import DEFAULT_QUALITY, shrink_image
-from .errors import BadInputError, OptionError
-from .keys import escape_path
 from .manifest import ShardEntry
-from .io.location import filesystem, is_remote
-from .source import Sample, Skipped
+from .samples import Sample, Skipped
+from .units import parse_size
 
-__all__ = ["ShardSpec", "ShardResult", "plan_shards", "parse_size", "read_samples", "CHANGED_DURING"]
+__all__ = ["ShardSpec", "ShardResult", "plan_shards", "spread_plan", "parse_size", "CHANGED_DURING", "MIN_SHARDS",
+           "MIN_SPREAD_SAMPLES"]
 
 
 @dataclass(frozen=True)
@@ -122,21 +117,6 @@ def spread_plan(samples: Sequence[Sample], max_samples: int, max_bytes: int, min
     return spread
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
-          "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
-
-
-def parse_size(text: str) -> int:
-    """'1GB' -> 10**9, '512MiB' -> 2**29, '4096' -> 4096. An OptionError (a ValueError) for
-    anything else; exact arithmetic, so no float rounding and no overflow on huge numbers."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise OptionError(f"not a size: {text!r} (use e.g. 1GB, 512MiB, 1000000)")
-    unit = (m.group(2) or "").lower().rstrip("b")
-    return int(Fraction(m.group(1)) * _UNITS[unit])
-
-
 CHANGED_DURING = "changed during the conversion"  # a skip reason that a rerun undoes
 # The byte bound beside the pixel bound: an input value larger than this is skipped before it is
 # decoded, verified or (where its size is known ahead, as a file's or a Parquet row group's) read.
@@ -155,91 +135,3 @@ def over_limit(size: int, limit: int) -> str:
     """The skip reason of an input of ``size`` bytes over the bound."""
     return (f"{size} bytes, over the per-sample limit of {limit} bytes (raise it with --max-sample-bytes, "
             "or 0 for none)")
-REMOTE_BATCH_FILES = 64  # remote sources: files fetched concurrently per request batch
-REMOTE_BATCH_BYTES = 64 << 20
-
-Fetched = Union[Dict[str, bytes], BadInputError]
-
-
-def _checked(spec: ShardSpec, sample: Sample, contents: Dict[str, Tuple[bytes, bool]]) -> Fetched:
-    """Fields of a sample from (bytes, still as scanned) per file; the first bad file decides."""
-    fields: Dict[str, bytes] = {}
-    limit = sample_bytes_limit(spec)
-    for f in sample.files:
-        data, unchanged = contents[f.path]
-        if limit is not None and len(data) > limit:  # before any decode: a byte bomb costs no more work
-            return BadInputError(over_limit(len(data), limit), escape_path(f.path))
-        if not unchanged or len(data) != f.size:
-            return BadInputError(f"{CHANGED_DURING} (size or mtime differs from the scan); run the same "
-                                 "command again to include it", escape_path(f.path))
-        try:
-            check_field(f.field, data, spec.verify, spec.max_image_pixels)
-            if spec.options.get("max_size") and is_image_field(f.field):
-                data = shrink_image(data, spec.options["max_size"], spec.options.get("quality", DEFAULT_QUALITY),
-                                    spec.max_image_pixels)
-        except BadInputError as exc:
-            return BadInputError(exc.reason, escape_path(f.path))
-        fields[f.field] = data
-    return fields
-
-
-def _read_local(spec: ShardSpec, sample: Sample) -> Fetched:
-    contents: Dict[str, Tuple[bytes, bool]] = {}
-    for f in sample.files:
-        path = f.path if os.path.isabs(f.path) else os.path.join(spec.root, f.path)
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(f.size + 1)  # bounded by the scan: a file grown since is 'changed'
-                st = os.fstat(fh.fileno())
-        except OSError as exc:
-            return BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path))
-        contents[f.path] = (data, st.st_size == f.size and st.st_mtime_ns == f.mtime_ns)
-    return _checked(spec, sample, contents)
-
-
-def _remote_batches(spec: ShardSpec) -> Iterator[List[Sample]]:
-    batch: List[Sample] = []
-    nfiles = nbytes = 0
-    for sample in spec.samples:
-        batch.append(sample)
-        nfiles += len(sample.files)
-        nbytes += sample.nbytes
-        if nfiles >= REMOTE_BATCH_FILES or nbytes >= REMOTE_BATCH_BYTES:
-            yield batch
-            batch, nfiles, nbytes = [], 0, 0
-    if batch:
-        yield batch
-
-
-def read_samples(spec: ShardSpec) -> Iterator[Tuple[Sample, Fetched]]:
-    """Each sample of the spec with its checked fields, or the BadInputError naming its bad file.
-
-    Local sources are read file by file (with fstat: a file whose size or mtime differs from
-    the scan changed during the conversion). Remote sources are fetched in batches of
-    concurrent GETs (``fs.cat`` of many paths), since each request pays a round trip; there
-    only the size can be compared with the scan. Inputs inside containers (tar members,
-    Parquet rows, samples of an output) are read by their kind's reader."""
-    if spec.source_kind != "files":
-        from .source import container_reader
-
-        yield from container_reader(spec.source_kind)(spec, _checked)
-        return
-    if not is_remote(spec.root):
-        for sample in spec.samples:
-            yield sample, _read_local(spec, sample)
-        return
-    fs, base = filesystem(spec.root, spec.storage_options)
-    for batch in _remote_batches(spec):
-        paths = {f.path: f"{base}/{f.path}" for s in batch for f in s.files}
-        got = fs.cat(list(paths.values()), on_error="return")
-        for sample in batch:
-            contents: Dict[str, Tuple[bytes, bool]] = {}
-            failed: Optional[BadInputError] = None
-            for f in sample.files:
-                data = got.get(paths[f.path])
-                if not isinstance(data, bytes):
-                    reason = "no longer there" if isinstance(data, FileNotFoundError) else f"unreadable: {data}"
-                    failed = BadInputError(reason, escape_path(f.path))
-                    break
-                contents[f.path] = (data, True)
-            yield sample, failed or _checked(spec, sample, contents)

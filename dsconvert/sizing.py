@@ -18,7 +18,7 @@ from PIL import Image
 from .codecs import check_pixels, image_size, is_image_field, resized_shape
 from .errors import BadInputError
 from .io.location import is_remote
-from .source import Sample, Source, SourceFile
+from .samples import Sample, Source, SourceFile
 
 __all__ = ["SizeEstimate", "estimate_output_bytes", "format_size"]
 

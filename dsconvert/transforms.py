@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Tuple
 import numpy as np
 
 from .errors import OptionError
+from .geometry import resized_size
 
 __all__ = ["CropToTensor", "RandomResizedCropToTensor", "load_transform", "TRANSFORMS"]
 
@@ -54,8 +55,6 @@ class CropToTensor:
 
     def __call__(self, image: Any) -> Any:
         from PIL import Image
-
-        from .fused import resized_size
 
         image = _pil(image)
         s, r = self.size, self.resize

@@ -40,7 +40,7 @@ from benchmeta import meta, spread  # noqa: E402
 
 from dsconvert import convert, open_dataset  # noqa: E402
 from dsconvert.demo import make_demo_dataset  # noqa: E402
-from dsconvert.source import open_source  # noqa: E402
+from dsconvert import open_source  # noqa: E402
 
 SHARD_SAMPLES = 500
 

@@ -40,7 +40,7 @@ def resizers(kind: str, images: List, boxes: List) -> Dict[str, Callable[[int], 
     from PIL import Image
 
     from dsconvert import resample
-    from dsconvert.fused import resized_size
+    from dsconvert.geometry import resized_size
 
     torch.set_num_threads(1)
     out: Dict[str, Callable[[int], object]] = {}

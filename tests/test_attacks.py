@@ -578,6 +578,7 @@ def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(t
     """A rerun after a "changed during the conversion" skip rewrites shards; killed at any
     instant, the output has no manifest or one that matches every shard it names."""
     from dsconvert.formats.wds import Wds
+    from dsconvert.inputs import read_samples
     from dsconvert.plan import ShardSpec
     from dsconvert.source import scan
 
@@ -600,7 +601,7 @@ def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(t
         victim = source.samples[1].files[0].path
         write(os.path.join(src, victim), encode(photos["rocket"].resize((320 - attempt, 240))))
         spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, out_s, "classification", tuple(source.samples[:4]))
-        result = Wds.write_shard(spec)
+        result = Wds.write_shard(spec, read_samples(spec))
         assert [x.path for x in result.skipped] == [victim]
         d = json.load(open(out / "dsconvert.json"))
         d["shards"][0] = {"name": result.entry.name, "num_samples": 3, "bytes": result.entry.bytes,

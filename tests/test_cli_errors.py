@@ -437,10 +437,10 @@ def test_dead_worker_is_one_line_and_resumable(tmp_path, small_src, capsys, monk
     parent = os.getpid()
     real = wds.Wds.write_shard.__func__
 
-    def dying(cls, spec):
+    def dying(cls, spec, samples):
         if os.getpid() != parent and spec.index == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
-        return real(cls, spec)
+        return real(cls, spec, samples)
 
     monkeypatch.setattr(wds.Wds, "write_shard", classmethod(dying))
     argv = ["shard", small_src, "-o", tmp_path / "out", "--samples-per-shard", "2", "--workers", "2", "-q"]

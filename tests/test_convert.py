@@ -160,6 +160,7 @@ def test_output_inside_source_is_refused(image_folder):
 
 def test_file_vanishing_before_its_shard_is_skipped_as_unreadable(tmp_path, image_folder):
     from dsconvert.formats.wds import Wds
+    from dsconvert.inputs import read_samples
     from dsconvert.plan import ShardSpec
     from dsconvert.source import scan
 
@@ -169,7 +170,7 @@ def test_file_vanishing_before_its_shard_is_skipped_as_unreadable(tmp_path, imag
     out.mkdir()
     spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification",
                      tuple(source.samples))
-    result = Wds.write_shard(spec)
+    result = Wds.write_shard(spec, read_samples(spec))
     assert result.entry.num_samples == 15
     assert [(s.path, s.reason) for s in result.skipped] == [
         (source.samples[2].files[0].path, "unreadable: No such file or directory")]
@@ -191,6 +192,7 @@ def test_strict_with_a_process_pool(tmp_path, image_folder):
 
 def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_path, image_folder, photos):
     from dsconvert.formats.wds import Wds
+    from dsconvert.inputs import read_samples
     from dsconvert.io.location import Location
     from dsconvert.io.owner import owner_token
     from dsconvert.plan import ShardSpec
@@ -205,7 +207,7 @@ def test_file_changed_after_the_scan_is_skipped_then_included_by_a_rerun(tmp_pat
     owner = owner_token(Location(str(out)))  # ... and its writers note what they write under its token
     spec = ShardSpec("wds", 0, "shard-000000.tar", source.root, str(out), "classification", tuple(source.samples),
                      owner=owner)
-    result = Wds.write_shard(spec)
+    result = Wds.write_shard(spec, read_samples(spec))
     assert result.entry.num_samples == 15
     assert [s.path for s in result.skipped] == [victim]
     assert result.skipped[0].reason.startswith("changed during the conversion")

@@ -13,7 +13,7 @@ from PIL import Image
 from conftest import pil_loader, reference_image_folder, rehash_parts
 from dsconvert import Manifest, convert, open_dataset
 from dsconvert.formats import FORMATS, Format, get
-from dsconvert.formats.base import ShardReader
+from dsconvert.formats.base import ShardReader, Sink, SpansNotSupported
 from dsconvert.io.shard_cache import ShardAccess
 from dsconvert.source import scan
 from dsconvert.verify import verify
@@ -37,6 +37,50 @@ def test_registry_entry_is_a_complete_format(fmt_id):
     assert name == f"shard-000003{fmt.suffix}" and fmt.index_name(name) == "shard-000003.index.json"
     for method in ("open_sink", "open_shard"):  # what a format must supply
         assert getattr(fmt, method).__func__ is not getattr(Format, method).__func__, method
+    assert not fmt.__abstractmethods__  # every @abstractmethod of the interface implemented
+
+
+def test_shard_reader_keeps_the_interface_the_readers_call(written, fmt_id):
+    """A format read as a stream has the byte spans the stream reader reads; any other says
+    so with SpansNotSupported, never an AttributeError."""
+    _, out, manifest = written
+    fmt = get(fmt_id)
+    entry = manifest.shards[0]
+    shard = fmt.open_shard(ShardAccess(out), entry, manifest)
+    try:
+        assert isinstance(shard, ShardReader) and not type(shard).__abstractmethods__
+        assert shard.ranged == fmt.iterable
+        samples = list(range(entry.num_samples))
+        if shard.ranged:
+            spans = shard.image_spans()
+            assert len(spans) == entry.num_samples
+            source = shard.scattered(samples, True)
+            try:
+                for j, (offset, size) in zip(samples, spans):
+                    assert shard.sample_bytes(j, True) == size
+                    assert bytes(source.get(offset, size)) == bytes(shard.image(j))
+            finally:
+                source.close()
+        else:
+            calls = (shard.image_spans, lambda: shard.sample_bytes(0, True), lambda: shard.scattered(samples, True))
+            for call in calls:
+                with pytest.raises(SpansNotSupported):
+                    call()
+    finally:
+        shard.close()
+
+
+def test_open_sink_gives_a_complete_sink(fmt_id, tmp_path):
+    """What open_sink gives is a Sink, every abstract method implemented."""
+    from dsconvert.plan import ShardSpec
+
+    fmt = get(fmt_id)
+    spec = ShardSpec(fmt_id, 0, fmt.shard_name("shard", 0), str(tmp_path), str(tmp_path), "classification", ())
+    path = tmp_path / spec.name
+    with open(path, "wb") as f:
+        sink = fmt.open_sink(spec, f, str(path))
+        assert isinstance(sink, Sink) and not type(sink).__abstractmethods__
+        sink.close()
 
 
 def test_files_of_names_every_file_a_shard_has(written, fmt_id):

@@ -19,6 +19,7 @@ from conftest import encode, make_image_folder
 from dsconvert import convert, open_dataset, open_source
 from dsconvert import fused as fz
 from dsconvert.errors import BadInputError
+from dsconvert.geometry import resized_size
 from dsconvert.transforms import CropToTensor, RandomResizedCropToTensor
 
 pytestmark = pytest.mark.usefixtures("torch")
@@ -42,7 +43,7 @@ def reference_rrc(data: bytes, box, size: int) -> np.ndarray:
 
 def reference_eval(data: bytes, resize: int, size: int) -> np.ndarray:
     img = pil_full(data)
-    h, w = fz.resized_size(img.size[1], img.size[0], resize)
+    h, w = resized_size(img.size[1], img.size[0], resize)
     img = img.resize((w, h), Image.Resampling.BILINEAR)
     top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
     return np.asarray(img.crop((left, top, left + size, top + size))).transpose(2, 0, 1)
@@ -128,10 +129,10 @@ def test_the_largest_reduction_that_keeps_the_output_size():
 
 
 def test_resized_size_is_torchvisions():
-    assert fz.resized_size(375, 500, 256) == (256, 341)
-    assert fz.resized_size(500, 375, 256) == (341, 256)
-    assert fz.resized_size(375, 500, (100, 200)) == (100, 200)
-    assert fz.resized_size(100, 1000, 256, max_size=512) == (51, 512)
+    assert resized_size(375, 500, 256) == (256, 341)
+    assert resized_size(500, 375, 256) == (341, 256)
+    assert resized_size(375, 500, (100, 200)) == (100, 200)
+    assert resized_size(100, 1000, 256, max_size=512) == (51, 512)
 
 
 # --- pixels ------------------------------------------------------------------------------
@@ -411,7 +412,7 @@ def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, i
         g = fz.Geometry("resize", resize=resize, crop=crop, interpolation=interpolation)
         for h, w in shapes:
             pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
-            target = fz.resized_size(h, w, resize)
+            target = resized_size(h, w, resize)
             if not fz._crop_only(target, g):
                 continue
             full = torch.nn.functional.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=target,

@@ -20,8 +20,10 @@ datasets = pytest.importorskip("datasets")
 
 import dsconvert  # noqa: E402
 from dsconvert.errors import SourceError  # noqa: E402
-from dsconvert.plan import ShardSpec, _checked  # noqa: E402
-from dsconvert.source.parquet import looks_like_parquet, parquet_source, read_parquet_samples  # noqa: E402
+from dsconvert.inputs import checked  # noqa: E402
+from dsconvert.inputs.parquet import read_parquet_samples  # noqa: E402
+from dsconvert.plan import ShardSpec  # noqa: E402
+from dsconvert.source.parquet import looks_like_parquet, parquet_source  # noqa: E402
 
 NAMES = ["cat", "dog", "eel"]
 
@@ -232,7 +234,7 @@ def test_plain_binary_column_and_png_field(tmp_path):
     source = parquet_source(path, None)
     assert not source.labelled and source.classes is None
     assert [f.field for f in source.samples[0].files] == ["png", "json"]
-    got = list(read_parquet_samples(spec_of(source), _checked))
+    got = list(read_parquet_samples(spec_of(source), checked))
     assert [fields["png"] for _, fields in got] == imgs
     assert [json.loads(fields["json"]) for _, fields in got] == [{"id": i} for i in range(10, 14)]
 
@@ -240,7 +242,7 @@ def test_plain_binary_column_and_png_field(tmp_path):
 def test_read_direct_is_byte_exact(labelled):
     source = parquet_source(labelled, None)
     middle = source.samples[2:6]  # rows 2..5: across row groups 0, 1
-    got = list(read_parquet_samples(spec_of(source, middle), _checked))
+    got = list(read_parquet_samples(spec_of(source, middle), checked))
     assert [s for s, _ in got] == middle
     assert [fields["jpg"] for _, fields in got] == parquet_images(labelled)[2:6]
 
@@ -401,11 +403,11 @@ def test_file_changed_after_scan(tmp_path, labelled):
         f.write(data)
     source = parquet_source(path, None)
     os.utime(path, ns=(1, 1))
-    got = list(read_parquet_samples(spec_of(source), _checked))
+    got = list(read_parquet_samples(spec_of(source), checked))
     assert len(got) == 7 and all("changed during the conversion" in r.reason for _, r in got)
     with open(path, "wb") as f:
         f.write(b"garbage")
-    got = list(read_parquet_samples(spec_of(source), _checked))
+    got = list(read_parquet_samples(spec_of(source), checked))
     assert len(got) == 7 and all(r.reason.startswith("unreadable Parquet file") for _, r in got)
 
 

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from dsconvert.plan import MIN_SPREAD_SAMPLES, parse_size, plan_shards, spread_plan
-from dsconvert.source import Sample, SourceFile
+from dsconvert.samples import Sample, SourceFile
 
 
 def samples_of(sizes):

@@ -334,15 +334,15 @@ def test_conversion_from_tars_resumes(shardwriter_tars, tmp_path):
 
 
 def test_a_tar_changed_during_conversion_is_said(shardwriter_tars, tmp_path, monkeypatch):
-    import dsconvert.source.tars as tars
+    from dsconvert import inputs
 
-    real = tars.read_tar_samples
+    real = inputs.READERS["tar"]
 
     def touched(spec, checked):
         os.utime(os.path.join(shardwriter_tars, "train-000000.tar"), ns=(1, 1))
         yield from real(spec, checked)
 
-    monkeypatch.setattr(tars, "read_tar_samples", touched)
+    monkeypatch.setitem(inputs.READERS, "tar", touched)
     r = convert(shardwriter_tars, str(tmp_path / "out"), "wds", workers=1)
     assert r.manifest.skipped and all("changed during" in s["reason"] for s in r.manifest.skipped)
     assert all(s["path"].startswith("train-000000.tar/") for s in r.manifest.skipped)

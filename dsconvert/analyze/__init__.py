@@ -25,7 +25,7 @@ from ..processes import available_cpus
 from .. import resample
 from ..progress import progress_bar
 from ..io.location import filesystem, is_remote, local_form, protocol_of
-from ..source.samples import CLASSIFICATION_LAYOUTS
+from ..samples import CLASSIFICATION_LAYOUTS
 from ..io.localfs import free_bytes, storage_kind
 from .detect import Detected
 from .detect import detect as what_is  # the name detect stays the module's
@@ -137,7 +137,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         import random
 
         from ..source import scan
-        from ..source.dataset import SourceDataset
+        from ..readers.source import SourceDataset
 
         listed = scan(src, storage_options=storage_options)
         listed_total = len(listed.samples)
@@ -321,7 +321,7 @@ class MemberReader(Reader):
     read through the source's own dataset."""
 
     def __init__(self, source: Any, storage_options: Optional[Dict[str, Any]]):
-        from ..source.dataset import SourceDataset
+        from ..readers.source import SourceDataset
 
         super().__init__()
         self.ds = SourceDataset(source, decode="raw", storage_options=storage_options)

@@ -38,7 +38,7 @@ import numpy as np
 from ..codecs import NPY_HEADER_ERRORS, is_image_field
 from ..manifest import MANIFEST_NAME, Manifest
 from ..optional import optional_import
-from ..source.samples import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
+from ..source.folders import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
 
 __all__ = ["Detected", "detect", "KINDS", "crc32c", "masked_crc32c"]
 

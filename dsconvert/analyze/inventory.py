@@ -19,7 +19,7 @@ import numpy as np
 
 from ..io.localfs import is_latency_bound
 from ..io.location import mtime_ns_of
-from ..source.samples import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
+from ..source.folders import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
 
 __all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram"]
 

@@ -27,9 +27,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import skips
 from ..readers.base import TorchDataset, TorchIterableDataset
-from ..source import FolderListing, Source, SourceFile
-from ..source.dataset import SourceDataset
-from ..source.samples import source_of_listings
+from ..readers.source import SourceDataset
+from ..samples import Source, SourceFile
+from ..source.folders import FolderListing, source_of_listings
 from .verdict import MEMORY, SOURCE
 
 __all__ = ["Candidate", "candidates", "sample_source", "loader_passes", "run_passes", "transform_cost",

@@ -4,13 +4,21 @@ A format is one subclass of :class:`Format` in one module of this package, regis
 in ``formats/__init__.py``. It knows
 
 * how its shards are named and which files each shard has (``files_of``);
-* how to write a shard (``open_sink``: a :class:`Sink` that takes samples one by one; the
-  loop around it, resume and the shard record are here, once);
+* how to write a shard (``write_shard(spec, samples)``: the samples it is handed, each with
+  its fields as read or the error that skips it, written through ``open_sink``, a
+  :class:`Sink` that takes them one by one; the loop around it, resume and the shard record
+  are here, once). Reading the inputs is not a format's: the caller hands them over
+  (:func:`dsconvert.convert.write_shard` composes :func:`dsconvert.inputs.read_samples` and
+  this);
 * how many bytes a sample takes in it (``sample_bytes``, for planning and the space check);
 * how to load and check its shard record (``load_record``) and the shard's own structure
   (``structure_problems``, for ``verify``);
 * how to read a shard (``open_shard``: a :class:`ShardReader` giving each sample's stored
-  image or fields; the Datasets in :mod:`dsconvert.readers` do the rest).
+  image or fields, and, for formats read as streams, the byte spans of its samples; the
+  Datasets in :mod:`dsconvert.readers` do the rest).
+
+:class:`Format`, :class:`Sink` and :class:`ShardReader` are abstract base classes: what a new
+format must provide is marked ``@abstractmethod``.
 
 Code outside this package asks the registry (:func:`dsconvert.formats.get`) and never
 compares format ids. Nothing here imports torch: conversion never pays for it.
@@ -25,9 +33,10 @@ import hashlib
 import json
 import os
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import UnidentifiedImageError
@@ -40,11 +49,11 @@ from ..io.location import Location, json_bytes
 from ..io.owner import note
 from ..keys import escape_path
 from ..manifest import Manifest, ShardEntry, expect, is_int, is_int_list, is_list_of_lists, is_str_list
-from ..plan import ShardResult, ShardSpec, read_samples
-from ..source import Sample, Skipped
+from ..plan import ShardResult, ShardSpec
+from ..samples import Fetched, Fields, Sample, Skipped
 
-__all__ = ["Format", "Sink", "ShardReader", "ShardRecord", "Problem", "part_of", "part_problems", "write_owned",
-           "pixels_for", "image_field", "manifest_image_field"]
+__all__ = ["Format", "Sink", "ShardReader", "SpansNotSupported", "ShardRecord", "Problem", "part_of", "part_problems",
+           "write_owned", "pixels_for", "image_field", "manifest_image_field"]
 
 
 @dataclass
@@ -219,63 +228,98 @@ def pixels_for(spec: ShardSpec, data: bytes) -> np.ndarray:
         raise BadInputError(f"cannot decode image: {re.sub(' at 0x[0-9a-fA-F]+', '', str(exc))}") from None
 
 
-class Sink:
+class Sink(ABC):
     """Receives a shard's samples in order. ``add`` may raise BadInputError (the sample is
     then skipped, and must leave no trace); ``close`` returns format-specific record data."""
 
     sha256: Optional[str] = None  # set by sinks that hash while they write
 
-    def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
+    @abstractmethod
+    def add(self, sample: Sample, data: Fields) -> Fields:
         """Write one sample; return the fields as stored (name -> bytes, for the record)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def close(self) -> Dict[str, Any]:
-        raise NotImplementedError
+        """Finish the shard's file; return the format's own columns for the record."""
 
 
-class ShardReader:
+class SpansNotSupported(NotImplementedError):
+    """A shard reader was asked for the byte spans of its samples, and its format does not keep
+    samples as spans of one file (it stores pixels, or reads through a library): read it with
+    ``image``, ``images`` or ``fields``. Only formats read as streams (``Format.iterable``)
+    have spans; the readers ask for them only there."""
+
+    def __init__(self, reader: "ShardReader", what: str):
+        super().__init__(f"{type(reader).__name__} ({reader.name}) has no byte spans of its samples: {what} is "
+                         "for formats read as streams (Format.iterable)")
+
+
+class ShardReader(ABC):
     """One shard opened for reading, in the process that reads it.
 
     ``image(j)`` is sample j's stored image: encoded bytes, or a pixel array for formats
     that store pixels. ``fields(j)`` is every field of sample j (dict samples). ``images``
     walks a run of samples in file order, the hot loop of sequential reading; ``prepare``
-    says which run will be read next, so a format can map or fetch ahead."""
+    says which run will be read next, so a format can map or fetch ahead.
+
+    Formats read as streams (``Format.iterable``; ``ranged`` is True) keep each sample as byte
+    spans of the shard's one file, and the stream reader reads those spans itself:
+    ``image_spans``, ``sample_bytes``, ``scattered`` and the byte ``source`` that ``prepare``
+    opened. Other readers answer them with :class:`SpansNotSupported`."""
 
     name: str = ""
     keys: List[str]
     labels: List[int]
     image_field = "jpg"  # the image's field name, for formats that keep only the image
+    ranged: ClassVar[bool] = False  # samples are byte spans of one file (see the class doc)
+    source: Any = None  # the byte source prepare() opened (ranged readers; see dsconvert.io.ranges)
 
     def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
         """Samples [first, stop) are read next, in order (``prefetch``: read ahead concurrently;
         ``views``: they will be asked for as zero-copy views)."""
 
+    @abstractmethod
     def image(self, j: int) -> Any:
-        raise NotImplementedError
+        """Sample j's stored image: encoded bytes, or a pixel array."""
 
     def images(self, first: int, stop: int, views: bool = False) -> Iterator[Tuple[int, Any]]:
         """(j, image) for samples [first, stop); ``views``: zero-copy uint8 arrays where possible."""
         for j in range(first, stop):
             yield j, self.image(j)
 
-    def fields(self, j: int) -> Dict[str, Any]:
-        """Every stored field of sample j by name (formats that keep only the image: it alone)."""
+    def fields(self, j: int, source: Any = None) -> Dict[str, Any]:
+        """Every stored field of sample j by name (formats that keep only the image: it alone);
+        ``source``: a byte source that ``scattered`` gave, to read them from (ranged readers)."""
         return {self.image_field: self.image(j)}
+
+    def image_spans(self) -> List[Tuple[int, int]]:
+        """(offset, size) of each sample's image in the shard's file, by sample (ranged readers)."""
+        raise SpansNotSupported(self, "image_spans")
+
+    def sample_bytes(self, j: int, image_only: bool) -> int:
+        """Bytes read for sample j: its image, or every field (ranged readers)."""
+        raise SpansNotSupported(self, "sample_bytes")
+
+    def scattered(self, samples: Sequence[int], image_only: bool) -> Any:
+        """The bytes of ``samples`` (their image, or every field), requested now, concurrently: a
+        :class:`dsconvert.io.ranges.ScatteredBytes` to ``close()`` when read (ranged readers)."""
+        raise SpansNotSupported(self, "scattered")
 
     def close(self) -> None:
         """Release file handles and maps (open views stay valid where the format allows)."""
 
 
-class Format:
+class Format(ABC):
     """Everything about one format; see the module doc. Subclasses set the class attributes
-    and implement ``open_sink`` and ``open_shard``."""
+    and implement ``open_sink`` and ``open_shard``. A format is used as its class (every
+    method is a classmethod): never instantiated."""
 
     id: ClassVar[str] = ""
     suffix: ClassVar[str] = ""  # of the shard file
     overhead: ClassVar[int] = 0  # bytes a shard has beyond its samples, for planning by size
     pixels: ClassVar[str] = "never"  # decoded pixels: "never", "optional" (--decode) or "always"
     any_samples: ClassVar[bool] = False  # holds dict samples too (not only (image, label))
-    iterable: ClassVar[bool] = False  # read as a stream of shards (True) or by index
+    iterable: ClassVar[bool] = False  # read as a stream of shards (True: its ShardReader has spans) or by index
     local_only: ClassVar[bool] = False  # read from local files only (memory-mapped): remote needs a cache
     # libhdf5 (2.0) segfaults when it frees a file whose write failed (a full disk): such
     # formats are written in a child process even for one worker
@@ -318,13 +362,18 @@ class Format:
         return {}
 
     @classmethod
+    @abstractmethod
     def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
-        raise NotImplementedError
+        """A sink writing the shard of ``spec`` into ``file`` (an open temporary file; ``path``,
+        its name, for libraries that write through a path)."""
 
     @classmethod
-    def write_shard(cls, spec: ShardSpec) -> ShardResult:
-        """Write one shard; the pure function the executor maps. Read and check each sample's
-        inputs, skip the bad ones with their reason, write the shard atomically, then its record."""
+    def write_shard(cls, spec: ShardSpec, samples: Iterable[Tuple[Sample, Fetched]]) -> ShardResult:
+        """Write the shard of ``spec`` from ``samples``: each of the spec's samples with its fields
+        as read, or the BadInputError that skips it (with ``spec.strict``, ends the shard). The
+        good ones are written atomically, then the shard's record; the result is what the
+        manifest lists. ``samples`` may come in another order than the spec's, as long as they
+        are the spec's own objects (its ``positions`` are found by identity)."""
         classification = spec.sample_type == "classification"
         skipped: List[Skipped] = []
         keys: List[str] = []
@@ -338,7 +387,7 @@ class Format:
             sink = cls.open_sink(spec, f, f.name)
             # a reader yields the spec's own sample objects (not always in the spec's order)
             place = {id(s): p for s, p in zip(spec.samples, spec.positions)}
-            for sample, fetched in read_samples(spec):
+            for sample, fetched in samples:
                 try:
                     if isinstance(fetched, BadInputError):
                         raise fetched
@@ -407,6 +456,6 @@ class Format:
     # --- reading ------------------------------------------------------------------------
 
     @classmethod
+    @abstractmethod
     def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> ShardReader:
         """The shard ready to read (``access``: a :class:`dsconvert.io.shard_cache.ShardAccess`)."""
-        raise NotImplementedError

@@ -32,7 +32,7 @@ from ..errors import BadInputError, ManifestError
 from ..io.location import Location
 from ..manifest import Manifest, ShardEntry
 from ..plan import ShardSpec
-from ..source import Sample
+from ..samples import Sample
 from .base import Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, pixels_for
 
 __all__ = ["Hdf5", "FORMAT", "layout_problems", "HDF5_ERRORS"]

@@ -39,7 +39,7 @@ from ..io.localfs import open_regular
 from ..io.location import Location
 from ..manifest import Manifest, ShardEntry
 from ..plan import ShardSpec
-from ..source import Sample
+from ..samples import Sample
 from .base import (Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, part_of,
                    pixels_for, write_owned)
 

@@ -48,7 +48,7 @@ from ..io.location import Location
 from ..io.ranges import MappedBytes, PrefetchedBytes, PreadBytes, ScatteredBytes, local_fill, remote_fill
 from ..manifest import Manifest, ShardEntry, expect, is_int_list
 from ..plan import ShardSpec
-from ..source import Sample
+from ..samples import Sample
 from .base import Format, Problem, ShardReader, ShardRecord, Sink
 
 __all__ = ["Wds", "FORMAT", "sample_tar_bytes"]
@@ -201,6 +201,8 @@ def check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
 class WdsShard(ShardReader):
     """A tar shard and its index, as columns of Python ints, read through one byte source
     (a memory map, or ranged reads ahead: :mod:`dsconvert.io.ranges`)."""
+
+    ranged = True  # every member is a byte span of the tar
 
     def __init__(self, access: Any, entry: ShardEntry, max_member_bytes: int = 1 << 31):
         index_name = Wds.record_name(entry)

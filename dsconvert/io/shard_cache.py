@@ -31,16 +31,18 @@ import hashlib
 import os
 import shutil
 import threading
-import time
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from ..errors import ManifestError, OptionError
-from ..manifest import ShardEntry
-from .location import Location, filesystem, is_remote, local_form
+from ..units import parse_size
+from .location import Location, filesystem, is_remote
 from .localfs import check_name, file_sha256, open_regular, regular_size
 from .locks import file_lock
 
-__all__ = ["ShardCache", "ShardAccess", "prefetch"]
+if TYPE_CHECKING:  # an entry is only read here (name, sha256, bytes): the manifest stands a floor above
+    from ..manifest import ShardEntry
+
+__all__ = ["ShardCache", "ShardAccess"]
 
 MARKER = ".sha256"
 
@@ -66,8 +68,6 @@ class ShardCache:
 
     def __init__(self, cache_dir: str, max_bytes: Union[int, str, None] = None,
                  storage_options: Optional[Dict[str, Any]] = None):
-        from ..plan import parse_size
-
         self.dir = os.path.abspath(cache_dir)
         self.files = os.path.join(self.dir, "files")
         self.locks = os.path.join(self.dir, "locks")
@@ -236,42 +236,3 @@ class ShardAccess:
     def cache_dir_or_root(self) -> str:
         """The local folder reads come from (to judge whether it is latency-bound)."""
         return self.cache.dir if self.cache is not None else self.location.url
-
-
-def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
-             storage_options: Optional[Dict[str, Any]] = None, workers: int = 8,
-             log: Optional[Any] = None) -> Dict[str, Any]:
-    """Fetch every shard (and index) of the output at ``url`` into ``cache_dir`` and verify
-    them; ``open_dataset(url, cache_dir=...)`` then reads only local copies."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ..formats import get
-
-    cache_dir = local_form(cache_dir)  # file:// URLs as the paths they name
-    from ..manifest import Manifest
-
-    access = ShardAccess(url, storage_options, cache_dir, max_bytes)
-    cache = access.cache
-    assert cache is not None
-    manifest = Manifest.load(access.location)
-    total = sum(e.bytes for e in manifest.shards)
-    if cache.max_bytes is not None and total > cache.max_bytes:
-        raise OptionError(f"{url} holds {total:,} bytes of shards, more than the cache's cap of "
-                          f"{cache.max_bytes:,}: fetching them all would evict earlier ones; raise the cap, or "
-                          "let open_dataset(..., cache_dir=...) fetch shards as training reads them")
-    fmt = get(manifest.format)
-    started = time.perf_counter()
-
-    def fetch(entry: ShardEntry) -> None:
-        access.local_shard(entry)
-        for name in fmt.files_of(entry)[1:]:
-            access.file_bytes(name, entry.parts.get(name))
-        if log is not None:
-            log(f"cached {entry.name}")
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        list(pool.map(fetch, manifest.shards))
-    files, nbytes = cache.usage()
-    return {"url": access.location.url, "cache_dir": cache.dir, "shards": len(manifest.shards), "bytes": total,
-            "downloaded": cache.downloads, "downloaded_bytes": cache.downloaded_bytes,
-            "already_cached": len(manifest.shards) - cache.downloads, "cache_files": files, "cache_bytes": nbytes, "seconds": time.perf_counter() - started}

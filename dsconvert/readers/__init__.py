@@ -1,6 +1,7 @@
-"""Reading: Datasets over dsconvert outputs (and over anything map-style, cached).
+"""Reading: Datasets over dsconvert outputs, over sources as they are, and over anything
+map-style, cached.
 
-``open.py``    ``open_dataset``: the manifest says which Dataset (torch-free to import)
+``open.py``    ``open_dataset``: the manifest says which Dataset (torch-free to import); ``open_source``
 ``base.py``    what every Dataset shares: decode mode, transforms, locating a sample
 ``stream.py``  ``StreamDataset``: the epoch's order dealt to ranks and workers, position as state (wds)
 ``order.py``   that order and the dealing, as arithmetic (pure; what makes resumption exact)
@@ -8,4 +9,7 @@
 ``sampler.py`` ``ResumableSampler``: the same for map-style outputs (a resumable DistributedSampler)
 ``map.py``     ``MapDataset``: random access by index (hdf5, npy)
 ``cached.py``  ``CachedDataset``: any map-style dataset, decoded once into a memory map
+``source.py``  ``SourceDataset``: a scanned source read in place, without conversion (the baseline)
+``tars.py``    tar shards another tool wrote, opened without a manifest (their indexes stand in)
+``prefetch.py`` ``prefetch``: every shard of an output fetched into a local cache ahead of training
 """

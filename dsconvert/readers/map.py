@@ -141,14 +141,14 @@ class MapDataset(ShardDataset, TorchDataset):
         sources: Dict[int, Any] = {}
         try:
             for k, js in wanted.items():
-                sources[k] = self.shard(k).scattered(js, self.classification)  # type: ignore[attr-defined]
+                sources[k] = self.shard(k).scattered(js, self.classification)
             out = []
             for k, j in places:
                 shard, source = self.shard(k), sources[k]
                 if not self.classification:
                     out.append(self._fields(shard, k, j, source))
                     continue
-                o, size = shard.image_spans()[j]  # type: ignore[attr-defined]
+                o, size = shard.image_spans()[j]
                 try:
                     image = self._image(source.get(o, size))
                 except Exception:

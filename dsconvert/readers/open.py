@@ -1,4 +1,5 @@
-"""``open_dataset``: read a manifest and return the Dataset its format is read with."""
+"""``open_dataset``: read a manifest and return the Dataset its format is read with; ``open_source``:
+a source scanned and read in place, without conversion."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from ..io.location import local_form
 from ..io.shard_cache import ShardAccess
 from ..errors import OptionError
 from ..manifest import MANIFEST_NAME, Manifest
+from ..source import scan
+from ..source.tars import looks_like_tars
+from .tars import open_tars
 
-__all__ = ["open_dataset"]
+__all__ = ["open_dataset", "open_source"]
 
 
 def open_dataset(
@@ -74,8 +78,6 @@ def open_dataset(
     the least recently used shards. Safe for any number of workers and ranks at once. A local
     output on a network file system can be cached the same way.
     """
-    from ..source.tars import looks_like_tars, open_tars
-
     path = local_form(path)  # file:// URLs as the paths they name
     cache_dir = local_form(cache_dir) if cache_dir is not None else None
 
@@ -99,6 +101,16 @@ def open_dataset(
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,
                    decode=decode, access=access, **options)
+
+
+def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
+                decode: str = "pil", layout: str = "auto", storage_options: Optional[Dict[str, Any]] = None) -> Any:
+    """Scan ``src`` (a path or URL) and return it as a map-style Dataset, without conversion:
+    :class:`dsconvert.readers.source.SourceDataset`."""
+    from .source import SourceDataset  # here, not at the top: the Dataset modules import torch
+
+    return SourceDataset(scan(src, layout, storage_options=storage_options), transform=transform,
+                         target_transform=target_transform, decode=decode, storage_options=storage_options)
 
 
 STREAM_OPTIONS = ("shuffle", "seed", "buffer_size", "rank", "world_size", "even", "batch_size", "collate")

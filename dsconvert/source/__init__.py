@@ -1,38 +1,67 @@
-"""What the user already has: a folder or URL scanned into an ordered list of samples
-(:mod:`.samples`), and the same source read as a Dataset without conversion (:mod:`.dataset`)."""
+"""The scanner: what the user already has, a folder or URL, scanned into an ordered list of
+samples (:class:`dsconvert.samples.Source`) without reading their contents. Folders and list
+files (:mod:`.folders`), and the samples of what another tool packed: tar shards
+(:mod:`.tars`), Parquet files (:mod:`.parquet`), a dsconvert output (:mod:`.outputs`).
 
-from typing import Any, Callable, Dict, Optional
+Reading the inputs a scan found is :mod:`dsconvert.inputs`' (for a conversion) and
+:mod:`dsconvert.readers`' (a source read in place, tars read directly)."""
 
-from .samples import (LAYOUTS, FolderListing, Sample, Skipped, Source, SourceFile, is_ignored,
-                      looks_like_image_folder, scan)
+from __future__ import annotations
 
-__all__ = ["container_reader", "LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
-           "looks_like_image_folder", "is_ignored", "open_source"]
+from typing import Any, Dict, Optional
+
+from ..errors import SourceError
+from ..io.location import Location, local_form
+from ..keys import escape_path
+from ..manifest import MANIFEST_NAME
+from ..samples import CONTAINER_LAYOUTS, LAYOUTS, Sample, Skipped, Source, SourceFile
+from .folders import FolderListing, ProgressFn, is_ignored, looks_like_image_folder, scan_files
+from .outputs import output_source
+from .parquet import looks_like_parquet, parquet_source
+from .tars import looks_like_tars, tar_source
+
+__all__ = ["scan", "container_layout", "LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "FolderListing",
+           "looks_like_image_folder", "is_ignored"]
 
 
-def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
-                decode: str = "pil", layout: str = "auto", storage_options: Optional[Dict[str, Any]] = None) -> Any:
-    """Scan ``src`` (a path or URL) and return it as a map-style Dataset, without conversion:
-    :class:`dsconvert.source.dataset.SourceDataset` (imported here: Dataset modules import torch)."""
-    from .dataset import SourceDataset
+def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
+         storage_options: Optional[Dict[str, Any]] = None, label: Optional[str] = None) -> Source:
+    """Scan ``src`` (a folder or list file: a path, or a URL fsspec reaches) into a
+    :class:`Source`, reading no contents; or the samples of what another tool packed: tar
+    shards (:mod:`.tars`), Parquet files (:mod:`.parquet`), a dsconvert output (:mod:`.outputs`),
+    reading their headers and metadata (and labels: ``label``, where a sample's class label is).
 
-    return SourceDataset(scan(src, layout, storage_options=storage_options), transform=transform,
-                         target_transform=target_transform, decode=decode, storage_options=storage_options)
+    ``progress`` is called with the number of files found in each folder walked.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    src = local_form(src)  # file:// URLs as the paths they name
+    container = (layout if layout in CONTAINER_LAYOUTS else
+                 container_layout(src, storage_options) if layout == "auto" else None)
+    if container == "tars":
+        return tar_source(src, label, storage_options)
+    if container == "parquet":
+        return parquet_source(src, label, storage_options)
+    if container == "output":
+        if label is not None:
+            raise SourceError("--label is for tar shards and Parquet files: a dsconvert output keeps its labels", src)
+        return output_source(src, storage_options)
+    if label is not None:
+        raise SourceError(f"--label names where the label is inside tar shards or Parquet rows; {escape_path(src)} "
+                          "is a folder or list source (labels come from class folders or the list)", src)
+    return scan_files(src, layout, progress, storage_options)
 
 
-def container_reader(kind: str) -> Callable[..., Any]:
-    """How a conversion reads the inputs of a source of ``kind`` (tar, parquet, output):
-    ``reader(spec, checked)`` yields (sample, fields or BadInputError) in the spec's order."""
-    if kind == "tar":
-        from .tars import read_tar_samples
-
-        return read_tar_samples
-    if kind == "parquet":
-        from .parquet import read_parquet_samples
-
-        return read_parquet_samples
-    if kind == "output":
-        from .outputs import read_output_samples
-
-        return read_output_samples
-    raise ValueError(f"no reader for sources of kind {kind!r}")
+def container_layout(src: str, storage_options: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """``output`` (a dsconvert output), ``parquet``, ``tars``, or None for files and lists."""
+    if "{" not in src:
+        try:
+            if Location(src, storage_options, flat=False).exists(MANIFEST_NAME):
+                return "output"
+        except (OSError, ValueError):
+            pass
+    if looks_like_parquet(src, storage_options):
+        return "parquet"
+    if looks_like_tars(src, storage_options):
+        return "tars"
+    return None

@@ -29,29 +29,27 @@ that only names an external ``path`` (bytes not embedded), is skipped with its r
 from __future__ import annotations
 
 import json
-import math
 import os
-from itertools import groupby
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..codecs import is_image_field
-from ..errors import BadInputError, SourceError
+from ..errors import SourceError
 from ..io.localfs import open_regular
 from ..io.location import Location, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path
+from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
 from ..skips import row_run
-from .samples import LABEL_MAX, Sample, Skipped, Source, SourceFile, is_ignored
+from .folders import is_ignored
 
-__all__ = ["looks_like_parquet", "parquet_source", "read_parquet_samples", "ParquetRows"]
+__all__ = ["looks_like_parquet", "parquet_source", "format_of", "import_pyarrow", "open_file", "image_column",
+           "hf_features", "is_binary", "IMAGE_NOT_EMBEDDED"]
 
 SUFFIX = ".parquet"
-BATCH_ROWS = 256  # rows per record batch when reading images: memory stays flat
 LABEL_BATCH_ROWS = 1 << 16
 _MAGIC = {b"\xff\xd8\xff": "jpg", b"\x89PNG\r\n\x1a\n": "png"}
-_IMAGE_NOT_EMBEDDED = "image not embedded in the Parquet file"
+IMAGE_NOT_EMBEDDED = "image not embedded in the Parquet file"
 
 
-def _import_pyarrow() -> Any:
+def import_pyarrow() -> Any:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -104,7 +102,7 @@ def looks_like_parquet(src: str, storage_options: Optional[Dict[str, Any]] = Non
 # --- the schema: which column is the image, which the label ----------------------------------
 
 
-def _hf_features(schema: Any) -> Dict[str, Any]:
+def hf_features(schema: Any) -> Dict[str, Any]:
     """The Hugging Face ``datasets`` features a file's schema metadata names ({} if none)."""
     raw = (schema.metadata or {}).get(b"huggingface")
     if not raw:
@@ -116,14 +114,14 @@ def _hf_features(schema: Any) -> Dict[str, Any]:
     return features if isinstance(features, dict) else {}
 
 
-def _is_binary(t: Any) -> bool:
+def is_binary(t: Any) -> bool:
     import pyarrow as pa
 
     is_view = getattr(pa.types, "is_binary_view", None)  # pyarrow >= 16
     return pa.types.is_binary(t) or pa.types.is_large_binary(t) or bool(is_view and is_view(t))
 
 
-def _image_column(schema: Any, features: Dict[str, Any]) -> Optional[str]:
+def image_column(schema: Any, features: Dict[str, Any]) -> Optional[str]:
     """The first image column (see the module doc), or None."""
     import pyarrow as pa
 
@@ -132,12 +130,12 @@ def _image_column(schema: Any, features: Dict[str, Any]) -> Optional[str]:
         return isinstance(f, dict) and f.get("_type") == "Image"
 
     def struct_with_bytes(t: Any) -> bool:
-        return pa.types.is_struct(t) and any(t.field(i).name == "bytes" and _is_binary(t.field(i).type)
+        return pa.types.is_struct(t) and any(t.field(i).name == "bytes" and is_binary(t.field(i).type)
                                              for i in range(t.num_fields))
 
-    for test in (lambda fld: is_feature_image(fld.name) and (struct_with_bytes(fld.type) or _is_binary(fld.type)),
+    for test in (lambda fld: is_feature_image(fld.name) and (struct_with_bytes(fld.type) or is_binary(fld.type)),
                  lambda fld: struct_with_bytes(fld.type),
-                 lambda fld: _is_binary(fld.type)):
+                 lambda fld: is_binary(fld.type)):
         for fld in schema:
             if test(fld):
                 return str(fld.name)
@@ -188,7 +186,7 @@ class _File:
         self.labels: Optional[List[Any]] = None
 
 
-def _open(location: Location, name: str) -> Any:
+def open_file(location: Location, name: str) -> Any:
     if location.remote:
         return location.fs.open(location.path(name), "rb", block_size=4 << 20, cache_type="readahead")
     return open_regular(location.path(name))
@@ -338,7 +336,7 @@ def parquet_source(src: str, label: Optional[str] = None,
     :class:`Source` of kind ``parquet``: see the module doc. Reads footers and the label
     column only. A file that is not readable Parquet (or lacks the columns the first readable
     file has) is skipped whole; with no image column at all, a one-line SourceError."""
-    pq = _import_pyarrow()
+    pq = import_pyarrow()
     location = Location(src, storage_options, flat=False)
     fs = location.fs
     try:
@@ -373,12 +371,12 @@ def parquet_source(src: str, label: Optional[str] = None,
     for name, e in listed:
         try:
             pf_info = _File(name, mtime_ns_of(e) if location.remote else os.stat(location.path(name)).st_mtime_ns)
-            with _open(location, name) as f:
+            with open_file(location, name) as f:
                 pf = pq.ParquetFile(f)
                 meta, schema = pf.metadata, pf.schema_arrow
-                features = _hf_features(schema)
+                features = hf_features(schema)
                 if image is None:  # the first readable file decides the columns
-                    image = _image_column(schema, features)
+                    image = image_column(schema, features)
                     if image is None:
                         raise SourceError(
                             f"no image column in {escape_path(name)} (looked for a Hugging Face Image feature, a "
@@ -396,7 +394,7 @@ def parquet_source(src: str, label: Optional[str] = None,
                 if missing:
                     skipped.append(Skipped(escape_path(name), f"no column {missing[0]!r} (the first file has it)"))
                     continue
-                if _image_column(schema, features) != image:  # the same name, another kind of data
+                if image_column(schema, features) != image:  # the same name, another kind of data
                     skipped.append(Skipped(escape_path(name), f"its column {image!r} does not hold images as in the "
                                            "first file (or another column comes first)"))
                     continue
@@ -488,247 +486,3 @@ def parquet_source(src: str, label: Optional[str] = None,
         raise SourceError(f"no rows in the Parquet files of {escape_path(src)}", src)
     return Source(location.url, "parquet", samples, classes, skipped, ignored, kind="parquet",
                   labelled=label_col is not None, options={"label": label} if label is not None else {})
-
-
-# --- reading rows during conversion --------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    """A column value as JSON: numbers (non-finite floats as null), strings, bools, null, lists
-    and dicts of those; anything else (dates, decimals) as its text."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        if value and all(isinstance(x, tuple) and len(x) == 2 for x in value):  # a map column
-            return {str(k): _jsonable(v) for k, v in value}
-        return [_jsonable(x) for x in value]
-    return str(value)
-
-
-def _json_bytes(row: Dict[str, Any]) -> bytes:
-    """A row's other columns as the ``json`` field's bytes."""
-    return json.dumps(_jsonable(row), ensure_ascii=False, allow_nan=False).encode("utf-8")
-
-
-def _json_columns(schema: Any, image: str) -> List[str]:
-    """The columns that go into the json field: all but the image, and none holding binary."""
-    import pyarrow as pa
-
-    def has_binary(t: Any) -> bool:
-        if _is_binary(t):
-            return True
-        if pa.types.is_struct(t):
-            return any(has_binary(t.field(i).type) for i in range(t.num_fields))
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            return has_binary(t.value_type)
-        if pa.types.is_map(t):
-            return has_binary(t.key_type) or has_binary(t.item_type)
-        if pa.types.is_dictionary(t):
-            return has_binary(t.value_type)
-        return False
-
-    return [str(f.name) for f in schema if f.name != image and not has_binary(f.type)]
-
-
-_last_group: Dict[str, Any] = {}  # this process's last row group read whole: {"key": ..., "table": ...}
-
-
-def _rows(pf: Any, image: str, json_cols: Optional[List[str]], first: int, last: int, identity: Any
-          ) -> Iterator[Tuple[int, Any, Optional[str], Optional[bytes]]]:
-    """(row, image bytes or None, the image's path, json bytes) for rows first..last, reading
-    only the row groups that hold them, one at a time. A group whose rows are all wanted is
-    streamed in record batches; one cut by first or last (shared with a neighbouring shard,
-    which this worker likely reads next) is read whole and kept until another is, since
-    pyarrow reads a row group only from its start. ``identity`` names the file's version."""
-    meta = pf.metadata
-    columns = [image] + (json_cols or [])
-    at = 0
-    for g in range(meta.num_row_groups):
-        n = meta.row_group(g).num_rows
-        if at > last:
-            return
-        if at + n > first:
-            if first <= at and at + n - 1 <= last:  # wholly this shard's: streamed
-                batches: Iterator[Any] = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns,
-                                                         use_threads=False)
-                start = at
-            else:
-                key = (identity, g, tuple(columns))
-                if _last_group.get("key") != key:
-                    _last_group.clear()  # one group held at a time
-                    _last_group.update(key=key, table=pf.read_row_group(g, columns=columns, use_threads=False))
-                start = max(at, first)
-                batches = iter(_last_group["table"].slice(start - at).to_batches(max_chunksize=BATCH_ROWS))
-            try:
-                yield from _batch_rows(batches, start, first, last, json_cols)
-            finally:
-                close = getattr(batches, "close", None)
-                if close is not None:
-                    close()
-        at += n
-
-
-def _batch_rows(batches: Iterator[Any], row: int, first: int, last: int, json_cols: Optional[List[str]]
-                ) -> Iterator[Tuple[int, Any, Optional[str], Optional[bytes]]]:
-    import pyarrow as pa
-
-    for batch in batches:
-        n = batch.num_rows
-        if row + n <= first:
-            row += n
-            continue
-        lo, hi = max(0, first - row), min(n, last - row + 1)
-        part = batch.slice(lo, hi - lo)
-        col = part.column(0)
-        if pa.types.is_struct(col.type):
-            valid = col.is_valid().to_pylist()
-            datas = [d if ok else None for d, ok in zip(col.field("bytes").to_pylist(), valid)]
-            paths = ([p if ok else None for p, ok in zip(col.field("path").to_pylist(), valid)]
-                     if col.type.get_field_index("path") >= 0 else [None] * len(datas))
-        else:
-            datas, paths = col.to_pylist(), [None] * len(col)
-        jsons: List[Optional[bytes]] = [None] * len(datas)
-        if json_cols is not None:
-            other = part.select(json_cols).to_pylist()
-            jsons = [_json_bytes(r) for r in other]
-        for i in range(len(datas)):
-            yield row + lo + i, datas[i], paths[i], jsons[i]
-        row += n
-        if row > last:
-            return
-
-
-def _read_file(location: Location, name: str, mtime_ns: int, dict_samples: bool, first: int, last: int
-               ) -> Iterator[Tuple[Any, ...]]:
-    """("row", row, image bytes, image path, json bytes, unchanged) for rows first..last of one
-    file, then ("error", reason) if reading it failed part way (or at once)."""
-    pq = _import_pyarrow()
-    try:
-        with _open(location, name) as f:
-            unchanged = True if location.remote else os.fstat(f.fileno()).st_mtime_ns == mtime_ns
-            pf = pq.ParquetFile(f)
-            schema = pf.schema_arrow
-            image = _image_column(schema, _hf_features(schema))
-            if image is None:
-                yield ("error", "the file has no image column any more")
-                return
-            json_cols = _json_columns(schema, image) if dict_samples else None
-            identity = (location.url, name, mtime_ns)
-            for row, data, img_path, js in _rows(pf, image, json_cols, first, last, identity):
-                yield ("row", row, data, img_path, js, unchanged)
-    except Exception as exc:  # pyarrow's ArrowInvalid, OSError: the file changed or went
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        yield ("error", f"unreadable Parquet file: {text[:200]}")
-
-
-def read_parquet_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]:
-    """Each sample of a spec from its Parquet rows (see the module doc): each file opened once,
-    its rows read in record batches; images byte-exact. ``checked(spec, sample, contents)`` gets
-    the bytes as read (the scan's sizes are estimates, so the sample it checks carries the
-    read sizes); the sample yielded is the spec's."""
-    from dataclasses import replace
-
-    from ..plan import CHANGED_DURING
-
-    location = Location(spec.root, spec.storage_options, flat=False)
-    for name, run in groupby(spec.samples, key=lambda s: s.files[0].container):
-        todo = list(run)
-        by_row = {s.files[0].offset: s for s in todo}
-        done = set()
-        failed = None
-        for item in _read_file(location, name, todo[0].files[0].mtime_ns, len(todo[0].files) > 1,
-                               min(by_row), max(by_row)):
-            if item[0] == "error":
-                failed = item[1]
-                break
-            _, row, data, img_path, js, unchanged = item
-            sample = by_row.get(row)
-            if sample is None:
-                continue
-            done.add(row)
-            img = sample.files[0]
-            if data is None:
-                reason = f"{_IMAGE_NOT_EMBEDDED} (path {img_path!r})" if img_path else "no image (null)"
-                yield sample, BadInputError(reason, img.path)
-                continue
-            contents = {img.path: (data, unchanged)}
-            files = [replace(img, size=len(data))]
-            if len(sample.files) > 1:
-                contents[sample.files[1].path] = (js or b"{}", unchanged)
-                files.append(replace(sample.files[1], size=len(js or b"{}")))
-            got = checked(spec, replace(sample, files=tuple(files)), contents)
-            named = format_of(data)
-            if isinstance(got, dict) and named and named != img.field and img.field in got and is_image_field(named):
-                got = {(named if k == img.field else k): v for k, v in got.items()}  # a PNG among JPEGs stays .png
-            yield sample, got
-        for s in todo:
-            if s.files[0].offset not in done:
-                reason = failed or (f"{CHANGED_DURING} (the file has fewer rows than when scanned); run the same "
-                                    "command again to include it")
-                yield s, BadInputError(reason, s.files[0].path)
-
-
-class ParquetRows:
-    """Random access to one Parquet file's rows, for reading it in place
-    (:class:`dsconvert.source.dataset.SourceDataset`): a row's whole row group is read (what
-    a reader by index pays) and kept, since the next rows asked for are likely in it."""
-
-    def __init__(self, location: Location, name: str, dict_samples: bool):
-        self.location = location
-        self.name = name
-        self.dict_samples = dict_samples
-        self.file: Any = None
-        self.pf: Any = None
-        self.image = ""
-        self.json_cols: Optional[List[str]] = None
-        self.starts: List[int] = []
-        self.group = -1
-        self.table: Any = None
-
-    def _open(self) -> None:
-        pq = _import_pyarrow()
-        self.file = _open(self.location, self.name)
-        self.pf = pq.ParquetFile(self.file)
-        schema = self.pf.schema_arrow
-        image = _image_column(schema, _hf_features(schema))
-        if image is None:
-            raise BadInputError("the file has no image column any more", self.name)
-        self.image = image
-        self.json_cols = _json_columns(schema, image) if self.dict_samples else None
-        meta, at = self.pf.metadata, 0
-        for g in range(meta.num_row_groups):
-            self.starts.append(at)
-            at += meta.row_group(g).num_rows
-        self.starts.append(at)
-
-    def read(self, f: SourceFile) -> bytes:
-        import bisect
-
-        if self.pf is None:
-            self._open()
-        row = f.offset
-        g = bisect.bisect_right(self.starts, row) - 1
-        if not 0 <= g < len(self.starts) - 1:
-            raise BadInputError("the file has fewer rows than when scanned", escape_path(f.path))
-        if g != self.group:  # the row group as Arrow columns, not Python objects: held once
-            self.table = self.pf.read_row_group(g, columns=[self.image] + (self.json_cols or []), use_threads=False)
-            self.group = g
-        i = row - self.starts[g]
-        if f.field == "json":
-            other = self.table.select(self.json_cols or []).slice(i, 1).to_pylist()[0]
-            return _json_bytes(other)
-        value = self.table.column(self.image)[i].as_py()
-        data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, None)
-        if data is None:
-            raise BadInputError(f"{_IMAGE_NOT_EMBEDDED} (path {path!r})" if path else "no image (null)",
-                                escape_path(f.path))
-        return data
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = self.pf = None

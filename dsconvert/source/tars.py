@@ -1,5 +1,6 @@
-"""Tar shards that another tool wrote (webdataset's ShardWriter, GNU tar, img2dataset), as a
-source for conversion and as something :func:`dsconvert.open_dataset` reads directly.
+"""Tar shards that another tool wrote (webdataset's ShardWriter, GNU tar, img2dataset), indexed
+and scanned as a source for conversion; their members are read by :mod:`dsconvert.inputs.tars`
+for a conversion, and :mod:`dsconvert.readers.tars` opens the indexed tars as a dataset.
 
 A tar is indexed once by walking its headers (``tarfile`` seeks over the data): each member's
 data offset and size, grouped into samples exactly as ``webdataset.WebDataset`` groups them
@@ -29,21 +30,20 @@ import os
 import re
 import stat
 import tarfile
-import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..codecs import field_kind, is_image_field
 from ..errors import BadInputError, ManifestError, SourceError
-from ..io.localfs import SizeBoundedFile, atomic_write, check_name, open_regular
+from ..io.localfs import SizeBoundedFile, atomic_write, open_regular
 from ..io.location import Location, json_bytes, mtime_ns_of
-from ..io.shard_cache import ShardAccess
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
-from ..manifest import Manifest, ShardEntry
-from .samples import Sample, Skipped, Source, SourceFile
+from ..formats.base import part_of
+from ..formats.wds import Wds
+from ..samples import Sample, Skipped, Source, SourceFile
 
-__all__ = ["TarShards", "TarAccess", "list_tars", "looks_like_tars", "tar_source", "read_tar_samples", "open_tars",
-           "parse_label", "INDEX_FOLDER"]
+__all__ = ["TarShards", "list_tars", "looks_like_tars", "tar_source", "parse_label", "label_index",
+           "check_label_field", "read_bounded", "INDEX_FOLDER"]
 
 INDEX_FOLDER = ".dsconvert-index"
 INDEX_SCHEMA = 2  # 2: the index's own sha256
@@ -418,7 +418,7 @@ class TarShards:
         loaded = self._load(name, identity)
         saved = loaded[0] if loaded is not None else None
         if loaded is not None and (self.label is None or self.label_spec in loaded[0]["label_values"]):
-            self.parts[name] = _part(loaded[1])
+            self.parts[name] = part_of(loaded[1])
             return loaded[0], None
         try:
             if self.location.remote:
@@ -439,7 +439,7 @@ class TarShards:
         record.update({"bytes": identity["size"], "sha256": _sha_of(identity), "tar": identity,
                        "index_schema": INDEX_SCHEMA, "label_values": dict(sorted(known.items()))})
         data = json_bytes({**record, "index_sha256": _digest(record)})
-        self.parts[name] = _part(data)
+        self.parts[name] = part_of(data)
         try:
             os.makedirs(self.index_dir, exist_ok=True)
             with atomic_write(self.index_path(name)) as out:
@@ -452,8 +452,6 @@ class TarShards:
         """A saved index of this very tar (same identity and schema), every column a reader
         uses checked, and its bytes; None when there is none (or it is not trustworthy). A file
         larger than such a tar's index can be is not read (a sparse file of gigabytes, say)."""
-        from ..formats.wds import Wds
-
         try:
             with open_regular(self.index_path(name)) as f:
                 data = read_bounded(f, index_bound(identity["size"]))
@@ -490,11 +488,6 @@ class TarShards:
         return names or None
 
 
-def _part(data: bytes) -> Dict[str, Any]:
-    """A file's {bytes, sha256}, as a manifest's ``parts`` lists it."""
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
 def index_bound(tar_bytes: int) -> int:
     """The most bytes a saved index of a tar of ``tar_bytes`` is read up to."""
     return INDEX_BASE_BYTES + INDEX_BYTES_PER_TAR_BYTE * tar_bytes
@@ -528,7 +521,7 @@ def _sha_of(identity: Dict[str, Any]) -> str:
     return "tar:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def _check_label_field(shards: TarShards, src: str) -> None:
+def check_label_field(shards: TarShards, src: str) -> None:
     """A ``label`` whose field no tar has is a typo, said at once (not a skip per sample)."""
     if shards.label is None or not shards.names:
         return
@@ -564,7 +557,7 @@ def tar_source(src: str, label: Optional[str] = None,
         raise SourceError(f"no .tar shards in {src}", src)
     shards = TarShards(location, names, label)
     skipped += shards.failed
-    _check_label_field(shards, src)
+    check_label_field(shards, src)
     classes = shards.classes() if label else None
     samples: List[Sample] = []
     seen: Dict[str, int] = {}
@@ -611,176 +604,3 @@ def tar_source(src: str, label: Optional[str] = None,
         raise SourceError(f"no samples in the tars of {src}", src)
     return Source(location.url, "tars", samples, classes, skipped, ignored, kind="tar",
                   labelled=label is not None, options={"label": label} if label else {})
-
-
-def read_tar_samples(spec: Any, checked: Any) -> Iterator[Tuple[Sample, Any]]:
-    """Each sample of a spec from tar members: one open (and fstat) per tar, one ``pread`` per
-    member locally; remote tars by concurrent ranged requests, 64 members at a time."""
-    from ..plan import CHANGED_DURING
-
-    location = Location(spec.root, spec.storage_options, flat=False)
-    if not location.remote:
-        fds: Dict[str, Tuple[int, bool]] = {}
-        try:
-            for sample in spec.samples:
-                contents: Dict[str, Tuple[bytes, bool]] = {}
-                failed = None
-                for f in sample.files:
-                    if f.container not in fds:
-                        try:
-                            fd = os.open(location.path(f.container), os.O_RDONLY)
-                            st = os.fstat(fd)
-                            fds[f.container] = (fd, st.st_mtime_ns == f.mtime_ns)
-                        except OSError as exc:
-                            failed = BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path))
-                            break
-                    fd, unchanged = fds[f.container]
-                    try:
-                        data = os.pread(fd, f.size, f.offset)
-                    except OSError as exc:
-                        failed = BadInputError(f"unreadable: {exc.strerror or exc}", escape_path(f.path))
-                        break
-                    contents[f.path] = (data, unchanged)
-                yield sample, failed or checked(spec, sample, contents)
-        finally:
-            for fd, _ in fds.values():
-                os.close(fd)
-        return
-    fs = location.fs
-    batch: List[Sample] = []
-
-    def flush() -> Iterator[Tuple[Sample, Any]]:
-        files = [f for s in batch for f in s.files]
-        paths = [location.path(f.container) for f in files]
-        got = fs.cat_ranges(paths, [f.offset for f in files], [f.offset + f.size for f in files], on_error="return")
-        by_path = dict(zip([f.path for f in files], got))
-        for sample in batch:
-            contents: Dict[str, Tuple[bytes, bool]] = {}
-            failed = None
-            for f in sample.files:
-                data = by_path[f.path]
-                if not isinstance(data, bytes):
-                    failed = BadInputError(f"unreadable: {data}", escape_path(f.path))
-                    break
-                contents[f.path] = (data, len(data) == f.size)
-            if failed is None and any(not ok for _, ok in contents.values()):
-                failed = BadInputError(f"{CHANGED_DURING} (the tar is shorter than when indexed); run the same "
-                                       "command again to include it", escape_path(sample.files[0].path))
-            yield sample, failed or checked(spec, sample, contents)
-
-    for sample in spec.samples:
-        batch.append(sample)
-        if sum(len(s.files) for s in batch) >= 64:
-            yield from flush()
-            batch = []
-    if batch:
-        yield from flush()
-
-
-# --- tars read directly: open_dataset on a folder of tars ----------------------------------
-
-
-class TarAccess(ShardAccess):
-    """Shard access for tars without a manifest: their indexes come from the index folder
-    (with labels and image columns filled in for ``label``), a cached copy is checked by size."""
-
-    def __init__(self, root: str, storage_options: Optional[Dict[str, Any]], cache_dir: Optional[str],
-                 cache_size: Any, index_dir: str, label: Optional[str], classes: Optional[List[str]],
-                 keep: Dict[str, List[int]], unsaved: Optional[Dict[str, bytes]] = None):
-        super().__init__(root, storage_options, cache_dir, cache_size)
-        self.index_dir = index_dir
-        self.label = label
-        self.classes = classes
-        self.keep = keep  # per tar, the samples read (those with a label and an image, for ``label``)
-        self.unsaved = dict(unsaved or {})  # by index name: indexes open_tars could not save
-
-    def file_bytes(self, name: str, part: Optional[Dict[str, Any]] = None, refresh: bool = False) -> bytes:
-        """The index of tar ``name[:-5]`` as open_tars validated it: ``part`` (the manifest's
-        {bytes, sha256} of it, taken at open) checked at every read, since the file may have
-        been rewritten, emptied or removed since."""
-        tar = name[: -len(".json")]
-        path = os.path.join(self.index_dir, check_name(name, self.index_dir))
-        if part is None:
-            raise ManifestError(f"{path}: no digest of the index of {tar} was taken when the tars were opened", path)
-        data = self.unsaved.get(name)
-        if data is None:
-            try:
-                with open_regular(path) as f:
-                    data = read_bounded(f, int(part["bytes"]))
-            except OSError as exc:
-                raise ManifestError(f"{path}: the index of {tar} is unreadable since the dataset was opened "
-                                    f"({exc.strerror or exc}); open the dataset again", path) from None
-        if data is None or _part(data) != {"bytes": part["bytes"], "sha256": part["sha256"]}:
-            raise ManifestError(f"{path}: the index of {tar} changed since the dataset was opened (another "
-                                "--label, or edited); open the dataset again", path)
-        if self.label is None:
-            return data
-        d = json.loads(data)
-        keep = self.keep[tar]
-        values = d["label_values"][self.label]
-        d["keys"] = [d["keys"][j] for j in keep]
-        d["labels"] = [label_index(values[j], self.classes) for j in keep]
-        d["sources"] = [[] for _ in keep]
-        d["num_samples"] = len(keep)
-        d["members"] = {f: {"offset": [c["offset"][j] for j in keep], "size": [c["size"][j] for j in keep]}
-                        for f, c in d["members"].items() if is_image_field(f)}
-        return json_bytes(d)
-
-    def local_shard(self, entry: ShardEntry) -> Optional[str]:
-        if self.cache is None:
-            return super().local_shard(entry)
-        path = self.cache.get(self.url_of(entry.name), None, entry.bytes)
-        if os.path.getsize(path) != entry.bytes:  # a copy of an earlier version of the tar
-            path = self.cache.get(self.url_of(entry.name), None, entry.bytes, refresh=True)
-        return path
-
-
-def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache_dir: Optional[str] = None,
-              cache_size: Any = None, label: Optional[str] = None,
-              index_dir: Optional[str] = None) -> Tuple[Manifest, TarAccess]:
-    """A manifest and shard access for tars another tool wrote (see the module doc), for
-    :func:`dsconvert.open_dataset`: dict samples as ``webdataset.WebDataset`` gives them, or
-    with ``label`` (image, label) samples; samples without a label or an image are left out,
-    and said in one warning."""
-    location, names, skipped, _ = list_tars(path, storage_options)
-    shards = TarShards(location, names, label, index_dir)
-    skipped += shards.failed
-    _check_label_field(shards, path)
-    classes = shards.classes()
-    entries: List[ShardEntry] = []
-    keep: Dict[str, List[int]] = {}
-    fields: Dict[str, str] = {}
-    left_out = 0
-    for name in shards.names:
-        record = shards.records[name]
-        members = record["members"]
-        if label is None:
-            keep[name] = list(range(record["num_samples"]))
-            fields.update(record["fields"])
-        else:
-            values = shards.labels_of(name)
-            images = {f: c for f, c in members.items() if is_image_field(f)}
-            keep[name] = [j for j in range(record["num_samples"])
-                          if not isinstance(label_index(values[j], classes), BadInputError)
-                          and any(c["offset"][j] >= 0 for c in images.values())]
-            left_out += record["num_samples"] - len(keep[name])
-            fields.update({f: "image" for f in images})
-        entries.append(ShardEntry(name, len(keep[name]), record["bytes"], record["sha256"], name + ".json",
-                                  {name + ".json": shards.parts[name]}))
-        skipped += [Skipped(s["path"], s["reason"]) for s in record["skipped"]]
-    if not entries:
-        raise SourceError(f"no readable .tar shards in {path}" + (f" ({skipped[0].path}: {skipped[0].reason})"
-                                                                 if skipped else ""), path)
-    if label is not None:
-        fields["cls"] = "class"
-    if left_out or skipped:
-        warnings.warn(f"{path}: {left_out + len(skipped):,} sample(s) or member(s) not read"
-                      + (f" ({left_out:,} without a label or an image)" if left_out else "")
-                      + (f"; first: {skipped[0].path}: {skipped[0].reason}" if skipped else ""), stacklevel=3)
-    manifest = Manifest(format="wds", source={"url": location.url, "layout": "tars"},
-                        sample_type="classification" if label is not None else "dict", classes=classes,
-                        fields=dict(sorted(fields.items())), num_samples=sum(e.num_samples for e in entries),
-                        shards=entries, skipped=[{"path": s.path, "reason": s.reason} for s in skipped])
-    access = TarAccess(location.url, storage_options, cache_dir, cache_size, shards.index_dir, label, classes, keep,
-                       {n + ".json": data for n, data in shards.unsaved.items() if n in keep})
-    return manifest, access

@@ -18,8 +18,10 @@ from typing import Any, Callable, Dict, List, Optional
 from ..codecs import decode_field
 from ..io.location import Location
 from ..processes import settle_worker
-from ..readers.base import TorchDataset, Transforms
-from .samples import Source, SourceFile
+from ..inputs.outputs import OutputShards
+from ..inputs.parquet import ParquetRows
+from ..samples import Source, SourceFile
+from .base import TorchDataset, Transforms
 
 __all__ = ["SourceDataset"]
 
@@ -79,12 +81,8 @@ class SourceDataset(Transforms, TorchDataset):
         reader = self._containers.get(f.container)
         if reader is None:
             if kind == "output":
-                from .outputs import OutputShards
-
                 reader = self._containers.setdefault("", OutputShards(self.source.root, self.location.storage_options))
             else:
-                from .parquet import ParquetRows
-
                 reader = self._containers[f.container] = ParquetRows(self.location, f.container, not self.classification)
         return reader.read(f)
 

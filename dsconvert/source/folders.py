@@ -1,4 +1,4 @@
-"""Scan a source dataset into an ordered list of samples, without reading file contents.
+"""Folders and list files scanned into an ordered list of samples, without reading file contents.
 
 Three layouts, detected automatically (or named with ``layout=``):
 
@@ -34,98 +34,23 @@ import os
 import re
 import stat as stat_mod
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..codecs import IMAGE_EXTENSIONS, is_image_field
 from ..errors import SourceError
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
-from ..io.location import Location, filesystem, is_remote, local_form, mtime_ns_of
+from ..io.location import filesystem, is_remote, mtime_ns_of
+from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
 
-__all__ = ["LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "scan", "FolderListing",
-           "looks_like_image_folder", "is_ignored", "source_of_listings"]
+__all__ = ["scan_files", "FolderListing", "looks_like_image_folder", "is_ignored", "source_of_listings",
+           "LIST_SUFFIXES", "ProgressFn"]
 
-LAYOUTS = ("auto", "imagefolder", "flat", "list", "tars", "parquet", "output")
-CONTAINER_LAYOUTS = ("tars", "parquet", "output")  # inputs inside files: see Source.kind
-CLASSIFICATION_LAYOUTS = ("imagefolder", "list")  # one image and a label per sample
 LIST_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 OS_LITTER = frozenset(
     {"Thumbs.db", "ehthumbs.db", "desktop.ini", "Desktop.ini", "__MACOSX", "@eaDir",
      "$RECYCLE.BIN", "System Volume Information", "lost+found", "Icon\r"}
 )
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One input file of a sample. ``path`` is relative to the source root (or absolute).
-
-    An input inside a container (a tar member, a Parquet row's image, a sample of a dsconvert
-    output) names the container's file in ``container`` and its place there in ``offset`` (a
-    member's data offset, a row, a sample index); ``path`` then reads ``CONTAINER/MEMBER`` and
-    ``mtime_ns`` is the container's."""
-
-    field: str
-    path: str
-    size: int
-    mtime_ns: int
-    container: str = ""
-    offset: int = -1
-
-
-@dataclass(frozen=True)
-class Sample:
-    key: str
-    files: Tuple[SourceFile, ...]
-    label: Optional[int] = None
-
-    @property
-    def nbytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-
-@dataclass(frozen=True)
-class Skipped:
-    path: str
-    reason: str
-    count: int = 1  # a run of rows skipped for one reason (``a.parquet/rows 3-9``): dsconvert.skips
-
-
-@dataclass
-class Source:
-    """The result of a scan: what will be converted, and what will not, with reasons.
-
-    ``kind`` says how the inputs are read: ``files`` (each a file), or from containers:
-    ``tar`` (members of existing tar shards), ``parquet`` (rows of Parquet files), ``output``
-    (samples of a dsconvert output, read through its own reader)."""
-
-    root: str
-    layout: str
-    samples: List[Sample]
-    classes: Optional[List[str]] = None
-    skipped: List[Skipped] = field(default_factory=list)
-    ignored: List[Skipped] = field(default_factory=list)
-    kind: str = "files"
-    labelled: Optional[bool] = None  # container sources: (image, label) samples, or dicts
-    options: Dict[str, Any] = field(default_factory=dict)  # what shaped the scan (label=...), recorded
-    # each sample's place in the order its data was first converted from, when the samples come
-    # in another (a shuffled dsconvert output, read in its stored order); None: this order
-    positions: Optional[List[int]] = None
-
-    @property
-    def sample_type(self) -> str:
-        """``classification`` ((image, label) samples: ImageFolder and list sources) or ``dict``."""
-        if self.labelled is not None:
-            return "classification" if self.labelled else "dict"
-        return "classification" if self.layout in CLASSIFICATION_LAYOUTS else "dict"
-
-    @property
-    def num_files(self) -> int:
-        """Input files seen: in a sample or skipped (ignored litter is not counted)."""
-        return sum(len(s.files) for s in self.samples) + sum(s.count for s in self.skipped)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.samples)
 
 
 ProgressFn = Callable[[int], None]
@@ -295,7 +220,6 @@ def looks_like_image_folder(dirs: Sequence[FolderListing]) -> bool:
     return any(is_image_field(_split_ext(n)[1]) for d in dirs[1:] for n, _, _ in d.files)
 
 
-LABEL_MAX = 2**63 - 1  # labels are stored as int64 (hdf5, npy, torch tensors)
 _INT = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also takes "٣" and "1_000"
 
 
@@ -465,36 +389,11 @@ def _remote_dirs(fs: Any, root: str, progress: Optional[ProgressFn]) -> Tuple[Li
     return dirs, listed
 
 
-def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
-         storage_options: Optional[Dict[str, Any]] = None, label: Optional[str] = None) -> Source:
-    """Scan ``src`` (a folder or list file: a path, or a URL fsspec reaches) into a
-    :class:`Source`, reading no contents; or the samples of what another tool packed: tar
-    shards (:mod:`.tars`), Parquet files (:mod:`.parquet`), a dsconvert output (:mod:`.outputs`),
-    reading their headers and metadata (and labels: ``label``, where a sample's class label is).
-
-    ``progress`` is called with the number of files found in each folder walked.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
-    src = local_form(src)  # file:// URLs as the paths they name
-    container = layout if layout in CONTAINER_LAYOUTS else container_layout(src, storage_options) if layout == "auto" else None
-    if container == "tars":
-        from .tars import tar_source
-
-        return tar_source(src, label, storage_options)
-    if container == "parquet":
-        from .parquet import parquet_source
-
-        return parquet_source(src, label, storage_options)
-    if container == "output":
-        from .outputs import output_source
-
-        if label is not None:
-            raise SourceError("--label is for tar shards and Parquet files: a dsconvert output keeps its labels", src)
-        return output_source(src, storage_options)
-    if label is not None:
-        raise SourceError(f"--label names where the label is inside tar shards or Parquet rows; {escape_path(src)} "
-                          "is a folder or list source (labels come from class folders or the list)", src)
+def scan_files(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
+               storage_options: Optional[Dict[str, Any]] = None) -> Source:
+    """A folder or list file (a path, or a URL fsspec reaches; ``layout`` imagefolder, flat,
+    list or auto) scanned into a :class:`Source`, reading no contents; ``progress`` is called
+    with the number of files found in each folder walked."""
     if is_remote(src):
         return _scan_remote(src.rstrip("/"), layout, progress, storage_options)
     if not os.path.exists(src):
@@ -516,25 +415,6 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
         raise SourceError(f"layout 'list' needs a list file, and {src} is a folder", src)
     walker = _Walker(src, progress)
     return _from_listing(src, layout, walker, walker.walk())
-
-
-def container_layout(src: str, storage_options: Optional[Dict[str, Any]] = None) -> Optional[str]:
-    """``output`` (a dsconvert output), ``parquet``, ``tars``, or None for files and lists."""
-    from ..manifest import MANIFEST_NAME
-    from .parquet import looks_like_parquet
-    from .tars import looks_like_tars
-
-    if "{" not in src:
-        try:
-            if Location(src, storage_options, flat=False).exists(MANIFEST_NAME):
-                return "output"
-        except (OSError, ValueError):
-            pass
-    if looks_like_parquet(src, storage_options):
-        return "parquet"
-    if looks_like_tars(src, storage_options):
-        return "tars"
-    return None
 
 
 def _scan_remote(url: str, layout: str, progress: Optional[ProgressFn],
