@@ -34,6 +34,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..advice import output_for, shard_command, source_stem
 from ..sizing import format_size
 
 __all__ = ["Measurements", "Verdict", "decide", "SOURCE", "MEMORY"]
@@ -259,13 +260,10 @@ def decide(m: Measurements) -> Verdict:
         bottleneck = "transform" if t_transform >= t_decode else "decode"
 
     src = m.source
+    stem = source_stem(src)  # a list file: its outputs are named without the suffix
 
-    stem = src.rstrip("/")
-    if stem.lower().endswith((".csv", ".tsv", ".jsonl", ".txt")):  # a list file: beside it, without the suffix
-        stem = posixpath.splitext(stem)[0]
-
-    def out_for(suffix: str) -> str:  # in the output folder (by default beside the source), named after it
-        return posixpath.join(m.output_dir, f"{posixpath.basename(stem) or 'data'}-{suffix}")
+    def out_for(fmt: str) -> str:  # in the output folder (by default beside the source), named after it
+        return output_for(src, fmt, m.output_dir)
 
     q = shlex.quote  # paths go into shell commands as they are, spaces and all
 
@@ -278,15 +276,12 @@ def decide(m: Measurements) -> Verdict:
                 return f'open_dataset({src!r}{label}, transform=T, decode="fused")   # reads them in place'
             return f'open_dataset({src!r}{label}, decode="{mode}")   # decodes JPEGs with {m.numpy_decoder}'
         fmt = row.get("format", name.split(",")[0].split()[0])
-        opts = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (row.get("options") or {}).items())
-        line = f"dsconvert shard {q(src)} --format {fmt} -o {q(out_for(fmt))}{opts}"
-        if m.label:
-            line = line.replace(f" --format {fmt} ", f" --format {fmt} --label {q(m.label)} ", 1)
+        comment = None
         if row.get("decode") == "numpy":
-            line += f'   # then open_dataset({out_for(fmt)!r}, decode="numpy") decodes JPEGs with {m.numpy_decoder}'
+            comment = f'then open_dataset({out_for(fmt)!r}, decode="numpy") decodes JPEGs with {m.numpy_decoder}'
         elif row.get("decode") == "fused":
-            line += f'   # then open_dataset({out_for(fmt)!r}, transform=T, decode="fused")'
-        return line
+            comment = f'then open_dataset({out_for(fmt)!r}, transform=T, decode="fused")'
+        return shard_command(src, fmt, out_for(fmt), label=m.label, options=row.get("options"), comment=comment)
 
     commands: List[str] = []
     alternative: List[str] = []
@@ -327,9 +322,9 @@ def decide(m: Measurements) -> Verdict:
         notes.append("write the output to local SSD: the conversion is then also the pre-cache")
     if m.remote and m.convertible and bottleneck in ("storage-latency", "small-files") or (
             m.remote and m.convertible and bottleneck == "storage-bandwidth" and not large):
-        shards = f"{stem}-wds"  # shards kept in the store, read through a local verified copy
+        shards = output_for(src, "wds")  # shards kept in the store, beside the source, read through a local verified copy
         local = posixpath.join(m.output_dir, "dsconvert-cache")
-        alternative = [f"dsconvert shard {q(src)} --format wds -o {q(shards)}",
+        alternative = [shard_command(src, "wds", shards, label=m.label),
                        f"dsconvert cache {q(shards)} {q(local)}   # then open_dataset({shards!r}, "
                        f"cache_dir={local!r}) reads verified local copies"]
     if bottleneck in ("storage-latency", "small-files") and not m.convertible:

@@ -59,17 +59,17 @@ folder that was seen open and that ``dsconvert shard`` accepts for that format
 from __future__ import annotations
 
 import linecache
-import os
 import re
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..advice import output_for, shard_command
 from .pyspy import Frame, Stack
 
 __all__ = ["classify_stack", "diagnose_stacks", "Diagnosis", "INPUT_BOUND_SHARE", "NO_WORKERS_SHARE", "IPC_SHARE",
-           "DATA_CATEGORIES", "worker_pids", "out_for"]
+           "DATA_CATEGORIES", "worker_pids"]
 
 INPUT_BOUND_SHARE = 0.30
 # without workers the loop's own loading is serial with its step, never overlapped: a share of
@@ -415,13 +415,6 @@ def _move_off_cpu_reads(wall: Dict[Tuple[str, str], float], cpu: Dict[Tuple[str,
                 cpu[(category, detail)] = on
 
 
-def out_for(root: str, fmt: str) -> str:
-    """Where a suggested conversion writes: the source folder's sibling ``<name>-<fmt>``, as
-    ``dsconvert analyze`` suggests."""
-    parent, name = os.path.split(root.rstrip("/") or "/")
-    return os.path.join(parent, f"{name or 'data'}-{fmt}")
-
-
 class _Fixes:
     """Fixes in the order to try them: shell commands (also in ``commands``) and code changes
     (also in ``notes``); plain remarks go to ``notes`` only."""
@@ -446,12 +439,12 @@ class _Fixes:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def shard(self, fmt: str, options: str, comment: str, otherwise: Optional[str]) -> bool:
-        """Suggest ``dsconvert shard ROOT --format FMT`` when ROOT is known and dsconvert takes it
-        for FMT; else the code change ``otherwise``. True when the command was suggested."""
+    def shard(self, fmt: str, options: Mapping[str, object], comment: str, otherwise: Optional[str]) -> bool:
+        """Suggest ``dsconvert shard ROOT --format FMT`` (beside ROOT, as ``dsconvert analyze``
+        suggests) when ROOT is known and dsconvert takes it for FMT; else the code change
+        ``otherwise``. True when the command was suggested."""
         if self.root and fmt in self.formats:
-            self.command(f"dsconvert shard {shlex.quote(self.root)} --format {fmt} -o "
-                         f"{shlex.quote(out_for(self.root, fmt))}{options}   # {comment}")
+            self.command(shard_command(self.root, fmt, options=options, comment=comment))
             return True
         if self.root and fmt not in self.refused:
             self.refused.append(fmt)
@@ -474,31 +467,31 @@ _IPC_FIXES = (
 def _category_fixes(category: str, fx: _Fixes, details: Dict[str, float], fast_decoder: Optional[str]) -> None:
     top = max(details, key=details.get) if details else category
     if category == "decode":
-        fx.shard("npy", " --resize 256", "decoded and resized once: training reads pixels from a memory map",
+        fx.shard("npy", {"resize": 256}, "decoded and resized once: training reads pixels from a memory map",
                  "decode once ahead of training: store the decoded, resized images as arrays with np.save "
                  "and read them with np.load(mmap_mode='r')")
         pillow = any("Pillow" in d for d in details)
         if pillow and fast_decoder and fast_decoder != "pil":
-            out = out_for(fx.root, "wds") if fx.root else ""
-            fx.shard("wds", "", f"then open_dataset({out!r}, decode=\"numpy\") decodes JPEGs with {fast_decoder}",
+            out = output_for(fx.root, "wds") if fx.root else ""
+            fx.shard("wds", {}, f"then open_dataset({out!r}, decode=\"numpy\") decodes JPEGs with {fast_decoder}",
                      f"decode JPEGs with {fast_decoder} instead of Pillow (it loads here)")
         elif pillow:
             fx.note("a faster JPEG decoder: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
     elif category == "read":
-        fx.shard("wds", "", "many small reads become few large sequential ones",
+        fx.shard("wds", {}, "many small reads become few large sequential ones",
                  "pack the samples into a few large files read sequentially (tar shards, or arrays saved "
                  "with np.save and read with np.load(mmap_mode='r')) instead of one small file per sample")
     elif category == "remote":
-        fx.shard("wds", "", "with -o on local SSD the conversion is also the pre-cache",
+        fx.shard("wds", {}, "with -o on local SSD the conversion is also the pre-cache",
                  "copy the data to local SSD before training, packed into a few large files")
         fx.note("or keep the data in the object store as dsconvert shards and read them through a verified "
                 "cache on local SSD: open_dataset(url, cache_dir=...), with `dsconvert cache` to fetch them ahead")
     elif category == "unpickle":
-        fx.shard("npy", "", "arrays in a memory map, never unpickled",
+        fx.shard("npy", {}, "arrays in a memory map, never unpickled",
                  "store the arrays with np.save / np.savez instead of pickle and load them with "
                  "np.load(mmap_mode='r'): nothing to unpickle, and only the pages touched are read")
     elif category == "augment":
-        fx.shard("npy", " --resize 256", "when the transforms start with a fixed resize: it is done once "
+        fx.shard("npy", {"resize": 256}, "when the transforms start with a fixed resize: it is done once "
                  "here, not every epoch", "cheaper transforms: do the fixed part (resizing to the training "
                  "size, colour conversion) once ahead of training and keep only the random part per sample")
         fx.change(f"augment on the GPU, on whole batches, instead of {top} on the CPU: "
