@@ -70,3 +70,26 @@ def test_analyze_and_diagnose_suggest_the_same_command_for_the_same_situation():
     strip = lambda c: shlex.split(c, comments=True)  # noqa: E731
     assert strip(v.commands[0]) == strip(d.commands[0]) == [
         "dsconvert", "shard", "/data/train", "--format", "npy", "-o", "/data/train-npy", "--resize", "256"]
+
+
+def test_every_fix_record_is_a_known_category_with_a_text_that_formats():
+    from dsconvert.diagnose.classify import DATA_CATEGORIES
+    from dsconvert.diagnose.fixes import FIXES, Fixes, FixContext, apply_fixes
+
+    ctx = FixContext(top="JPEG (Pillow)", fast_decoder="turbojpeg", pillow=True, wds_out="/data/train-wds")
+    for category, fixes in FIXES.items():
+        assert category in DATA_CATEGORIES, category
+        for fix in fixes:
+            assert "{" not in fix.text.format(**vars(ctx)), fix
+            if fix.otherwise:
+                fix.otherwise.format(**vars(ctx))
+    fx = Fixes("/data/train", ("wds", "npy"))
+    apply_fixes("decode", fx, {"JPEG (Pillow)": 0.9}, "turbojpeg")
+    assert fx.commands == [
+        "dsconvert shard /data/train --format npy -o /data/train-npy --resize 256   # decoded and resized once: "
+        "training reads pixels from a memory map",
+        "dsconvert shard /data/train --format wds -o /data/train-wds   # then open_dataset('/data/train-wds', "
+        "decode=\"numpy\") decodes JPEGs with turbojpeg"]
+    refused = Fixes("/data/train", ("wds",))  # dsconvert shard does not take it for npy: a code change instead
+    apply_fixes("unpickle", refused, {"pickle.load": 1.0}, None)
+    assert refused.commands == [] and refused.refused == ["npy"] and "np.save" in refused.notes[0]
