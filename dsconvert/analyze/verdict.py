@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..advice import output_for, shard_command, source_stem
-from ..sizing import format_size
+from ..units import format_size
 
 __all__ = ["Measurements", "Verdict", "decide", "SOURCE", "MEMORY"]
 

@@ -11,7 +11,8 @@ from typing import Any, List, Optional
 from ..codecs import parse_hw
 from ..plan import parse_size
 
-__all__ = ["quality", "positive_int", "path_arg", "finite", "positive_float", "seconds", "byte_size", "int_list", "option", "quiet_option", "json_option", "storage_options", "height_width", "Shared"]
+__all__ = ["quality", "positive_int", "path_arg", "finite", "positive_float", "seconds", "byte_size",
+           "int_list", "option", "quiet_option", "json_option", "storage_options", "height_width", "Shared"]
 
 
 def quality(text: str) -> int:

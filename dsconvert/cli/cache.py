@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..io.location import parse_storage_options
-from ..sizing import format_size
+from ..units import format_size
 from .args import Shared, byte_size, json_option, path_arg, positive_int
 from .common import local_folder, stderr_log
 

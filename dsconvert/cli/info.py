@@ -7,7 +7,7 @@ from typing import Any
 
 from ..io.location import parse_storage_options
 from ..manifest import Manifest
-from ..sizing import format_size
+from ..units import format_size
 from .args import Shared
 from .common import existing_output, skip_summary
 

@@ -12,7 +12,7 @@ from ..formats import FORMATS
 from ..io.location import parse_storage_options
 from ..plan import MIN_SHARDS, MIN_SPREAD_SAMPLES
 from ..shuffle import ORDERS
-from ..sizing import format_size
+from ..units import format_size
 from ..source import LAYOUTS
 from .args import Shared, byte_size, height_width, path_arg, positive_int, quality, quiet_option
 from .common import local_folder, skip_summary

@@ -69,7 +69,7 @@ FRAME_RULES: Tuple[FrameRule, ...] = tuple(
         ("read", "tarfile", r"(^|/)tarfile\.py$", None),
         ("read", "webdataset", r"webdataset/", None),
         ("read", "dsconvert shards", r"dsconvert/(formats|readers|io)/", None),
-        ("decode", "dsconvert (Pillow/turbojpeg chain)", r"dsconvert/codecs\.py$", r"decode|_pil"),
+        ("decode", "dsconvert (Pillow/turbojpeg chain)", r"dsconvert/codecs(\.py|/\w+\.py)$", r"decode|pil_"),
         ("remote", "S3 (s3fs/botocore)", r"(s3fs|botocore|boto3|aiobotocore)/", None),
         ("remote", "HTTP", r"(urllib3|requests|aiohttp|httpx)/|http/client\.py$|fsspec/implementations/http", None),
         ("remote", "GCS / Azure", r"(gcsfs|adlfs|google/cloud/storage)/", None),
