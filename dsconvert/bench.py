@@ -38,6 +38,7 @@ from .codecs import DECODE_MODES, ENCODED_MODES
 from .errors import OptionError, SourceError
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
+from . import optional
 from .optional import require
 from .io.location import Location, local_form
 from .io.localfs import evict_page_cache
@@ -264,6 +265,7 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     for r in runs:
         b = base.get((r["workers"], r["batch_size"], r["cache"]))
         r["vs_first"] = r["samples_per_s"] / b if b else None
+    missing = optional.missing_extensions() if decode == "fused" else []
     return {
         "schema": BENCH_SCHEMA, "schema_version": BENCH_VERSION,
         "settings": {"workers": workers, "batch_sizes": list(batch_sizes), "decode": decode, "size": size,
@@ -273,6 +275,7 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
         "datasets": [dict(asdict(t), label=t.label, files=len(t.files)) for _, t in opened],
         "runs": runs,
         "seconds": time.perf_counter() - started,
+        "notes": [optional.extension_notice(missing)] if missing else [],
     }
 
 
@@ -302,4 +305,5 @@ def render_text(report: Dict[str, Any]) -> str:
     best = max(report["runs"], key=lambda r: r["samples_per_s"])
     lines.append(f"fastest: {labels[best['dataset']]} with {best['workers']} workers, batch {best['batch_size']}, "
                  f"{best['cache']}: {best['samples_per_s']:,.0f} samples/s ({report['seconds']:.1f} s in all)")
+    lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)

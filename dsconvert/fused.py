@@ -49,7 +49,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from . import resample
+from . import optional, resample
 from .codecs import (JPEG_MAGIC, FastJpeg, Region, bilinear, check_pixels, fast_decode, jpeg_decoders, nchw_view,
                      pil_open, pil_rgb, refuse_unverifiable, region_decode)
 from .errors import BadInputError
@@ -148,8 +148,11 @@ def _geometry(ops: List[Any]) -> Tuple[Optional[Geometry], int]:
 
 def fuse(transform: Optional[Callable]) -> "FusedTransform":
     """The fused form of ``transform`` (see the module doc); ``fused.geometry`` is None when
-    nothing could be fused, and the transform then runs as given after a full decode."""
+    nothing could be fused, and the transform then runs as given after a full decode. The first
+    call in a process says, in one line, which of dsconvert's C extensions did not build."""
     from .transforms import CropToTensor, RandomResizedCropToTensor
+
+    optional.warn_missing_extensions()
 
     if isinstance(transform, RandomResizedCropToTensor):
         return FusedTransform(Geometry("random_resized_crop", size=(transform.size, transform.size),

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..advice import output_for, shard_command, source_stem
+from ..optional import BUILD_PACKAGES, REBUILD
 from ..units import format_size
 
 __all__ = ["Measurements", "Verdict", "decide", "SOURCE", "MEMORY"]
@@ -155,9 +156,8 @@ def _fused_extensions_note(m: Measurements) -> List[str]:
                        "1.3x faster on photos)")
     notes = []
     if missing:
-        notes.append("decode=\"fused\" measured without dsconvert's " + "; and its ".join(missing) + ". Install a "
-                     "compiler and the headers (apt-get install -y gcc libjpeg-dev python3-dev), then reinstall "
-                     "dsconvert from source (in a checkout: pip install -e .)")
+        notes.append("decode=\"fused\" measured without dsconvert's " + "; and its ".join(missing) + ". To build "
+                     f"them: {BUILD_PACKAGES}, then {REBUILD}")
     if m.resize_kernel == "no AVX2":
         notes.append("decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs an x86-64 CPU with "
                      "AVX2, which this is not (the same pixels, slower)")
@@ -333,7 +333,7 @@ def decide(m: Measurements) -> Verdict:
         notes.append(f"the transform takes {t_transform:.2f} of {t_total:.2f} ms per sample in a worker: run it on "
                      "the GPU (torchvision.transforms.v2 on CUDA tensors, kornia.augmentation, NVIDIA DALI) or give "
                      "the loader more CPUs")
-    if recommended and outputs[recommended].get("decode") == "fused":
+    if any(row.get("decode") == "fused" for row in outputs.values()):  # measured, recommended or not
         notes.extend(_fused_extensions_note(m))
     if bottleneck == "decode" and m.numpy_decoder == "pil" and "pil" in m.decode_ms:
         notes.append("no faster JPEG decoder loads here: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
