@@ -93,3 +93,22 @@ def test_every_fix_record_is_a_known_category_with_a_text_that_formats():
     refused = Fixes("/data/train", ("wds",))  # dsconvert shard does not take it for npy: a code change instead
     apply_fixes("unpickle", refused, {"pickle.load": 1.0}, None)
     assert refused.commands == [] and refused.refused == ["npy"] and "np.save" in refused.notes[0]
+
+
+def test_the_verdict_is_the_first_rule_of_the_table_that_holds():
+    from dsconvert.diagnose.verdicts import VERDICTS, Measured, decide
+
+    def m(**kw):
+        base = dict(main_samples=100, input_share=0.1, own={}, workers=4, worker_busy=0.9, receive=0.0, wait=0.1,
+                    pool={"decode": 0.6, "read": 0.2})
+        base.update(kw)
+        return Measured(**base)
+
+    assert decide(m(main_samples=5, input_share=0.9)) == ("unknown", None)
+    assert decide(m()) == ("compute-bound", None)
+    assert decide(m(input_share=0.7, wait=0.6)) == ("input-bound", "decode")  # the pool's largest
+    assert decide(m(input_share=0.7, wait=0.6, worker_busy=0.3)) == ("input-bound", "ipc")  # idle workers
+    assert decide(m(input_share=0.4, receive=0.3, wait=0.1)) == ("input-bound", "ipc")  # receiving > waiting
+    # without workers 15 % of the loop's own loading is enough: the fix is workers first
+    assert decide(m(workers=0, input_share=0.16, own={"decode": 0.16})) == ("input-bound", "no-workers")
+    assert [r.verdict for r in VERDICTS][0] == "unknown" and VERDICTS[-1].verdict == "compute-bound"

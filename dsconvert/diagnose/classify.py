@@ -54,6 +54,11 @@ available, then what the workers would still be bound by (``bound_by``: the cate
 main thread's data work). A ``dsconvert shard`` command is suggested only for a dataset
 folder that was seen open and that ``dsconvert shard`` accepts for that format
 (``shard_formats``, from the real scanner); otherwise the fix is given as a code change.
+
+The rules are data, each table in its module: what a frame does (:mod:`.rules`), the verdict
+and bottleneck (:mod:`.verdicts`), the fixes per bottleneck (:mod:`.fixes`, whose ``dsconvert
+shard`` commands :mod:`dsconvert.advice` builds, as for ``dsconvert analyze``). This module
+classifies stacks with them and puts the diagnosis together.
 """
 
 from __future__ import annotations
@@ -69,14 +74,11 @@ from .fixes import Fixes, apply_fixes, worker_fixes
 from .pyspy import Frame, Stack
 from .rules import (COMPUTE_LIBRARIES, COMPUTE_LINES, COMPUTE_RULES, FRAME_RULES, LINE_RULES, FrameRule,
                     LineRule)
+from .verdicts import INPUT_BOUND_SHARE, NO_WORKERS_SHARE, Measured, decide
 
 __all__ = ["classify_stack", "diagnose_stacks", "Diagnosis", "INPUT_BOUND_SHARE", "NO_WORKERS_SHARE", "IPC_SHARE",
            "DATA_CATEGORIES", "worker_pids"]
 
-INPUT_BOUND_SHARE = 0.30
-# without workers the loop's own loading is serial with its step, never overlapped: a share of
-# 15 % is a 1.18x speedup from one argument (held-out runs at 29-32 % flipped at 30 %)
-NO_WORKERS_SHARE = 0.15
 IPC_SHARE = 0.20  # the loop's time receiving batches from which IPC is a finding
 DATA_CATEGORIES = ("decode", "read", "remote", "unpickle", "augment", "collate", "dataset", "ipc")
 LAZY_READERS = ("decode", "unpickle")  # categories whose off-CPU time is a file read
@@ -378,14 +380,18 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     receiving = ("ipc", "pin", "collate") if workers else ("ipc", "pin")
     receive = sum(main.get(k, {}).get("share", 0.0) for k in receiving)
 
-    evidence: List[str] = []
-    if n_main < 20:
-        return Diagnosis("unknown", None, "too few samples of the training loop's main thread to decide; "
-                         "sample longer (--duration) once training has started", evidence, [], [], main, work,
-                         worker_busy, input_share, len(workers), dict(samples), top, receive_share=receive)
     wait = main.get("wait", {}).get("share", 0.0)
     in_main = {k: v["share"] for k, v in main.items() if k in DATA_CATEGORIES}
     own = {k: v for k, v in in_main.items() if k not in receiving}  # data work the main thread does itself
+    pool = {k: v["share"] for k, v in work.items() if k in DATA_CATEGORIES} if workers else {}
+    for k, v in own.items():
+        pool[k] = pool.get(k, 0.0) + v
+    verdict, bottleneck = decide(Measured(n_main, input_share, own, len(workers), worker_busy, receive, wait, pool))
+    evidence: List[str] = []
+    if verdict == "unknown":
+        return Diagnosis("unknown", None, "too few samples of the training loop's main thread to decide; "
+                         "sample longer (--duration) once training has started", evidence, [], [], main, work,
+                         worker_busy, input_share, len(workers), dict(samples), top, receive_share=receive)
     parts = ([f"{wait:.0%} waiting for the workers"] if workers else []) + \
         [f"{v:.0%} {k}" for k, v in in_main.items() if v >= 0.01]
     evidence.append(f"main thread: {input_share:.0%} getting data ({', '.join(parts) or 'none'}), "
@@ -406,20 +412,9 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
                                     if v >= 0.01)
                         + ")")
 
-    bound_by: Optional[str] = None
-    if input_share >= INPUT_BOUND_SHARE or (not workers and sum(own.values()) >= NO_WORKERS_SHARE):
-        verdict = "input-bound"
-        if not workers and own:
-            bottleneck = "no-workers"
-            bound_by = max(own, key=own.get)
-        else:
-            pool = {k: v["share"] for k, v in work.items() if k in DATA_CATEGORIES} if workers else {}
-            for k, v in own.items():
-                pool[k] = pool.get(k, 0.0) + v
-            if not pool or (workers and (worker_busy < 0.5 or receive > wait)):
-                bottleneck = "ipc"  # the transfer, not the workers' loading, holds the loop up
-            else:
-                bottleneck = max(pool, key=pool.get)
+    # what the main thread's own data work is, when it loads without workers
+    bound_by: Optional[str] = max(own, key=own.__getitem__) if bottleneck == "no-workers" else None
+    if verdict == "input-bound":
         category = bound_by or bottleneck
         details: Dict[str, float] = {}
         for table in ((main,) if bound_by else (work, main)):
@@ -435,8 +430,6 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
             summary = (f"input-bound: the training loop waits for data {input_share:.0%} of the time; the loaders' "
                        f"time goes mostly to {_NAMES.get(bottleneck, bottleneck)} ({top_detail})")
     else:
-        verdict = "compute-bound"
-        bottleneck = None
         details = {}
         compute = main.get("compute", {})
         top_detail = max(compute.get("details", {"the model": 1}).items(), key=lambda kv: kv[1])[0]
