@@ -112,3 +112,15 @@ def test_the_verdict_is_the_first_rule_of_the_table_that_holds():
     # without workers 15 % of the loop's own loading is enough: the fix is workers first
     assert decide(m(workers=0, input_share=0.16, own={"decode": 0.16})) == ("input-bound", "no-workers")
     assert [r.verdict for r in VERDICTS][0] == "unknown" and VERDICTS[-1].verdict == "compute-bound"
+
+
+def test_dsconvert_decoding_is_known_in_the_codecs_package():
+    from dsconvert.diagnose.classify import classify_stack
+
+    for leaf in (Frame("decode_rgb", "/site/dsconvert/codecs/jpeg.py", 10),
+                 Frame("pil_rgb", "/site/dsconvert/codecs/checks.py", 10)):
+        frames = (Frame("_worker_loop", "torch/utils/data/_utils/worker.py", 1),
+                  Frame("fetch", "torch/utils/data/_utils/fetch.py", 2), Frame("__getitem__", "ds.py", 3), leaf)
+        stack = Stack(2, "python train.py", 2, "MainThread", frames, 1)
+        assert classify_stack(stack, 1, [2], lambda f, n: "") == ("worker", "decode",
+                                                                   "dsconvert (Pillow/turbojpeg chain)")
