@@ -39,20 +39,21 @@ from . import schedstat
 from .errors import OptionError, SourceError
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
+from . import optional
 from .optional import require
 from .io.location import Location, local_form
 from .io.localfs import evict_page_cache
 from .transforms import CropToTensor, load_transform
 
 __all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA", "BENCH_VERSION",
-           "default_worker_counts"]
+           "default_worker_counts", "open_target", "as_list", "torch_default_collate", "one_pass"]
 
 BENCH_SCHEMA = "dsconvert.bench"
 BENCH_VERSION = 1
 CACHES = ("cold", "warm")
 
 
-def _as_list(batch: List[Any]) -> List[Any]:
+def as_list(batch: List[Any]) -> List[Any]:
     """collate_fn for samples that do not stack (images of many sizes, bytes, dicts)."""
     return batch
 
@@ -80,10 +81,11 @@ def _is_stream(ds: Any) -> bool:
     return isinstance(ds, IterableDataset)
 
 
-def _open(path: str, decode: str, transform: Optional[Callable], max_samples: int,
+def open_target(path: str, decode: str, transform: Optional[Callable], max_samples: int,
           seed: int, storage_options: Optional[Dict[str, Any]] = None,
           label: Optional[str] = None) -> Tuple[Any, BenchTarget]:
-    """(dataset limited to max_samples, target description). Tar shards another tool wrote
+    """(dataset limited to max_samples, target description) of ``path`` as bench and analyze read
+    it. Tar shards another tool wrote
     are read in place by the indexed reader (``label``: where their class label is)."""
     from torch.utils.data import Subset
 
@@ -156,8 +158,8 @@ def _batch_len(batch: Any) -> int:
     return len(batch)
 
 
-def _one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, collate: Callable,
-              cache: str, max_samples: int, max_seconds: Optional[float] = None) -> Dict[str, Any]:
+def one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, collate: Callable,
+             cache: str, max_samples: int, max_seconds: Optional[float] = None) -> Dict[str, Any]:
     """One DataLoader pass; ``max_seconds`` ends it early (after at least four batches past the
     first), for callers that need a rate rather than every sample."""
     from torch.utils.data import DataLoader
@@ -255,15 +257,15 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
         transform = None
     elif isinstance(transform, str) or transform is None:
         transform = load_transform(transform, size)
-    opened = [_open(p, decode, transform, max_samples, seed, storage_options) for p in paths]
+    opened = [open_target(p, decode, transform, max_samples, seed, storage_options) for p in paths]
     started = time.perf_counter()
     runs: List[Dict[str, Any]] = []
     for batch_size in batch_sizes:
         for w in workers:
             for ds, target in opened:
-                collate = _default_collate() if transform is not None else _as_list
+                collate = torch_default_collate() if transform is not None else as_list
                 for cache in caches:
-                    row = _one_pass(ds, target, w, batch_size, collate, cache, max_samples)
+                    row = one_pass(ds, target, w, batch_size, collate, cache, max_samples)
                     runs.append(row)
                     say(f"{target.label}: {w} workers, batch {batch_size}, {cache}: "
                         f"{row['samples_per_s']:,.0f} samples/s")
@@ -272,6 +274,7 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     for r in runs:
         b = base.get((r["workers"], r["batch_size"], r["cache"]))
         r["vs_first"] = r["samples_per_s"] / b if b else None
+    missing = optional.missing_extensions() if decode == "fused" else []
     return {
         "schema": BENCH_SCHEMA, "schema_version": BENCH_VERSION,
         "settings": {"workers": workers, "batch_sizes": list(batch_sizes), "decode": decode, "size": size,
@@ -281,10 +284,12 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
         "datasets": [dict(asdict(t), label=t.label, files=len(t.files)) for _, t in opened],
         "runs": runs,
         "seconds": time.perf_counter() - started,
+        "notes": [optional.extension_notice(missing)] if missing else [],
     }
 
 
-def _default_collate() -> Callable:
+def torch_default_collate() -> Callable:
+    """torch's default_collate, imported when first needed (conversion never imports torch)."""
     from torch.utils.data import default_collate
 
     return default_collate
@@ -309,4 +314,5 @@ def render_text(report: Dict[str, Any]) -> str:
     best = max(report["runs"], key=lambda r: r["samples_per_s"])
     lines.append(f"fastest: {labels[best['dataset']]} with {best['workers']} workers, batch {best['batch_size']}, "
                  f"{best['cache']}: {best['samples_per_s']:,.0f} samples/s ({report['seconds']:.1f} s in all)")
+    lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ __all__ = [
     "OptionError",
     "NotRegularFileError",
     "FusedFallbackWarning",
+    "MissingExtensionWarning",
 ]
 
 
@@ -76,6 +77,12 @@ class MissingDependencyError(DsconvertError, ImportError):
 class NotRegularFileError(DsconvertError, OSError):
     """A file an output names is a symlink to a device, a FIFO, a folder...: never opened, since
     reading ``/dev/zero`` never ends and opening a FIFO blocks."""
+
+
+class MissingExtensionWarning(UserWarning):
+    """One of dsconvert's optional C extensions did not build at install (no compiler, or no
+    libjpeg headers): ``decode="fused"`` gives the same samples, slower. Said once per process,
+    in one line naming the extension and the packages that build it."""
 
 
 class FusedFallbackWarning(UserWarning):

@@ -49,10 +49,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from . import resample
+from . import optional, resample
+from .codecs import (JPEG_MAGIC, FastJpeg, Region, bilinear, check_pixels, fast_decode, jpeg_decoders, nchw_view,
+                     pil_open, pil_rgb, refuse_unverifiable, region_decode)
 from .geometry import resized_size
-from .codecs import (_JPEG_MAGIC, FastJpeg, _pil_open, _pil_rgb, bilinear, check_pixels, fast_decode,
-                     Region, jpeg_decoders, nchw_view, refuse_unverifiable, region_decode)
 from .errors import BadInputError
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box"]
@@ -149,8 +149,11 @@ def _geometry(ops: List[Any]) -> Tuple[Optional[Geometry], int]:
 
 def fuse(transform: Optional[Callable]) -> "FusedTransform":
     """The fused form of ``transform`` (see the module doc); ``fused.geometry`` is None when
-    nothing could be fused, and the transform then runs as given after a full decode."""
+    nothing could be fused, and the transform then runs as given after a full decode. The first
+    call in a process says, in one line, which of dsconvert's C extensions did not build."""
     from .transforms import CropToTensor, RandomResizedCropToTensor
+
+    optional.warn_missing_extensions()
 
     if isinstance(transform, RandomResizedCropToTensor):
         return FusedTransform(Geometry("random_resized_crop", size=(transform.size, transform.size),
@@ -296,7 +299,7 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
     (:func:`dsconvert.codecs.region_decode`), or where it is not built, down to the region's
     bottom row (:func:`dsconvert.codecs.fast_decode`)."""
     data = bytes(data) if not isinstance(data, bytes) else data
-    if data[:3] == _JPEG_MAGIC:
+    if data[:3] == JPEG_MAGIC:
         refuse_unverifiable(data)
 
         def reduction(height: int, width: int) -> int:
@@ -320,7 +323,7 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
         # Pillow's draft reduces as libjpeg-turbo would have: also for a file the binding refused
         # but the region decode might have taken (a sampling TurboJPEG 2.x cannot name, 4x2 or
         # 3x1), so the scale, and the sample, do not depend on which decoders are installed
-        img = _pil_open(data)
+        img = pil_open(data)
         if img.format == "JPEG" and img.mode in ("RGB", "L") and min(img.size) > 0:
             width, height = img.size
             k = reduction(height, width)
@@ -330,7 +333,7 @@ def _decode(data: Any, need: Callable[[int, int], Tuple[float, float]],
                 # none (a file with no scan to decode, which load() then refuses)
                 k = round(width / drafted[1][2]) if drafted is not None else 1
             return np.asarray(img.convert("RGB")), k, (0, 0)
-    return np.asarray(_pil_rgb(data)), 1, (0, 0)
+    return np.asarray(pil_rgb(data)), 1, (0, 0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -502,7 +505,7 @@ class FusedTransform:
     def from_bytes(self, data: Any) -> Any:
         g = self.geometry
         if g is None:
-            return self._unfused(_pil_rgb(bytes(data) if not isinstance(data, bytes) else data))
+            return self._unfused(pil_rgb(bytes(data) if not isinstance(data, bytes) else data))
         if g.kind == "random_resized_crop":
             box: List[Tuple[int, int, int, int]] = []
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import functools
 import importlib
+import warnings
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .errors import MissingDependencyError
+from .errors import MissingDependencyError, MissingExtensionWarning
 from .processes import ProcessLocal
 
-__all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "jpeg_region", "resize_kernel", "INSTALL_HINTS"]
+__all__ = ["require", "optional_import", "turbojpeg", "simplejpeg", "jpeg_region", "resize_kernel", "INSTALL_HINTS",
+           "EXTENSIONS", "BUILD_PACKAGES", "REBUILD", "missing_extensions", "extension_notice",
+           "warn_missing_extensions"]
 
 # module name -> what the user should run to get it
 INSTALL_HINTS = {
@@ -86,3 +89,48 @@ def resize_kernel() -> Optional[ModuleType]:
     (``dsconvert/_resize.c``, :mod:`dsconvert.resample`), or None where it was not built (no
     compiler at install). Stateless, so it may cross a fork."""
     return optional_import("dsconvert._resize")
+
+
+# dsconvert's optional C extensions (setup.py): module -> (what it is, what decode="fused" does without it)
+EXTENSIONS: Dict[str, Tuple[str, str]] = {
+    "dsconvert._jpeg_region": ("region decoder", "decodes every row and column of a JPEG, not only the crop's"),
+    "dsconvert._resize": ("resize kernel", "resizes with torch, not only the crop's pixels"),
+}
+# what builds them: a C compiler, Python's headers and (for the region decoder) libjpeg's, on
+# Debian and Ubuntu; then a build from source
+BUILD_PACKAGES = "apt-get install -y gcc libjpeg-dev python3-dev"
+REBUILD = "pip install --force-reinstall --no-deps --no-binary dsconvert dsconvert (in a checkout: pip install -e .)"
+
+
+def missing_extensions() -> List[str]:
+    """The C extensions of :data:`EXTENSIONS` that do not load in this process."""
+    probes = {"dsconvert._jpeg_region": jpeg_region, "dsconvert._resize": resize_kernel}
+    return [name for name in EXTENSIONS if probes[name]() is None]
+
+
+def extension_notice(missing: Sequence[str]) -> str:
+    """One line: which C extensions are missing, what decode="fused" does without them, and the
+    packages that build them."""
+    parts = [f"{name} ({EXTENSIONS[name][0]}: decode=\"fused\" {EXTENSIONS[name][1]})" for name in missing]
+    return (f"dsconvert's C extension{'s' if len(parts) > 1 else ''} {' and '.join(parts)} "
+            f"{'are' if len(parts) > 1 else 'is'} not built here: the same samples, slower. "
+            f"To build: {BUILD_PACKAGES}, then {REBUILD}")
+
+
+_warned: Dict[str, bool] = {}  # a plain dict: a forked worker inherits "said" and stays quiet
+
+
+def warn_missing_extensions() -> Optional[str]:
+    """Warn once per process (:class:`dsconvert.errors.MissingExtensionWarning`, one line) when a
+    C extension that decode="fused" uses did not build; return the line, or None when both load
+    or it was said already. Called on the first use of the fused path."""
+    if "said" in _warned:
+        return None
+    _warned["said"] = True
+    missing = missing_extensions()
+    if not missing:
+        return None
+    line = extension_notice(missing)
+    # warn_explicit with no source to quote: the warning is this one line, not a line of code after it
+    warnings.warn_explicit(line, MissingExtensionWarning, "dsconvert", 0, module="dsconvert")
+    return line

@@ -15,7 +15,7 @@ from typing import Optional
 
 from PIL import Image
 
-from .codecs import _pil_open, pixel_limit
+from .codecs import pil_open, pixel_limit
 from .errors import BadInputError
 
 __all__ = ["shrink_image", "DEFAULT_QUALITY", "REENCODED_FORMATS"]
@@ -31,7 +31,7 @@ def shrink_image(data: bytes, max_size: int, quality: int = DEFAULT_QUALITY,
     cannot be decoded."""
     try:
         with pixel_limit(max_pixels):
-            img = _pil_open(data)
+            img = pil_open(data)
             width, height, fmt = img.size[0], img.size[1], img.format
             if max(width, height) <= max_size or fmt not in REENCODED_FORMATS:
                 return data

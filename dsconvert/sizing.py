@@ -19,6 +19,7 @@ from .codecs import check_pixels, image_size, is_image_field, resized_shape
 from .errors import BadInputError
 from .io.location import is_remote
 from .samples import Sample, Source, SourceFile
+from .units import format_size  # handed on: where it was defined before dsconvert.units
 
 __all__ = ["SizeEstimate", "estimate_output_bytes", "format_size"]
 
@@ -32,17 +33,6 @@ class SizeEstimate:
     def describe(self) -> str:
         how = "exact" if self.exact else f"estimated from {self.sampled} sampled images"
         return f"{format_size(self.bytes)} ({how})"
-
-
-def format_size(n: float) -> str:
-    """1234567 -> '1.2 MB' (decimal units, as disks are sold and ``df -H`` shows)."""
-    if n < 1000:
-        return f"{n:.0f} B"
-    for unit in ("kB", "MB", "GB", "TB", "PB"):
-        n /= 1000
-        if n < 1000 or unit == "PB":
-            break
-    return f"{n:.1f} {unit}"
 
 
 def _image_size(source: Source, f: SourceFile) -> Tuple[int, int]:

@@ -17,7 +17,10 @@ import numpy as np
 import pytest
 
 from dsconvert import convert
-from dsconvert.analyze import detect as detect_mod
+from dsconvert.optional import optional_import
+from dsconvert.analyze.detect import classify as detect_classify
+from dsconvert.analyze.detect import limits as detect_limits
+from dsconvert.analyze.detect import walk as detect_walk
 from dsconvert.analyze.detect import KINDS, Detected, crc32c, detect, masked_crc32c
 
 from conftest import make_image_folder, write
@@ -254,7 +257,7 @@ def test_parquet_magic_from_bytes(tmp_path):
     path = write(str(tmp_path / "t.parquet"), b"PAR1" + b"\x00" * 20 + body + struct.pack("<I", len(body)) + b"PAR1")
     d = detect(path)
     assert d.kind == "parquet"
-    if detect_mod.optional_import("pyarrow") is None:
+    if optional_import("pyarrow") is None:
         assert "rows unknown (pyarrow is not installed" in d.description and not d.damaged
     else:
         assert d.damaged  # pyarrow refuses the made-up footer
@@ -409,7 +412,7 @@ def test_empty_and_missing_paths(tmp_path):
 
 # --- bounded reading -------------------------------------------------------------------------
 
-class CountingStore(detect_mod._Store):
+class CountingStore(detect_walk.Store):
     read_bytes = 0
     opened = 0
 
@@ -428,20 +431,20 @@ class CountingStore(detect_mod._Store):
 
 
 def test_reads_are_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(detect_mod, "_Store", CountingStore)
+    monkeypatch.setattr(detect_classify, "Store", CountingStore)
     CountingStore.read_bytes = CountingStore.opened = 0
     np.save(tmp_path / "big.npy", np.zeros((8 << 20,), np.uint8))
     for i in range(40):
         np.save(tmp_path / f"s{i:03d}.npy", np.zeros((8 << 20,), np.uint8)[:1000])
     d = detect(str(tmp_path))
     assert d.kind == "npy"
-    assert CountingStore.opened <= detect_mod.SNIFF_PER_GROUP * 2
+    assert CountingStore.opened <= detect_limits.SNIFF_PER_GROUP * 2
     assert CountingStore.read_bytes < 1 << 20  # 8 MiB of array, a few KiB read
     assert d.num_samples is None  # not every file was read: no exact count
 
 
 def test_a_big_folder_is_listed_in_part(tmp_path, monkeypatch):
-    monkeypatch.setattr(detect_mod, "MAX_ENTRIES", 10)
+    monkeypatch.setattr(detect_limits, "MAX_ENTRIES", 10)
     for i in range(30):
         np.save(tmp_path / f"{i:03d}.npy", np.zeros(3, np.uint8))
     d = detect(str(tmp_path))
@@ -596,7 +599,7 @@ def test_tar_headers_that_declare_gigabytes_are_damage(tmp_path):
 
 
 def test_a_gzip_bomb_of_a_shard_is_counted_in_part(tmp_path, monkeypatch):
-    monkeypatch.setattr(detect_mod, "TAR_INFLATE_BUDGET", 1 << 20)
+    monkeypatch.setattr(detect_limits, "TAR_INFLATE_BUDGET", 1 << 20)
     path = str(tmp_path / "bomb.tar.gz")
     with tarfile.open(path, "w:gz") as tf:
         for key in ("a", "b"):
@@ -631,10 +634,10 @@ def test_outputs_in_subfolders(outputs, tmp_path):
 
 
 def test_the_sniff_budget_holds_for_many_extensions(tmp_path, monkeypatch):
-    monkeypatch.setattr(detect_mod, "MAX_SNIFF", 5)
+    monkeypatch.setattr(detect_limits, "MAX_SNIFF", 5)
     calls = []
-    real = detect_mod._sniff
-    monkeypatch.setattr(detect_mod, "_sniff", lambda store, e: calls.append(e.rel) or real(store, e))
+    real = detect_classify.sniff
+    monkeypatch.setattr(detect_classify, "sniff", lambda store, e: calls.append(e.rel) or real(store, e))
     for i in range(30):
         np.save(tmp_path / f"a.x{i}", np.zeros(3))  # np.save adds .npy: a.x0.npy ...
         write(str(tmp_path / f"b.e{i}"), b"data")
@@ -686,7 +689,7 @@ def test_a_file_of_a_dsconvert_output(outputs):
 
 
 def test_a_long_shard_is_counted_in_proportion(tmp_path, monkeypatch):
-    monkeypatch.setattr(detect_mod, "MAX_TAR_MEMBERS", 20)
+    monkeypatch.setattr(detect_limits, "MAX_TAR_MEMBERS", 20)
     members = [(f"{i:04d}.{ext}", b"z" * 100) for i in range(100) for ext in ("jpg", "cls")]
     d = detect(write(str(tmp_path / "long.tar"), _tar_bytes(members)))
     assert d.kind == "webdataset" and d.num_samples is None and not d.damaged
@@ -748,3 +751,19 @@ def test_pickles_of_protocols_0_and_1_start_with_any_of_their_opcodes(tmp_path):
         body = rng.integers(0, 256, 100_000, dtype=np.uint8).tobytes()
         d = detect(write(str(tmp_path / f"g{i}.pkl"), head + body))
         assert d.kind == "pickle" and d.damaged and "past the file's end" in d.description, d
+
+
+def test_the_sniffer_table_names_each_format_once_and_passes_on_plain_bytes(tmp_path):
+    """One sniffer per format, tried in order; bytes of no format pass through every one of them."""
+    from dsconvert.analyze.detect.sniffers import SNIFFERS, Head
+    from dsconvert.analyze.detect.walk import Entry, Store
+
+    names = [name for name, _ in SNIFFERS]
+    assert len(names) == len(set(names))
+    path = write(str(tmp_path / "notes.bin"), b"just some text, of no format at all\n" * 40)
+    store = Store()
+    with store.open(path) as f:
+        head = f.read()
+    h = Head(store, Entry("notes.bin", path, len(head)), head, head[-8:], None)
+    assert [name for name, sniffer in SNIFFERS if sniffer(h) is not None] == []
+    assert detect(path).kind == "unknown"

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from dsconvert import convert
+from dsconvert.advice import output_for
 from dsconvert.diagnose import classify, pyspy, syscalls
 from dsconvert.diagnose.classify import classify_stack, diagnose_stacks
 from dsconvert.diagnose.procs import guess_dataset_root
@@ -751,7 +752,7 @@ def run_commands(commands, tmp_path):
         argv = shlex.split(command, comments=True)
         assert argv[:2] == ["dsconvert", "shard"] and "-o" in argv, command
         out = argv.index("-o") + 1
-        assert argv[out] == classify.out_for(argv[2], argv[argv.index("--format") + 1]), command
+        assert argv[out] == output_for(argv[2], argv[argv.index("--format") + 1]), command
         argv[out] = str(tmp_path / f"out{i}")
         run = subprocess.run([sys.executable, "-m", "dsconvert", *argv[1:]], capture_output=True, text=True,
                              timeout=300)

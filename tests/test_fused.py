@@ -429,7 +429,7 @@ def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpe
     """Without the region extension, libjpeg-turbo stops below the rows the crop reads
     (jpeg_structure.top_rows): train and eval give exactly the pixels of decoding every row, at
     every DCT reduction, in portrait and landscape, and the cut is taken for most random crops."""
-    from dsconvert import codecs
+    from dsconvert.codecs import jpeg as codecs  # the module whose top_rows the fast decode calls
 
     pytest.importorskip("turbojpeg")
     monkeypatch.setattr(fz, "region_decode", lambda *args: None)
@@ -466,7 +466,8 @@ def test_decoding_only_the_crops_region_changes_no_pixel(torch, large_jpegs, pho
     """With the region extension, train decodes only the crop's box and the filter's reach
     around it (rows above and columns beside skip the inverse DCT): the same pixels as decoding
     the whole image, at every DCT reduction, and the region is taken for every JPEG here."""
-    from dsconvert import codecs, optional
+    from dsconvert import optional
+    from dsconvert.codecs import jpeg as codecs  # the module whose top_rows the fast decode calls
 
     pytest.importorskip("turbojpeg")
     if optional.jpeg_region() is None:
@@ -580,7 +581,7 @@ def test_the_chw_copy_is_numpys_transpose_for_every_layout(monkeypatch, opencv):
 def test_damage_below_the_cut_is_not_seen_and_a_truncation_still_is(torch, large_jpegs, photos, monkeypatch):
     """Junk before EOI (a warning Pillow ignores) under the crop: the cut decode never reads it,
     so the sample is the intact file's; a truncated file is refused wherever the crop falls."""
-    from dsconvert import codecs
+    from dsconvert.codecs import jpeg as codecs  # the module whose top_rows the fast decode calls
 
     pytest.importorskip("turbojpeg")
     monkeypatch.setattr(fz, "region_decode", lambda *args: None)

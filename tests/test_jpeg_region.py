@@ -20,7 +20,8 @@ from PIL import Image
 
 from conftest import can_build_extensions, encode
 
-from dsconvert import codecs, optional
+from dsconvert import optional
+from dsconvert.codecs import jpeg as codecs  # region_decode and the REGION_EDGE it reads
 from dsconvert.errors import BadInputError
 
 ext = optional.jpeg_region()

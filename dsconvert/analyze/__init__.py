@@ -350,7 +350,7 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
                    say: Callable[[str], None]) -> Tuple[Dict[str, Dict[str, Any]], float, int, Dict[str, float]]:
     """A dsconvert output read as training reads it: open_dataset with the transform, cold and
     warm; also the transform's and the decode's cost on a few of its samples."""
-    from ..bench import _as_list, _default_collate, _open
+    from ..bench import as_list, open_target, torch_default_collate
     from ..codecs import decode_image
     from ..readers.open import open_dataset
     from .loader import run_passes
@@ -377,13 +377,13 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
             transform_s += time.perf_counter() - t
     decode_ms: Dict[str, float] = {"pil": decode_s / decoded * 1000} if decoded and not stores_pixels else {}
     transform_ms = transform_s / decoded * 1000 if decoded else 0.0
-    ds, target = _open(path, decode, transform, sample, seed, storage_options)
-    collate = _default_collate() if transform is not None else _as_list
+    ds, target = open_target(path, decode, transform, sample, seed, storage_options)
+    collate = torch_default_collate() if transform is not None else as_list
     n = min(sample, target.num_samples)
     runs = [(SOURCE, ds, decode)]
     fast = jpeg_decoders()[0][0]
     if not stores_pixels and decode == "pil" and fast != "pil":  # the same shards, the fast JPEG decoder
-        runs.append((f"decode={fast}", _open(path, "numpy", transform, sample, seed, storage_options)[0], "numpy"))
+        runs.append((f"decode={fast}", open_target(path, "numpy", transform, sample, seed, storage_options)[0], "numpy"))
     passes: Dict[str, Dict[str, Any]] = {}
     for name, dataset, mode in runs:
         row = run_passes(dataset, target, workers, collate, ("cold", "warm"), n, pass_seconds, batch_size,
@@ -400,17 +400,17 @@ def _in_place_passes(src: str, source: Any, transform: Any, fusable: bool, worke
                      say: Callable[[str], None]) -> Dict[str, Dict[str, Any]]:
     """Tar shards read where they are by the indexed reader (open_dataset on the folder), with
     the fast decoder and, where the transform fuses, decode="fused": no conversion at all."""
-    from ..bench import _as_list, _default_collate, _open
+    from ..bench import as_list, open_target, torch_default_collate
     from .loader import run_passes
 
     label = source.options.get("label")
-    collate = _default_collate() if transform is not None and label is not None else _as_list
+    collate = torch_default_collate() if transform is not None and label is not None else as_list
     modes = ["numpy"] + (["fused"] if fusable and label is not None else [])
     passes: Dict[str, Dict[str, Any]] = {}
     for mode in modes:
         name = f"tars in place, decode={mode}"
         try:
-            ds, target = _open(src, mode, transform if label is not None else None, sample, seed,
+            ds, target = open_target(src, mode, transform if label is not None else None, sample, seed,
                                storage_options, label)
         except (DsconvertError, OSError, ValueError) as exc:
             say(f"{name}: not measured ({exc})")

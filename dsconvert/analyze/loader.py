@@ -12,7 +12,7 @@ analyze measures instead of modelling: the sample of the source is
   back through ``open_dataset``, cold and warm;
 
 each time through ``torch.utils.data.DataLoader`` with the workers the machine has and the
-reference transform, by :func:`dsconvert.bench._one_pass`, the pass ``dsconvert bench``
+reference transform, by :func:`dsconvert.bench.one_pass`, the pass ``dsconvert bench``
 runs. A candidate's rate on the sample is its predicted rate on the whole dataset.
 """
 
@@ -158,12 +158,12 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     steady-state rates (after every worker's first batch), ``cold_whole``/``warm_whole`` the
     whole pass's (a shard reader's reads come in bursts the steady state can miss). A candidate that
     cannot be made from this source is left out with the reason in the notes."""
-    from ..bench import BenchTarget, _as_list, _default_collate
+    from ..bench import BenchTarget, as_list, torch_default_collate
     from ..io.location import Location
     from ..readers.open import open_dataset
 
-    collate = DropNone(_default_collate() if transform is not None and source.sample_type == "classification"
-                       else _as_list)
+    collate = DropNone(torch_default_collate() if transform is not None and source.sample_type == "classification"
+                       else as_list)
     if source.sample_type != "classification":
         transform = None
     n = len(source.samples)
@@ -293,7 +293,7 @@ def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Se
     batches small enough for eight per worker; a warm pass reads it as many times over as
     eight batches of ``batch_size`` per worker need (the per-batch costs, collate and IPC,
     weigh on fast loaders), with batches no larger than the rate seen so far allows in time."""
-    from ..bench import _one_pass
+    from ..bench import one_pass
 
     row: Dict[str, Any] = {"samples": n}
     w = max(1, workers)
@@ -306,7 +306,7 @@ def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Se
             batch = batch_size if not hint else int(max(1, min(batch_size, hint * max_seconds / (8 * w))))
             times = max(1, -(-8 * w * batch // max(1, n)))
             data, count = repeated(ds, times, n), n * times
-        r = _one_pass(data, target, workers, batch, collate, cache, count, max_seconds)
+        r = one_pass(data, target, workers, batch, collate, cache, count, max_seconds)
         # decided on the rates less what other processes' CPU load cost the workers (a shared
         # machine's load moves wall rates from pass to pass); the wall rates are kept beside them
         row[cache] = r["unloaded_per_s"]

@@ -38,7 +38,7 @@ import json
 import sys
 from typing import Any, Dict, List
 
-from ..sizing import format_size
+from ..units import format_size
 
 __all__ = ["render_text", "render_json"]
 

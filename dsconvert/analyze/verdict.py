@@ -34,7 +34,9 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..sizing import format_size
+from ..advice import output_for, shard_command, source_stem
+from ..optional import BUILD_PACKAGES, REBUILD
+from ..units import format_size
 
 __all__ = ["Measurements", "Verdict", "decide", "SOURCE", "MEMORY"]
 
@@ -154,9 +156,8 @@ def _fused_extensions_note(m: Measurements) -> List[str]:
                        "1.3x faster on photos)")
     notes = []
     if missing:
-        notes.append("decode=\"fused\" measured without dsconvert's " + "; and its ".join(missing) + ". Install a "
-                     "compiler and the headers (apt-get install -y gcc libjpeg-dev python3-dev), then reinstall "
-                     "dsconvert from source (in a checkout: pip install -e .)")
+        notes.append("decode=\"fused\" measured without dsconvert's " + "; and its ".join(missing) + ". To build "
+                     f"them: {BUILD_PACKAGES}, then {REBUILD}")
     if m.resize_kernel == "no AVX2":
         notes.append("decode=\"fused\" resizes with torch here: dsconvert's resize kernel needs an x86-64 CPU with "
                      "AVX2, which this is not (the same pixels, slower)")
@@ -259,13 +260,10 @@ def decide(m: Measurements) -> Verdict:
         bottleneck = "transform" if t_transform >= t_decode else "decode"
 
     src = m.source
+    stem = source_stem(src)  # a list file: its outputs are named without the suffix
 
-    stem = src.rstrip("/")
-    if stem.lower().endswith((".csv", ".tsv", ".jsonl", ".txt")):  # a list file: beside it, without the suffix
-        stem = posixpath.splitext(stem)[0]
-
-    def out_for(suffix: str) -> str:  # in the output folder (by default beside the source), named after it
-        return posixpath.join(m.output_dir, f"{posixpath.basename(stem) or 'data'}-{suffix}")
+    def out_for(fmt: str) -> str:  # in the output folder (by default beside the source), named after it
+        return output_for(src, fmt, m.output_dir)
 
     q = shlex.quote  # paths go into shell commands as they are, spaces and all
 
@@ -278,15 +276,12 @@ def decide(m: Measurements) -> Verdict:
                 return f'open_dataset({src!r}{label}, transform=T, decode="fused")   # reads them in place'
             return f'open_dataset({src!r}{label}, decode="{mode}")   # decodes JPEGs with {m.numpy_decoder}'
         fmt = row.get("format", name.split(",")[0].split()[0])
-        opts = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (row.get("options") or {}).items())
-        line = f"dsconvert shard {q(src)} --format {fmt} -o {q(out_for(fmt))}{opts}"
-        if m.label:
-            line = line.replace(f" --format {fmt} ", f" --format {fmt} --label {q(m.label)} ", 1)
+        comment = None
         if row.get("decode") == "numpy":
-            line += f'   # then open_dataset({out_for(fmt)!r}, decode="numpy") decodes JPEGs with {m.numpy_decoder}'
+            comment = f'then open_dataset({out_for(fmt)!r}, decode="numpy") decodes JPEGs with {m.numpy_decoder}'
         elif row.get("decode") == "fused":
-            line += f'   # then open_dataset({out_for(fmt)!r}, transform=T, decode="fused")'
-        return line
+            comment = f'then open_dataset({out_for(fmt)!r}, transform=T, decode="fused")'
+        return shard_command(src, fmt, out_for(fmt), label=m.label, options=row.get("options"), comment=comment)
 
     commands: List[str] = []
     alternative: List[str] = []
@@ -327,9 +322,9 @@ def decide(m: Measurements) -> Verdict:
         notes.append("write the output to local SSD: the conversion is then also the pre-cache")
     if m.remote and m.convertible and bottleneck in ("storage-latency", "small-files") or (
             m.remote and m.convertible and bottleneck == "storage-bandwidth" and not large):
-        shards = f"{stem}-wds"  # shards kept in the store, read through a local verified copy
+        shards = output_for(src, "wds")  # shards kept in the store, beside the source, read through a local verified copy
         local = posixpath.join(m.output_dir, "dsconvert-cache")
-        alternative = [f"dsconvert shard {q(src)} --format wds -o {q(shards)}",
+        alternative = [shard_command(src, "wds", shards, label=m.label),
                        f"dsconvert cache {q(shards)} {q(local)}   # then open_dataset({shards!r}, "
                        f"cache_dir={local!r}) reads verified local copies"]
     if bottleneck in ("storage-latency", "small-files") and not m.convertible:
@@ -338,7 +333,7 @@ def decide(m: Measurements) -> Verdict:
         notes.append(f"the transform takes {t_transform:.2f} of {t_total:.2f} ms per sample in a worker: run it on "
                      "the GPU (torchvision.transforms.v2 on CUDA tensors, kornia.augmentation, NVIDIA DALI) or give "
                      "the loader more CPUs")
-    if recommended and outputs[recommended].get("decode") == "fused":
+    if any(row.get("decode") == "fused" for row in outputs.values()):  # measured, recommended or not
         notes.extend(_fused_extensions_note(m))
     if bottleneck == "decode" and m.numpy_decoder == "pil" and "pil" in m.decode_ms:
         notes.append("no faster JPEG decoder loads here: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")

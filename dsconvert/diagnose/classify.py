@@ -54,127 +54,36 @@ available, then what the workers would still be bound by (``bound_by``: the cate
 main thread's data work). A ``dsconvert shard`` command is suggested only for a dataset
 folder that was seen open and that ``dsconvert shard`` accepts for that format
 (``shard_formats``, from the real scanner); otherwise the fix is given as a code change.
+
+The rules are data, each table in its module: what a frame does (:mod:`.rules`), the verdict
+and bottleneck (:mod:`.verdicts`), the fixes per bottleneck (:mod:`.fixes`, whose ``dsconvert
+shard`` commands :mod:`dsconvert.advice` builds, as for ``dsconvert analyze``). This module
+classifies stacks with them and puts the diagnosis together.
 """
 
 from __future__ import annotations
 
 import linecache
-import os
 import re
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .fixes import Fixes, apply_fixes, worker_fixes
 from .pyspy import Frame, Stack
+from .rules import (COMPUTE_LIBRARIES, COMPUTE_LINES, COMPUTE_RULES, FRAME_RULES, LINE_RULES, FrameRule,
+                    LineRule)
+from .verdicts import INPUT_BOUND_SHARE, NO_WORKERS_SHARE, Measured, decide
 
 __all__ = ["classify_stack", "diagnose_stacks", "Diagnosis", "INPUT_BOUND_SHARE", "NO_WORKERS_SHARE", "IPC_SHARE",
-           "DATA_CATEGORIES", "worker_pids", "out_for"]
+           "DATA_CATEGORIES", "worker_pids"]
 
-INPUT_BOUND_SHARE = 0.30
-# without workers the loop's own loading is serial with its step, never overlapped: a share of
-# 15 % is a 1.18x speedup from one argument (held-out runs at 29-32 % flipped at 30 %)
-NO_WORKERS_SHARE = 0.15
 IPC_SHARE = 0.20  # the loop's time receiving batches from which IPC is a finding
 DATA_CATEGORIES = ("decode", "read", "remote", "unpickle", "augment", "collate", "dataset", "ipc")
 LAZY_READERS = ("decode", "unpickle")  # categories whose off-CPU time is a file read
 
 LineReader = Callable[[str, int], str]
-
-# (category, detail, file pattern, function pattern or None), checked leaf-most frame first
-_RULES: List[Tuple[str, str, "re.Pattern[str]", Optional["re.Pattern[str]"]]] = [
-    (c, d, re.compile(f), re.compile(fn) if fn else None) for c, d, f, fn in (
-        ("ipc", "unpickling tensors from workers", r"torch/multiprocessing/reductions\.py$", r"rebuild"),
-        ("ipc", "pickling tensors for the main process", r"torch/multiprocessing/reductions\.py$", None),
-        ("unpickle", "pickle.load", r"(^|/)pickle\.py$", r"load|Unpickler"),
-        ("unpickle", "torch.load", r"torch/serialization\.py$", r"load"),
-        ("decode", "PyTurboJPEG", r"(^|/)turbojpeg\.py$", None),
-        ("decode", "simplejpeg", r"simplejpeg", None),
-        ("decode", "torchvision.io", r"torchvision/io/", None),
-        ("decode", "PNG (Pillow)", r"PIL/PngImagePlugin\.py$", r"load|chunk|read"),
-        ("decode", "JPEG (Pillow)", r"PIL/JpegImagePlugin\.py$", r"load_read|draft|load_prepare"),
-        ("read", "Image.open (open + header)", r"PIL/Image\.py$", r"^open$|_open_core|^_open$"),
-        ("read", "Image.open (open + header)", r"PIL/\w+ImagePlugin\.py$", r"_open|factory|__init__"),
-        ("read", "Image.open (open + header)", r"PIL/ImageFile\.py$", r"__init__"),
-        ("decode", "Pillow", r"PIL/ImageFile\.py$", r"load"),
-        ("decode", "Pillow (to RGB / array)", r"PIL/Image\.py$",
-         r"^(Image\.)?(convert|tobytes|__array_interface__|copy|load|frombuffer|_new|_copy_info)"),
-        ("augment", "Pillow transforms", r"PIL/(Image|ImageOps|ImageEnhance|ImageFilter|ImageTransform)\.py$", None),
-        ("augment", "torchvision transforms", r"torchvision/transforms/", None),
-        ("augment", "albumentations", r"albumentations/", None),
-        ("read", "np.load", r"numpy/lib/(npyio|_npyio_impl|format|_format_impl)\.py$", None),
-        ("read", "np.memmap", r"numpy/(core|_core)/memmap\.py$", None),
-        ("read", "h5py", r"h5py/", None),
-        ("read", "tarfile", r"(^|/)tarfile\.py$", None),
-        ("read", "webdataset", r"webdataset/", None),
-        ("read", "dsconvert shards", r"dsconvert/(formats|readers|io)/", None),
-        ("decode", "dsconvert (Pillow/turbojpeg chain)", r"dsconvert/codecs\.py$", r"decode|_pil"),
-        ("remote", "S3 (s3fs/botocore)", r"(s3fs|botocore|boto3|aiobotocore)/", None),
-        ("remote", "HTTP", r"(urllib3|requests|aiohttp|httpx)/|http/client\.py$|fsspec/implementations/http", None),
-        ("remote", "GCS / Azure", r"(gcsfs|adlfs|google/cloud/storage)/", None),
-        ("read", "fsspec (local files)", r"fsspec/implementations/(local|cached)\.py$", None),
-        ("remote", "fsspec", r"fsspec/", None),
-        ("remote", "socket", r"(^|/)(socket|ssl|selectors)\.py$", None),
-        ("collate", "default_collate", r"torch/utils/data/_utils/collate\.py$", None),
-        ("pin", "pin memory", r"torch/utils/data/_utils/pin_memory\.py$", None),
-    )
-]
-
-# what the leaf frame's source line calls (C functions py-spy does not see)
-_LINE_RULES: List[Tuple[str, str, "re.Pattern[str]"]] = [
-    (c, d, re.compile(p)) for c, d, p in (
-        ("read", "np.fromfile", r"\bfromfile\("),
-        ("decode", "OpenCV", r"\bcv2\.(imdecode|imread)\("),
-        ("augment", "OpenCV", r"\bcv2\.(?!imdecode|imread|imwrite)\w+\("),
-        ("unpickle", "pickle.load", r"\b(pickle|cPickle|_pickle)\.loads?\(|\bloads?\(.*pickle"),
-        ("remote", "socket recv", r"\.recv(_into|from)?\("),
-        ("read", "file read", r"\.(read|readinto|readline|readlines)\(|\bopen\(|\bos\.(pread|read)\("),
-    )
-]
-
-_COMPUTE: List[Tuple[str, "re.Pattern[str]", Optional["re.Pattern[str]"]]] = [
-    (d, re.compile(f), re.compile(fn) if fn else None) for d, f, fn in (
-        ("waiting for the GPU (synchronize)", r"torch/cuda/", r"synchronize"),
-        ("backward", r"torch/autograd/|torch/_tensor\.py$", r"backward|_engine_run_backward|run_backward"),
-        ("optimizer step", r"torch/optim/", None),
-        ("model forward", r"torch/nn/modules/", None),
-        ("torch (other)", r"torch/", None),
-        ("numpy", r"numpy/", None),
-    )
-]
-
-
-# Array and image libraries: their frames below the dataset's __getitem__ are preprocessing
-# (checked after the I/O rules above, which claim np.load, torch.load, torchvision.io...)
-_COMPUTE_LIBS: List[Tuple[str, "re.Pattern[str]"]] = [
-    (d, re.compile(f)) for d, f in (
-        ("scipy.ndimage", r"(^|/)scipy/ndimage/"),
-        ("scipy", r"(^|/)scipy/"),
-        ("scikit-image", r"(^|/)skimage/"),
-        ("kornia (CPU)", r"(^|/)kornia/"),
-        ("albumentations", r"(^|/)albumentations/"),
-        ("imgaug", r"(^|/)imgaug/"),
-        ("MONAI", r"(^|/)monai/"),
-        ("OpenCV", r"(^|/)cv2/"),
-        ("torchvision transforms", r"(^|/)torchvision/"),
-        ("torch CPU ops", r"(^|/)torch/(?!utils/data/)"),
-        ("numpy", r"(^|/)numpy/"),
-        ("Pillow transforms", r"(^|/)PIL/"),
-    )
-]
-
-# what the leaf's source line calls in an array/image library (C functions py-spy does not see)
-_COMPUTE_LINES: List[Tuple[str, "re.Pattern[str]"]] = [
-    (d, re.compile(p)) for d, p in (
-        ("OpenCV", r"\bcv2\.\w+\("),
-        ("scipy.ndimage", r"\bndimage\.\w+\("),
-        ("scipy", r"\bscipy\.[\w.]+\("),
-        ("scikit-image", r"\bskimage\.[\w.]+\("),
-        ("kornia (CPU)", r"\bkornia\.[\w.]+\("),
-        ("torch CPU ops", r"\btorch\.\w|\bF\.\w+\("),
-        ("numpy", r"\b(np|numpy)\.\w"),
-    )
-]
 
 _TRANSFORM_NAME = re.compile(r"transform|augment", re.IGNORECASE)
 _MODULE_FILE = "torch/nn/modules/module.py"
@@ -189,18 +98,27 @@ def _path(frame: Frame) -> str:
     return frame.file.replace("\\", "/")
 
 
+def _first(rules: Sequence[FrameRule], file: str, func: str) -> Optional[FrameRule]:
+    """The first rule of the table that a frame of ``file`` running ``func`` matches."""
+    return next((r for r in rules if r.matches(file, func)), None)
+
+
+def _first_line(rules: Sequence[LineRule], line: str) -> Optional[LineRule]:
+    """The first rule of the table that a source line matches."""
+    return next((r for r in rules if r.matches(line)), None)
+
+
 def _match(frames: Sequence[Frame], read_line: LineReader) -> Optional[Tuple[int, str, str]]:
     """(index, category, detail) of the leaf-most frame a rule knows, or None."""
     for depth, frame in enumerate(reversed(frames)):
         file = _path(frame)
-        for category, detail, fpat, fnpat in _RULES:
-            if fpat.search(file) and (fnpat is None or fnpat.search(frame.func)):
-                return len(frames) - 1 - depth, category, detail
+        rule = _first(FRAME_RULES, file, frame.func)
+        if rule:
+            return len(frames) - 1 - depth, rule.category, rule.detail
         if depth == 0:  # the leaf: what C function does its line call?
-            text = read_line(frame.file, frame.line)
-            for category, detail, pat in _LINE_RULES:
-                if pat.search(text):
-                    return len(frames) - 1, category, detail
+            line = _first_line(LINE_RULES, read_line(frame.file, frame.line))
+            if line:
+                return len(frames) - 1, line.category, line.detail
     return None
 
 
@@ -226,14 +144,13 @@ def _compute_library(frames: Sequence[Frame], read_line: LineReader) -> Optional
     made: scipy.ndimage rather than the numpy it calls), else what the leaf's line calls."""
     for frame in frames:
         file = _path(frame)
-        for detail, pat in _COMPUTE_LIBS:
-            if pat.search(file):
-                return detail
+        rule = _first(COMPUTE_LIBRARIES, file, frame.func)
+        if rule:
+            return rule.detail
     if frames:
-        text = read_line(frames[-1].file, frames[-1].line)
-        for detail, pat in _COMPUTE_LINES:
-            if pat.search(text):
-                return detail
+        line = _first_line(COMPUTE_LINES, read_line(frames[-1].file, frames[-1].line))
+        if line:
+            return line.detail
     return None
 
 
@@ -318,10 +235,9 @@ def _main(frames: Sequence[Frame], read_line: LineReader) -> Tuple[str, str]:
     rule = _data_rule(frames, read_line)
     if rule and rule[0] in DATA_CATEGORIES and rule[0] != "ipc":
         return rule  # data work in the training loop itself
-    for detail, fpat, fnpat in _COMPUTE:
-        for frame in reversed(frames):
-            if fpat.search(_path(frame)) and (fnpat is None or fnpat.search(frame.func)):
-                return "compute", detail
+    for compute in COMPUTE_RULES:  # the first rule any frame matches, leaf-most frame first
+        if any(compute.matches(_path(frame), frame.func) for frame in reversed(frames)):
+            return "compute", compute.detail
     return "compute", "training loop (Python)"
 
 
@@ -415,117 +331,6 @@ def _move_off_cpu_reads(wall: Dict[Tuple[str, str], float], cpu: Dict[Tuple[str,
                 cpu[(category, detail)] = on
 
 
-def out_for(root: str, fmt: str) -> str:
-    """Where a suggested conversion writes: the source folder's sibling ``<name>-<fmt>``, as
-    ``dsconvert analyze`` suggests."""
-    parent, name = os.path.split(root.rstrip("/") or "/")
-    return os.path.join(parent, f"{name or 'data'}-{fmt}")
-
-
-class _Fixes:
-    """Fixes in the order to try them: shell commands (also in ``commands``) and code changes
-    (also in ``notes``); plain remarks go to ``notes`` only."""
-
-    def __init__(self, root: Optional[str], formats: Optional[Sequence[str]]) -> None:
-        self.root, self.formats = root, tuple(formats or ())
-        self.unchecked = formats is None  # the scan to check them did not finish
-        self.fixes: List[str] = []
-        self.commands: List[str] = []
-        self.notes: List[str] = []
-        self.refused: List[str] = []  # formats a fix would convert to that dsconvert shard refuses for root
-
-    def command(self, text: str) -> None:
-        self.fixes.append(text)
-        self.commands.append(text)
-
-    def change(self, text: str) -> None:
-        if text not in self.fixes:
-            self.fixes.append(text)
-            self.notes.append(text)
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-    def shard(self, fmt: str, options: str, comment: str, otherwise: Optional[str]) -> bool:
-        """Suggest ``dsconvert shard ROOT --format FMT`` when ROOT is known and dsconvert takes it
-        for FMT; else the code change ``otherwise``. True when the command was suggested."""
-        if self.root and fmt in self.formats:
-            self.command(f"dsconvert shard {shlex.quote(self.root)} --format {fmt} -o "
-                         f"{shlex.quote(out_for(self.root, fmt))}{options}   # {comment}")
-            return True
-        if self.root and fmt not in self.refused:
-            self.refused.append(fmt)
-        if otherwise:
-            self.change(otherwise)
-        return False
-
-
-_IPC_FIXES = (
-    "return uint8 tensors from the dataset and convert them to float on the GPU: 4x less to pickle "
-    "and copy between processes than float32",
-    "DataLoader(..., pin_memory=True, persistent_workers=True): batches land in pinned memory for "
-    "an asynchronous copy to the GPU, and the workers are not restarted every epoch",
-    "fewer, larger batches, or batch fetching: a dataset __getitems__(indices) that returns one "
-    "contiguous batch tensor (with a collate_fn that passes it through) sends one buffer per batch "
-    "instead of one per sample",
-)
-
-
-def _category_fixes(category: str, fx: _Fixes, details: Dict[str, float], fast_decoder: Optional[str]) -> None:
-    top = max(details, key=details.get) if details else category
-    if category == "decode":
-        fx.shard("npy", " --resize 256", "decoded and resized once: training reads pixels from a memory map",
-                 "decode once ahead of training: store the decoded, resized images as arrays with np.save "
-                 "and read them with np.load(mmap_mode='r')")
-        pillow = any("Pillow" in d for d in details)
-        if pillow and fast_decoder and fast_decoder != "pil":
-            out = out_for(fx.root, "wds") if fx.root else ""
-            fx.shard("wds", "", f"then open_dataset({out!r}, decode=\"numpy\") decodes JPEGs with {fast_decoder}",
-                     f"decode JPEGs with {fast_decoder} instead of Pillow (it loads here)")
-        elif pillow:
-            fx.note("a faster JPEG decoder: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
-    elif category == "read":
-        fx.shard("wds", "", "many small reads become few large sequential ones",
-                 "pack the samples into a few large files read sequentially (tar shards, or arrays saved "
-                 "with np.save and read with np.load(mmap_mode='r')) instead of one small file per sample")
-    elif category == "remote":
-        fx.shard("wds", "", "with -o on local SSD the conversion is also the pre-cache",
-                 "copy the data to local SSD before training, packed into a few large files")
-        fx.note("or keep the data in the object store as dsconvert shards and read them through a verified "
-                "cache on local SSD: open_dataset(url, cache_dir=...), with `dsconvert cache` to fetch them ahead")
-    elif category == "unpickle":
-        fx.shard("npy", "", "arrays in a memory map, never unpickled",
-                 "store the arrays with np.save / np.savez instead of pickle and load them with "
-                 "np.load(mmap_mode='r'): nothing to unpickle, and only the pages touched are read")
-    elif category == "augment":
-        fx.shard("npy", " --resize 256", "when the transforms start with a fixed resize: it is done once "
-                 "here, not every epoch", "cheaper transforms: do the fixed part (resizing to the training "
-                 "size, colour conversion) once ahead of training and keep only the random part per sample")
-        fx.change(f"augment on the GPU, on whole batches, instead of {top} on the CPU: "
-                  "torchvision.transforms.v2 on CUDA tensors (v2.RandomResizedCrop, v2.ColorJitter on "
-                  "batch.cuda()), kornia.augmentation (RandomAffine, ColorJitter, RandomGaussianBlur on CUDA "
-                  "batches), or NVIDIA DALI (fn.decoders.image(device=\"mixed\"), fn.random_resized_crop, "
-                  "fn.rotate on the GPU)")
-    elif category in ("ipc", "collate"):
-        for text in _IPC_FIXES:
-            fx.change(text)
-    elif category == "dataset":
-        fx.note("the time goes to the dataset's own Python code: profile __getitem__ "
-                "(py-spy record --subprocesses) or move its work into the conversion")
-
-
-def _fixes(bottleneck: str, bound_by: Optional[str], fx: _Fixes, details: Dict[str, float],
-           fast_decoder: Optional[str], num_workers: int, cpus: int, worker_busy: float) -> None:
-    if bottleneck == "no-workers":
-        fx.change(f"DataLoader(..., num_workers={cpus}, persistent_workers=True): load in {cpus} worker "
-                  f"process(es) beside the training loop instead of inside it ({cpus} CPUs available)")
-    elif num_workers < cpus and bottleneck != "ipc" and (bottleneck == "augment" or worker_busy > 0.8):
-        fx.change(f"DataLoader(..., num_workers={cpus}): the {num_workers} DataLoader worker(s) are busy "
-                  f"{worker_busy:.0%} of the time and {cpus} CPUs are available; more workers help until "
-                  "the CPUs are saturated")
-    _category_fixes(bound_by or bottleneck, fx, details, fast_decoder)
-
-
 _NAMES = {"decode": "image decode", "read": "file reads", "remote": "remote storage reads",
           "unpickle": "unpickling", "augment": "augmentation (preprocessing)", "collate": "collation",
           "ipc": "moving batches between processes", "dataset": "the dataset's Python code"}
@@ -575,14 +380,18 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     receiving = ("ipc", "pin", "collate") if workers else ("ipc", "pin")
     receive = sum(main.get(k, {}).get("share", 0.0) for k in receiving)
 
-    evidence: List[str] = []
-    if n_main < 20:
-        return Diagnosis("unknown", None, "too few samples of the training loop's main thread to decide; "
-                         "sample longer (--duration) once training has started", evidence, [], [], main, work,
-                         worker_busy, input_share, len(workers), dict(samples), top, receive_share=receive)
     wait = main.get("wait", {}).get("share", 0.0)
     in_main = {k: v["share"] for k, v in main.items() if k in DATA_CATEGORIES}
     own = {k: v for k, v in in_main.items() if k not in receiving}  # data work the main thread does itself
+    pool = {k: v["share"] for k, v in work.items() if k in DATA_CATEGORIES} if workers else {}
+    for k, v in own.items():
+        pool[k] = pool.get(k, 0.0) + v
+    verdict, bottleneck = decide(Measured(n_main, input_share, own, len(workers), worker_busy, receive, wait, pool))
+    evidence: List[str] = []
+    if verdict == "unknown":
+        return Diagnosis("unknown", None, "too few samples of the training loop's main thread to decide; "
+                         "sample longer (--duration) once training has started", evidence, [], [], main, work,
+                         worker_busy, input_share, len(workers), dict(samples), top, receive_share=receive)
     parts = ([f"{wait:.0%} waiting for the workers"] if workers else []) + \
         [f"{v:.0%} {k}" for k, v in in_main.items() if v >= 0.01]
     evidence.append(f"main thread: {input_share:.0%} getting data ({', '.join(parts) or 'none'}), "
@@ -603,20 +412,9 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
                                     if v >= 0.01)
                         + ")")
 
-    bound_by: Optional[str] = None
-    if input_share >= INPUT_BOUND_SHARE or (not workers and sum(own.values()) >= NO_WORKERS_SHARE):
-        verdict = "input-bound"
-        if not workers and own:
-            bottleneck = "no-workers"
-            bound_by = max(own, key=own.get)
-        else:
-            pool = {k: v["share"] for k, v in work.items() if k in DATA_CATEGORIES} if workers else {}
-            for k, v in own.items():
-                pool[k] = pool.get(k, 0.0) + v
-            if not pool or (workers and (worker_busy < 0.5 or receive > wait)):
-                bottleneck = "ipc"  # the transfer, not the workers' loading, holds the loop up
-            else:
-                bottleneck = max(pool, key=pool.get)
+    # what the main thread's own data work is, when it loads without workers
+    bound_by: Optional[str] = max(own, key=own.__getitem__) if bottleneck == "no-workers" else None
+    if verdict == "input-bound":
         category = bound_by or bottleneck
         details: Dict[str, float] = {}
         for table in ((main,) if bound_by else (work, main)):
@@ -632,8 +430,6 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
             summary = (f"input-bound: the training loop waits for data {input_share:.0%} of the time; the loaders' "
                        f"time goes mostly to {_NAMES.get(bottleneck, bottleneck)} ({top_detail})")
     else:
-        verdict = "compute-bound"
-        bottleneck = None
         details = {}
         compute = main.get("compute", {})
         top_detail = max(compute.get("details", {"the model": 1}).items(), key=lambda kv: kv[1])[0]
@@ -642,11 +438,12 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     if ipc_finding and bottleneck != "ipc":
         summary += f"; the loop also spends {receive:.0%} of its time receiving batches from the workers"
 
-    fx = _Fixes(data_root, shard_formats)
+    fx = Fixes(data_root, shard_formats)
     if bottleneck:
-        _fixes(bottleneck, bound_by, fx, details, fast_decoder, len(workers), cpus, worker_busy)
+        worker_fixes(bottleneck, fx, len(workers), cpus, worker_busy)
+        apply_fixes(bound_by or bottleneck, fx, details, fast_decoder)
     if ipc_finding and bottleneck != "ipc":
-        _category_fixes("ipc", fx, {}, fast_decoder)
+        apply_fixes("ipc", fx, {}, fast_decoder)
     restart = main.get("wait", {}).get("details", {}).get(_RESTART, 0.0)
     if restart >= 0.05:
         fx.note(f"{restart:.0%} of the loop's time goes to {_RESTART} at epoch boundaries: "

@@ -29,7 +29,7 @@ from typing import List, Tuple
 
 from ..errors import DsconvertError, MissingDependencyError
 
-__all__ = ["Frame", "Stack", "parse_raw", "record", "pyspy_path", "PtraceError"]
+__all__ = ["Frame", "Stack", "parse_raw", "record", "pyspy_path", "PtraceError", "PTRACE_HINT"]
 
 _PROCESS = re.compile(r'process (\d+):"')
 _THREAD = re.compile(r"thread \((0x[0-9a-fA-F]+|\d+)\)(?::\s*(.*))?$")
@@ -122,9 +122,10 @@ def pyspy_path() -> str:
     return found
 
 
-_PTRACE_HINT = ("py-spy and strace need to read the process's memory: run as root or as the same user with "
-                "`sudo sysctl kernel.yama.ptrace_scope=0`; in a container, start it with "
-                "`--cap-add SYS_PTRACE` (Docker) or the SYS_PTRACE capability (Kubernetes)")
+# what to do when ptrace is refused: the one hint py-spy's and strace's errors both give
+PTRACE_HINT = ("py-spy and strace need to read the process's memory: run as root or as the same user with "
+               "`sudo sysctl kernel.yama.ptrace_scope=0`; in a container, start it with "
+               "`--cap-add SYS_PTRACE` (Docker) or the SYS_PTRACE capability (Kubernetes)")
 
 
 def _start(exe: str, pid: int, seconds: float, rate: int, idle: bool, out: str) -> subprocess.Popen:
@@ -161,6 +162,6 @@ def record(pid: int, seconds: float = 10.0, rate: int = 100) -> Tuple[List[Stack
         message = next((e for e in errors if e), "py-spy wrote no samples")
         last = message.splitlines()[-1] if message else message
         if re.search(r"ermission denied|not permitted|ptrace", message):
-            raise PtraceError(f"py-spy could not attach to process {pid}: {last}. {_PTRACE_HINT}")
+            raise PtraceError(f"py-spy could not attach to process {pid}: {last}. {PTRACE_HINT}")
         raise DsconvertError(f"py-spy could not sample process {pid}: {last}")
     return parse_raw(texts[0]), parse_raw(texts[1])

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import DsconvertError, MissingDependencyError, OptionError
-from .pyspy import _PTRACE_HINT, PtraceError
+from .pyspy import PTRACE_HINT, PtraceError
 
 __all__ = ["trace", "parse_strace", "parse_perf", "parse_block", "summarize", "summarize_processes",
            "block_summary", "SYSCALLS", "BUCKETS_US", "TRACERS", "PerfUnavailable"]
@@ -340,7 +340,7 @@ def _strace_calls(pids: Sequence[int], seconds: float, tmp: str) -> List[Call]:
         cmd += ["-p", str(pid)]
     early, err, text = _run_for(cmd, seconds, signal.SIGINT, log)
     if not text and re.search(r"not permitted|ermission denied", err):
-        raise PtraceError(f"strace could not attach: {err.strip().splitlines()[-1]}. {_PTRACE_HINT}")
+        raise PtraceError(f"strace could not attach: {err.strip().splitlines()[-1]}. {PTRACE_HINT}")
     if not text and early not in (None, 0):
         raise DsconvertError(f"strace failed: {err.strip()[-300:]}")
     return parse_strace(text)
