@@ -2,7 +2,7 @@
 `find` and with os.walk + stat, in interleaved rounds (every step once per round, in a
 rotating order), median and range of the seconds and of the same-round ratios.
 
-    python scripts/bench_analyze.py --files 100000 --rounds 3 --json docs/bench/analyze.json
+    python -m benchmarks analyze --files 100000 --rounds 3 --json docs/bench/analyze.json
 
 The tree (tiny JPEGs, ``--per-dir`` to a folder) is made once under ``--work`` and kept; the
 page cache is warm for its metadata (every step lists it).
@@ -15,20 +15,15 @@ import io
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from PIL import Image
 
-from PIL import Image  # noqa: E402
-
-from benchmeta import meta, spread  # noqa: E402
-from dsconvert.analyze import analyze  # noqa: E402
-from dsconvert.analyze.inventory import take_inventory  # noqa: E402
+from benchmarks.common import fmt_spread, meta, spread
+from dsconvert.analyze import analyze
+from dsconvert.analyze.inventory import take_inventory
 
 BUDGET = 0.2  # seconds: the time-budgeted inventory's budget
 
@@ -75,14 +70,15 @@ STEPS = (("find", "`find ROOT -type f` (listing only, no stat from Python)"),
          ("analyze", "whole `analyze` (inventory + sample: reads, sweep, decode, DataLoader passes)"))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--files", type=int, default=100_000)
     p.add_argument("--per-dir", type=int, default=1000, help="files per folder")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-analyze"))
     p.add_argument("--json")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     root = os.path.join(args.work, f"tree-{args.files}-{args.per_dir}")
     t = time.perf_counter()
     make_tree(root, args.files, args.per_dir)
@@ -127,7 +123,7 @@ def main() -> None:
     ratios = {"inventory_vs_os_walk_stat": [a / b for a, b in zip(seconds["inventory_default"],
                                                                    seconds["os_walk_stat"])],
               "analyze_vs_find": [a / b for a, b in zip(seconds["analyze"], seconds["find"])]}
-    res = {"meta": meta(__file__), "files": args.files, "folders": -(-args.files // args.per_dir),
+    res = {"meta": meta(), "files": args.files, "folders": -(-args.files // args.per_dir),
            "rounds": args.rounds, "wall_s": time.perf_counter() - started, "inventory_files": inventory_files,
            "steps": [dict(spread(seconds[k]), name=k, label=label) for k, label in STEPS],
            "budget": dict(budget, seconds=BUDGET), "analyze": analyzed,
@@ -143,5 +139,32 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    import statistics
+    from collections import Counter
+
+    lines = [f"{data['files']:,} files (tiny JPEGs) in {data['folders']:,} folders on the local disk, page cache "
+             f"warm for the metadata; {data['rounds']} interleaved rounds (every step once per round, in a "
+             "rotating order): seconds, median [range]; each ratio is the median of the per-round ratios.", "",
+             "| step | seconds |", "| --- | --- |"]
+    budget = data["budget"]
+    for s in data["steps"]:
+        cell = fmt_spread(s, "{:.3f}" if s["median"] < 0.1 else "{:.2f}")
+        if s["name"] == "inventory_budget" and budget["files_seen"]:
+            cell += (f": saw {statistics.median(budget['files_seen']):,.0f} files, estimated "
+                     f"{statistics.median(budget['estimated_files']):,.0f} (true: {data['files']:,}), medians")
+        lines.append(f"| {s['label']} | {cell} |")
+    names = {"inventory_vs_os_walk_stat": "inventory (default threads) vs `os.walk` + `os.stat`",
+             "analyze_vs_find": "whole `analyze` vs `find`"}
+    lines += ["", "| ratio (same round) | median [range] |", "| --- | --- |"]
+    for key, r in data["ratios"].items():
+        fmt = "{:.2f}x" if r["median"] < 10 else "{:,.0f}x"
+        lines.append(f"| {names.get(key, key)} | {fmt_spread(r, fmt)} |")
+    verdicts = Counter(data["analyze"]["verdict"])
+    lines += ["", "analyze's verdict: " + ", ".join(f"`{v}` ({n} of {data['rounds']} rounds)"
+                                                   for v, n in verdicts.most_common()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--files", "200", "--per-dir", "50", "--rounds", "1"]
+TABLES = {"analyze": {"argv": lambda a: ["--files", "100000", "--rounds", str(a.rounds + 2)], "render": render}}

@@ -19,7 +19,7 @@ The caches are converted once, outside the timing. Each round runs every measure
 shuffled order; the figures are the median and range over rounds, the ratios the median of the
 per-round ratios.
 
-    python scripts/bench_cache.py --photos 2000 --rounds 3 --json docs/bench/cache.json
+    python -m benchmarks cache --photos 2000 --rounds 3 --json docs/bench/cache.json
 """
 
 from __future__ import annotations
@@ -32,23 +32,16 @@ import random
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from benchmeta import spread  # noqa: E402
-
-from dsconvert import convert, open_dataset  # noqa: E402
-from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset  # noqa: E402
-from dsconvert.source import scan  # noqa: E402
+from benchmarks.common import fmt_range, ratio_table, run_self, spread
+from dsconvert import convert, open_dataset
+from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset
+from dsconvert.source import scan
 
 
 def _jpegs(work: str) -> List[Tuple[str, int]]:
@@ -161,8 +154,7 @@ def peak_rss_mb() -> float:
 
 
 def run_child(reader: str, work: str, mode: str) -> Dict[str, float]:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", reader, work, mode],
-                         check=True, capture_output=True, text=True).stdout
+    out = run_self("cache", ["--child", reader, work, mode], check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -206,14 +198,15 @@ def prepare(work: str, photos: int) -> Dict[str, Any]:
             "mean_width": float(rows["width"].mean())}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--photos", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", help="a scratch folder, kept for reuse (default: one per --photos in the temp dir)")
     p.add_argument("--json")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.child:
         print(json.dumps(child(*args.child)))
         return
@@ -257,12 +250,33 @@ def main() -> None:
     for row in results["ratios"]:
         print(f"ratio {row['name']:34s} {row['median']:8.2f}x [{row['min']:.2f}-{row['max']:.2f}]")
     if args.json:
-        from benchmeta import meta as record
+        from benchmarks.common import meta as record
 
-        meta = dict(record(__file__), rounds=args.rounds, **data)
+        meta = dict(record(), rounds=args.rounds, **data)
         with open(args.json, "w") as f:
             json.dump({"meta": meta, **results}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    mb = meta.get("mb", {})
+    lines = [f"{meta['photos']:,} demo photos (mean {meta['mean_width']:.0f}x{meta['mean_height']:.0f} pixels); npy "
+             f"cache {mb.get('npy', 0):,.0f} MB, hdf5 encoded {mb.get('hdf5', 0):,.0f} MB, hdf5 decoded "
+             f"{mb.get('hdf5_decoded', 0):,.0f} MB. Page cache warm; each measurement a fresh process, "
+             f"{meta['rounds']} interleaved rounds, median [range]; the ratios are the medians of the per-round "
+             "ratios. Peak RSS is the measuring process's own high-water mark (VmHWM): the memory-mapped pages "
+             "a reader touched, and torch where the reader's Dataset class imports it.", "",
+             "| reader, single process (best of 3 passes) | samples/s | peak RSS MB |", "| --- | --- | --- |"]
+    for r in data["single"]:
+        lines.append(f"| {r['reader']} | {fmt_range(r['median_per_s'], r['min_per_s'], r['max_per_s'])} | "
+                     f"{fmt_range(r['peak_rss_mb'], r['peak_rss_mb_min'], r['peak_rss_mb_max'])} |")
+    lines += ["", "| reader, DataLoader 2 workers, 224x224 crops as tensors, batches of 64 | samples/s |",
+              "| --- | --- |"]
+    for r in data["dataloader_2_workers"]:
+        lines.append(f"| {r['reader']} | {fmt_range(r['median_per_s'], r['min_per_s'], r['max_per_s'])} |")
+    lines += ratio_table("ratio of rates (same round)", ((r["name"], r) for r in data["ratios"]))
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "24", "--rounds", "1"]
+TABLES = {"cache": {"argv": lambda a: ["--photos", "2000", "--rounds", str(a.rounds)], "render": render}}

@@ -1,12 +1,13 @@
-"""Every benchmark under scripts/ run on a git revision ("before") and on this checkout ("after"),
+"""Every suite below run on a git revision ("before") and on this checkout ("after"),
 in alternating order, and every number they report compared: after/before per round, median.
 
-Each benchmark runs from its own tree (its own script and package, PYTHONPATH pointing at that
-tree), with the small sizes below so that the whole comparison fits in about half an hour on
-2 cores. Benchmarks already measure dsconvert against its peers in one run; this adds the
-revision as one more axis. Numbers are the JSON leaves each benchmark writes.
+Each suite runs from its own tree (its own benchmarks and dsconvert, PYTHONPATH pointing at that
+tree; a revision from before benchmarks/ runs its scripts/bench_NAME.py), with the small sizes
+below so that the whole comparison fits in about half an hour on 2 cores. The suites already
+measure dsconvert against its peers in one run; this adds the revision as one more axis.
+Numbers are the JSON leaves each suite writes.
 
-    python scripts/bench_compare.py REV [--rounds 2] [--only wds,cache] [--json out.json]
+    python -m benchmarks compare REV [--rounds 2] [--only wds,cache] [--json out.json]
 
 A ratio is "better" or "worse" by the leaf's name: rates (``per_s``, ``mb_s``, ``rate``,
 ``speedup``) are better higher, times (``seconds``, ``_s``, ``ms``) and memory (``rss``,
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import ROOT
 
 # name -> arguments (small: the comparison, not the headline figures of docs/benchmarks.md)
 BENCHES = {
@@ -57,11 +58,14 @@ def leaves(obj: Any, prefix: str = "") -> Dict[str, float]:
     return out
 
 
-def run(tree: str, bench: str, args: List[str], work: str) -> Dict[str, float]:
+def run_in(tree: str, bench: str, args: List[str], work: str) -> Dict[str, float]:
     out = os.path.join(work, f"{bench}.json")
     scratch = os.path.join(work, f"scratch-{bench}")
     shutil.rmtree(scratch, ignore_errors=True)
-    cmd = [sys.executable, os.path.join(tree, "scripts", f"bench_{bench}.py"), *args, "--json", out]
+    if os.path.exists(os.path.join(tree, "benchmarks", "__main__.py")):
+        cmd = [sys.executable, "-m", "benchmarks", bench, *args, "--json", out]
+    else:  # a revision from before benchmarks/: its script
+        cmd = [sys.executable, os.path.join(tree, "scripts", f"bench_{bench}.py"), *args, "--json", out]
     if "--work" not in args and bench != "monitor":
         cmd += ["--work", scratch]
     env = dict(os.environ, PYTHONPATH=tree)
@@ -73,13 +77,14 @@ def run(tree: str, bench: str, args: List[str], work: str) -> Dict[str, float]:
         return leaves(json.load(f))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("rev")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", help="comma-separated benchmark names: " + ",".join(BENCHES))
     p.add_argument("--json")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     names = args.only.split(",") if args.only else list(BENCHES)
     work = tempfile.mkdtemp(prefix="dsconvert-compare-")
     before = os.path.join(work, "before-tree")
@@ -92,7 +97,7 @@ def main() -> int:
                 order = ("before", "after") if rnd % 2 == 0 else ("after", "before")
                 for side in order:
                     print(f"{bench}: round {rnd + 1}, {side}", file=sys.stderr, flush=True)
-                    got = run(trees[side], bench, BENCHES[bench], os.path.join(work, side))
+                    got = run_in(trees[side], bench, BENCHES[bench], os.path.join(work, side))
                     for key, value in got.items():
                         results.setdefault(bench, {}).setdefault(key, {}).setdefault(side, []).append(value)
     finally:
@@ -124,5 +129,5 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+QUICK: List[str] = []  # a revision comparison has no tiny form: it runs every suite twice per round
+TABLES: Dict[str, Any] = {}  # it prints (and writes --json); no table of the docs

@@ -2,7 +2,7 @@
 interleaved rounds (each decoder once per round, in a shuffled order, over the same bytes in
 memory, one process), median and range of images/s and of the ratio to Pillow per round.
 
-    python scripts/bench_decode.py --photos 1000 --rounds 7 --json docs/bench/decode.json
+    python -m benchmarks decode --photos 1000 --rounds 7 --json docs/bench/decode.json
 
 The photos are the demo's (scikit-image's photographs, ~45 kB JPEGs); ``--folder`` takes any
 folder of JPEGs instead. Full-size decode, and at DCT scale 1/2 (what ``decode="fused"`` and
@@ -19,13 +19,9 @@ import os
 import statistics
 import sys
 import tempfile
-from typing import Callable, Dict
+from typing import Any, Callable, Dict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from benchmeta import interleaved, meta  # noqa: E402
+from benchmarks.common import fmt_range, interleaved, meta
 
 
 def decoders(half: bool) -> Dict[str, Callable[[bytes], object]]:
@@ -40,7 +36,7 @@ def decoders(half: bool) -> Dict[str, Callable[[bytes], object]]:
 
     out: Dict[str, Callable[[bytes], object]] = {"pillow": pil}
     try:
-        from turbojpeg import TurboJPEG, TJPF_RGB
+        from turbojpeg import TJPF_RGB, TurboJPEG
 
         tj = TurboJPEG()
         out["pyturbojpeg"] = (lambda d: tj.decode(d, pixel_format=TJPF_RGB, scaling_factor=(1, 2))) if half else \
@@ -59,13 +55,14 @@ def decoders(half: bool) -> Dict[str, Callable[[bytes], object]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--photos", type=int, default=1000)
     ap.add_argument("--folder", help="JPEGs to decode (default: the demo photos)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     folder = args.folder
     if folder is None:
         from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset
@@ -93,8 +90,18 @@ def main() -> None:
                   f"[{row['vs_pillow_min']:.2f}-{row['vs_pillow_max']:.2f}]", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta(__file__), "images": len(blobs), "rounds": args.rounds, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta(), "images": len(blobs), "rounds": args.rounds, "rows": rows}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    lines = [f"{data['images']:,} JPEGs in memory, {data['rounds']} interleaved rounds, one process; images/s and "
+             "the per-round ratio to Pillow, median [range].", "",
+             "| scale | decoder | images/s | vs Pillow |", "| --- | --- | --- | --- |"]
+    for r in data["rows"]:
+        lines.append(f"| {r['scale']} | {r['decoder']} | {fmt_range(r['median_per_s'], r['min_per_s'], r['max_per_s'])} "
+                     f"| {fmt_range(r['vs_pillow'], r['vs_pillow_min'], r['vs_pillow_max'], '{:.2f}x')} |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "24", "--rounds", "1"]
+TABLES = {"decode": {"argv": lambda a: ["--photos", "1000", "--rounds", str(a.rounds + 4)], "render": render}}

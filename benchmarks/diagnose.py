@@ -1,5 +1,5 @@
 """Benchmark: what `dsconvert diagnose` costs the job it samples. A decode-bound training
-job (scripts/train_job.py: large JPEGs, DataLoader workers, a numpy "model") reports its
+job (tests/support/train_job.py: large JPEGs, DataLoader workers, a numpy "model") reports its
 steps per second; the rate is compared untraced, while `diagnose` samples it with py-spy, and
 while `diagnose --syscalls` traces its reads (perf trace, or strace where perf is missing or
 refused; ``--tracer`` as diagnose's), in interleaved rounds (every phase once per round, in a
@@ -7,7 +7,7 @@ rotating order, against the same running job). Each phase's figure is the median
 per-second rates inside it; medians and ranges over rounds are reported, and each slowdown is
 the median of the per-round slowdowns against that round's untraced rate.
 
-    python scripts/bench_diagnose.py --seconds 6 --rounds 3 --json docs/bench/diagnose.json
+    python -m benchmarks diagnose --seconds 6 --rounds 3 --json docs/bench/diagnose.json
 
 A phase whose tool is missing (py-spy, or both perf and strace) or whose run fails is recorded
 as not measured, with the reason.
@@ -24,44 +24,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from benchmeta import meta, spread  # noqa: E402
-from dsconvert.demo import load_photos  # noqa: E402
+from benchmarks.common import (
+    RateReader,
+    fmt_range,
+    fmt_spread,
+    job_data,
+    meta,
+    spread,
+    start_job,
+)
 
 PHASES = ("baseline", "pyspy", "syscalls")
-
-
-def make_data(root: str, per_class: int = 8) -> str:
-    if not os.path.isdir(root):
-        for name, photo in load_photos(("astronaut", "chelsea", "coffee", "rocket")).items():
-            os.makedirs(os.path.join(root, name))
-            for i in range(per_class):
-                photo.convert("RGB").resize((1280, 960)).rotate(i).save(
-                    os.path.join(root, name, f"{i}.jpg"), "JPEG", quality=95)
-    return root
-
-
-class RateReader(threading.Thread):
-    """Collects the job's "rate N" lines with the time they arrived."""
-
-    def __init__(self, proc):
-        super().__init__(daemon=True)
-        self.proc, self.rates = proc, []
-
-    def run(self):
-        for line in self.proc.stdout:
-            if line.startswith("rate "):
-                self.rates.append((time.monotonic(), int(line.split()[1])))
-
-    def between(self, a, b):
-        return [r for t, r in self.rates if a < t <= b]
 
 
 def tools(tracer: str) -> Dict[str, Any]:
@@ -94,8 +70,7 @@ def run_diagnose(pid: int, extra: List[str]) -> Dict[str, Any]:
 
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=6, help="seconds per phase")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
@@ -103,16 +78,15 @@ def main() -> None:
                    help="diagnose's --tracer in the --syscalls phase (default: %(default)s, as diagnose's)")
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-diagnose"))
     p.add_argument("--json")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     found = tools(args.tracer)
     why_not: Dict[str, Optional[str]] = dict(found["why_not"])
     for name, reason in why_not.items():
         if reason:
             print(f"{name}: not measured: {reason}", file=sys.stderr)
-    data = make_data(os.path.join(args.work, "train"))
-    job = subprocess.Popen([sys.executable, os.path.join(HERE, "train_job.py"), "--data", data, "--workers",
-                            str(args.workers), "--batch", "4", "--compute-ms", "5", "--print-rate"],
-                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    job = start_job(job_data(os.path.join(args.work, "train")), args.workers)
     rates: Dict[str, List[float]] = {name: [] for name in PHASES}
     runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in PHASES}
     round_of: Dict[str, List[int]] = {name: [] for name in PHASES}
@@ -150,7 +124,7 @@ def main() -> None:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
     base = dict(zip(round_of["baseline"], rates["baseline"]))
-    res: Dict[str, Any] = {"meta": meta(__file__), "rounds": args.rounds, "seconds": args.seconds,
+    res: Dict[str, Any] = {"meta": meta(), "rounds": args.rounds, "seconds": args.seconds,
                            "workers": args.workers, "tracer": args.tracer, "tools": found["paths"],
                            "wall_s": time.monotonic() - started, "phases": {}}
     for name in PHASES:
@@ -180,5 +154,34 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    from collections import Counter
+
+    phases = data["phases"]
+    tracers = ", ".join(sorted({t for t in phases.get("syscalls", {}).get("tracers", []) if t}))
+    labels = {"baseline": "untraced (baseline)",
+              "pyspy": "`diagnose` (py-spy: two recordings at 100 Hz, `--subprocesses`)",
+              "syscalls": f"`diagnose --syscalls` (1 s of py-spy, then read/openat of every process traced; "
+                          f"tracer: {tracers or data.get('tracer', 'auto')})"}
+    lines = [f"A decode-bound job (`tests/support/train_job.py`: 1280x960 q95 JPEGs, {data['workers']} DataLoader "
+             "workers, batches of 4, a numpy \"model\" of 5 ms per step) prints its steps per second; "
+             f"{data['rounds']} interleaved rounds (every phase once per round, in a rotating order) of "
+             f"{data['seconds']:g} s each, against the same running job; steps/s, median [range]; the slowdown "
+             "is the median of the per-round slowdowns against that round's untraced rate.", "",
+             "| phase | steps/s | slowdown | diagnosed as |", "| --- | --- | --- | --- |"]
+    for name, p in phases.items():
+        label = labels.get(name, name)
+        if not p.get("measured"):
+            lines.append(f"| {label} | not measured: {p.get('reason') or 'unknown'} | | |")
+            continue
+        slow = p.get("slowdown")
+        slow_cell = "-" if name == "baseline" else (
+            fmt_range(slow["median"] * 100, slow["min"] * 100, slow["max"] * 100, "{:.0f} %") if slow else "n/a")
+        seen = Counter(f"{v} ({b})" if b else v for v, b in zip(p.get("verdicts", []), p.get("bottlenecks", [])))
+        verdict = ", ".join(f"{v}: {n} of {len(p['rounds'])}" for v, n in seen.most_common())
+        lines.append(f"| {label} | {fmt_spread(p, '{:.1f}')} | {slow_cell} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--seconds", "2", "--rounds", "1", "--workers", "1"]
+TABLES = {"diagnose": {"argv": lambda a: ["--seconds", "6", "--rounds", str(a.rounds + 2)], "render": render}}

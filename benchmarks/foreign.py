@@ -15,7 +15,7 @@ Converting a Parquet file written by Hugging Face ``datasets`` (Image + ClassLab
 dsconvert shard to wds (default verification) and to npy --resize 256, against pyarrow's
 iter_batches into webdataset's ShardWriter (no verification), the plain way to do it.
 
-    python scripts/bench_foreign.py --photos 4000 --rounds 3 --json docs/bench/foreign.json
+    python -m benchmarks foreign --photos 4000 --rounds 3 --json docs/bench/foreign.json
 """
 
 from __future__ import annotations
@@ -27,14 +27,11 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from benchmarks.common import fmt_range, fmt_spread
 
 
 def make_data(work: str, photos: int) -> Dict[str, Any]:
@@ -141,15 +138,16 @@ def conversions(parquet: str, work: str, workers: int) -> Dict[str, Callable[[],
             "pyarrow + ShardWriter (no verification)": shardwriter}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--photos", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--work", help="a scratch folder (default: a new temporary one, removed after)")
     ap.add_argument("--json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     work = args.work or tempfile.mkdtemp(prefix="bench-foreign-")
     data = make_data(work, args.photos)
     print(f"dataset: {data['photos']} photos, {data['bytes'] / 1e6:.1f} MB", flush=True)
@@ -190,9 +188,9 @@ def main() -> None:
     for r in reading + converting:
         print(f"{r['name']:44s} {r['median']:9,.0f} [{r['min']:,.0f}-{r['max']:,.0f}]  {r['ratio']:.2f}x")
     if args.json:
-        from benchmeta import meta as record
+        from benchmarks.common import meta as record
 
-        meta = dict(record(__file__), photos=data["photos"], bytes=data["bytes"], workers=args.workers,
+        meta = dict(record(), photos=data["photos"], bytes=data["bytes"], workers=args.workers,
                     batch=args.batch, rounds=args.rounds, index_s=index_s)
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "reading": reading, "converting": converting}, f, indent=1)
@@ -200,5 +198,22 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    lines = [f"{meta['photos']:,} photos ({meta['bytes'] / 1e6:.0f} MB) in tar shards by webdataset's ShardWriter and in "
+             f"one Parquet file by Hugging Face datasets; {meta['workers']} DataLoader workers, batches of "
+             f"{meta['batch']}, {meta['rounds']} interleaved rounds, median [range]; the ratio is the median of the "
+             f"per-round ratios. Indexing the tars on first open: {meta['index_s']:.2f} s.", "",
+             "| reading the same tars | samples/s | vs webdataset |"]
+    for key, head in (("reading", None), ("converting", "| converting the Parquet file | photos/s | "
+                                                        "vs pyarrow + ShardWriter |")):
+        lines += ["", head] if head else []
+        lines.append("| --- | --- | --- |")
+        for r in data[key]:
+            lines.append(f"| {r['name']} | {fmt_spread(r)} | "
+                         f"{fmt_range(r['ratio'], r['ratio_min'], r['ratio_max'], '{:.2f}x')} |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "32", "--rounds", "1", "--workers", "0", "--batch", "8"]
+TABLES = {"foreign": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds)], "render": render}}

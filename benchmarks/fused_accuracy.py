@@ -8,7 +8,7 @@ black text on white at 1601x1203, at JPEG quality 75 and 5 (4:2:0). The DCT-doma
 (1/2, 1/4, 1/8) is where fused pixels part from torchvision's; it is taken for bilinear and
 bicubic only, when the reduced image still covers the output 2.5 times over.
 
-    python scripts/fused_accuracy.py --json docs/bench/fused_accuracy.json
+    python -m benchmarks fused_accuracy --json docs/bench/fused_accuracy.json
 """
 
 from __future__ import annotations
@@ -16,17 +16,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import sys
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import benchmeta  # noqa: E402
+from benchmarks import common
 
 
 def text_page(quality: int) -> bytes:
@@ -51,13 +45,13 @@ def photograph(quality: int) -> bytes:
     return buf.getvalue()
 
 
-def transforms() -> Dict[str, Any]:
+def transforms(sizes: Tuple[int, ...] = (32, 56, 96, 224)) -> Dict[str, Any]:
     import torchvision.transforms as T
 
     out: Dict[str, Any] = {}
     for name in ("bilinear", "bicubic", "nearest"):
         mode = getattr(T.InterpolationMode, name.upper())
-        for size in (32, 56, 96, 224):
+        for size in sizes:
             out[f"RandomResizedCrop({size}), {name}"] = T.Compose(
                 [T.RandomResizedCrop(size, interpolation=mode), T.PILToTensor()])
             out[f"Resize({size * 8 // 7}) + CenterCrop({size}), {name}"] = T.Compose(
@@ -91,19 +85,22 @@ def render(data: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seeds", type=int, default=6)
+    ap.add_argument("--sizes", default="32,56,96,224", help="output sizes, comma-separated")
     ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
     contents = {"photograph, q75": photograph(75), "text, q75": text_page(75), "text, q5": text_page(5)}
-    rows = {name: {c: distance(t, d, a.seeds) for c, d in contents.items()} for name, t in transforms().items()}
-    out = {"meta": benchmeta.meta(__file__), "contents": list(contents), "rows": rows, "seeds": a.seeds}
+    chosen = transforms(tuple(int(x) for x in a.sizes.split(",")))
+    rows = {name: {c: distance(t, d, a.seeds) for c, d in contents.items()} for name, t in chosen.items()}
+    out = {"meta": common.meta(), "contents": list(contents), "rows": rows, "seeds": a.seeds}
     print(render(out))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+QUICK = ["--seeds", "1", "--sizes", "32"]
+TABLES = {"fused_accuracy": {"argv": lambda a: [], "render": render}}

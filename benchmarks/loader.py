@@ -1,7 +1,7 @@
 """Benchmark: what `dsconvert bench` measures through a real DataLoader, before and after
 conversion, in interleaved rounds.
 
-    python scripts/bench_loader.py --photos 1200 --rounds 3 --json docs/bench/loader.json
+    python -m benchmarks loader --photos 1200 --rounds 3 --json docs/bench/loader.json
 
 The demo photos (an ImageFolder tree of small JPEGs) are converted once to wds shards and to an
 npy cache at ``--resize 256``; then each round runs ``dsconvert.bench`` on the three, in a
@@ -16,33 +16,28 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Any, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from benchmeta import meta, spread  # noqa: E402
-
-from dsconvert import convert  # noqa: E402
-from dsconvert.bench import bench  # noqa: E402
-from dsconvert.demo import PHOTOS, make_demo_dataset  # noqa: E402
+from benchmarks.common import fmt_spread, meta, spread
+from dsconvert import convert
+from dsconvert.bench import bench
+from dsconvert.demo import PHOTOS, make_demo_dataset
 
 
 def _size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--photos", type=int, default=1200)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", default="0,2", help="worker counts, comma-separated")
     p.add_argument("--json")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     workers = [int(w) for w in args.workers.split(",")]
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
@@ -78,7 +73,7 @@ def main() -> None:
                      "wait_p50_ms": spread(e["wait_p50_ms"]), "vs_source": spread(e["vs_source"]),
                      "worker_cpu_pct": statistics.median(e["worker_cpu_pct"]) if e["worker_cpu_pct"] else None})
     rows.sort(key=lambda row: (row["workers"], names.index(row["dataset"]), row["cache"]))
-    res = {"meta": dict(meta(__file__), rounds=args.rounds, photos=args.photos, workers=workers, batch=64,
+    res = {"meta": dict(meta(), rounds=args.rounds, photos=args.photos, workers=workers, batch=64,
                         transform="eval", bytes=sizes, seconds=round(time.time() - started)), "rows": rows}
     for row in rows:
         print(f"{row['dataset']:28s} {row['workers']}w {row['cache']:4s} {row['per_s']['median']:8,.0f}/s "
@@ -89,5 +84,24 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    mb = {name: b / 1e6 for name, b in meta["bytes"].items()}
+    lines = [f"{meta['photos']:,} demo photos ({', '.join(f'{n}: {v:,.0f} MB' for n, v in mb.items())}), read by "
+             f"`dsconvert bench` through `torch.utils.data.DataLoader` with the eval transform (shorter side to 256, "
+             f"centre crop 224, uint8 tensor), batches of {meta['batch']}. Rates are steady-state (first batch to "
+             "last); cold evicts every file's pages first. "
+             f"{meta['rounds']} interleaved rounds (the datasets in a rotating order), median [range]; the ratio is "
+             "the median of the same round's ratios to the source.", "",
+             "| dataset | workers | cache | samples/s | vs source | wait p50 ms | worker CPU |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in data["rows"]:
+        cpu = f"{r['worker_cpu_pct']:.0f} %" if r.get("worker_cpu_pct") is not None else "-"
+        vs = "(baseline)" if r["dataset"].startswith("source") else fmt_spread(r["vs_source"], "{:.2f}x")
+        lines.append(f"| {r['dataset']} | {r['workers']} | {r['cache']} | {fmt_spread(r['per_s'])} | {vs} | "
+                     f"{fmt_spread(r['wait_p50_ms'], '{:.1f}')} | {cpu} |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "48", "--rounds", "1", "--workers", "0"]
+TABLES = {"loader": {"argv": lambda a: ["--photos", "1200", "--rounds", str(a.rounds)], "render": render}}

@@ -9,7 +9,7 @@ their distinct classes and their label entropy (bits), against a uniform permuta
 shuffle is timed in interleaved rounds (the read amplification of a shuffled order is zero:
 every sample is still read once, from one place).
 
-    python scripts/bench_mixing.py --json docs/bench/mixing.json
+    python -m benchmarks mixing --json docs/bench/mixing.json
 """
 
 from __future__ import annotations
@@ -18,17 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from typing import Any, Dict, List
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import benchmeta  # noqa: E402
+from benchmarks import common
 
 
 def scores(labels: List[int], batch: int) -> Dict[str, float]:
@@ -45,8 +40,9 @@ def scores(labels: List[int], batch: int) -> Dict[str, float]:
 
 
 def make_source(root: str, classes: int, per_class: int) -> str:
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (120, 60, 30)).save(buf, "JPEG", quality=90)
@@ -107,15 +103,16 @@ def imagenet_modes(seed: int) -> Dict[str, np.ndarray]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--per-class", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3, help="conversion timing rounds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
     from dsconvert import convert
 
     root = tempfile.mkdtemp(prefix="bench-mixing-")
@@ -129,16 +126,16 @@ def main() -> None:
                 convert(src, outs[order], order="auto" if order == "shuffled" else "source", workers=2)
             return run
 
-        seconds = benchmeta.interleaved({k: converter(k) for k in outs}, a.rounds)
+        seconds = common.interleaved({k: converter(k) for k in outs}, a.rounds)
         n = a.classes * a.per_class
         real = {mode: scores(labels, a.batch) for mode, labels in real_modes(outs["shuffled"], outs["source"], a.seed).items()}
         big = {mode: scores(labels.tolist(), a.batch) for mode, labels in imagenet_modes(a.seed).items()}
         order_bytes = os.path.getsize(os.path.join(outs["shuffled"], "dsconvert.order.npy"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    data = {"meta": benchmeta.meta(__file__), "classes": a.classes, "per_class": a.per_class, "batch": a.batch,
+    data = {"meta": common.meta(), "classes": a.classes, "per_class": a.per_class, "batch": a.batch,
             "real": real, "imagenet": big, "order_file_bytes": order_bytes,
-            "convert_samples_per_s": {k: benchmeta.spread([n / s for s in v]) for k, v in seconds.items()}}
+            "convert_samples_per_s": {k: common.spread([n / s for s in v]) for k, v in seconds.items()}}
     print(render(data))
     if a.json:
         with open(a.json, "w") as f:
@@ -166,5 +163,5 @@ def render(data: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    main()
+QUICK = ["--classes", "8", "--per-class", "8", "--batch", "16", "--rounds", "1"]
+TABLES = {"mixing": {"argv": lambda a: ["--rounds", str(a.rounds)], "render": render}}

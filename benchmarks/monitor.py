@@ -6,25 +6,18 @@ Each round times the three loops over the same list of ``--steps`` items (best o
 100-step window. The figures are the median and range over rounds; the overheads (ns per step
 over the bare loop's) and their ratio are computed per round, and their median reported.
 
-    python scripts/bench_monitor.py --steps 1000000 --rounds 7 --json docs/bench/monitor.json
+    python -m benchmarks monitor --steps 1000000 --rounds 7 --json docs/bench/monitor.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from typing import Any, Callable, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from benchmeta import spread  # noqa: E402
-
-from dsconvert import DataLoadingMonitor  # noqa: E402
+from benchmarks.common import fmt_spread, spread
+from dsconvert import DataLoadingMonitor
 
 
 def bare(items) -> None:
@@ -72,13 +65,14 @@ def summary_us(items) -> float:
 
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--json")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     items = list(range(args.steps))
     names = list(LOOPS)
     ns: Dict[str, List[float]] = {name: [] for name in names}
@@ -106,12 +100,36 @@ def main() -> None:
     s = res["summary_us"]
     print(f"summary() {s['median']:.0f} us [{s['min']:.0f}-{s['max']:.0f}]")
     if args.json:
-        from benchmeta import meta as record
+        from benchmarks.common import meta as record
 
-        meta = dict(record(__file__), steps=args.steps, repeats=args.repeats, rounds=args.rounds)
+        meta = dict(record(), steps=args.steps, repeats=args.repeats, rounds=args.rounds)
         with open(args.json, "w") as f:
             json.dump({"meta": meta, **res}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    loops = {r["loop"]: r for r in data["loops"]}
+    over = {r["loop"]: r for r in data["overhead_us"]}
+    labels = (("bare", "bare `for` loop"),
+              ("by_hand", "timed by hand (two `perf_counter()` calls and two list appends per step)"),
+              ("monitor", "`monitor.wrap(...)`"))
+    lines = [f"A loop over a list of {meta['steps']:,} items, best of {meta['repeats']} in each of {meta['rounds']} "
+             "interleaved rounds, one process, median [range]; the overhead is the loop's time per step less the "
+             "bare loop's in the same round.", "",
+             "| loop | ns per step | overhead, µs per step |", "| --- | --- | --- |"]
+    for name, label in labels:
+        r = loops[name]
+        o = over.get(name)
+        cell = fmt_spread(o, "{:.3f}") if o else "(baseline)"
+        lines.append(f"| {label} | {fmt_spread(r)} | {cell} |")
+    ratio, s = data["monitor_vs_by_hand"], data["summary_us"]
+    lines += ["", "| same run | median [range] |", "| --- | --- |",
+              f"| the monitor's overhead over the hand-written timing's | "
+              f"{fmt_spread(ratio, '{:.2f}x')} |",
+              f"| `summary()` over a 100-step window, µs | {fmt_spread(s)} |"]
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--steps", "2000", "--repeats", "1", "--rounds", "1"]
+TABLES = {"monitor": {"argv": lambda a: ["--steps", "1000000", "--rounds", str(a.rounds + 4)], "render": render}}

@@ -6,9 +6,9 @@ conversion on a Dask LocalCluster against the local process pool. Raw bytes in o
 shuffled order; medians and ranges over the rounds, and each ratio the median of the
 per-round ratios.
 
-    python scripts/bench_remote.py --photos 2000 --rounds 3 --json docs/bench/remote.json
+    python -m benchmarks remote --photos 2000 --rounds 3 --json docs/bench/remote.json
 
-The server and the proxies listen on 127.0.0.1 only; this script ends the ones it started.
+The server and the proxies (tests/support/) listen on 127.0.0.1 only; this suite ends the ones it started.
 Datasets are opened once per round (outside the timing) and iterated once, as a training
 loop's epoch; the cached reader's first and second epochs are one pass each over a fresh cache.
 Each executor converts once, untimed, before the rounds (the first pool in a process pays
@@ -24,23 +24,16 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from typing import Any, Callable, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import latency_proxy  # noqa: E402
-import s3server  # noqa: E402
-from benchmeta import meta, spread  # noqa: E402
-
-from dsconvert import convert, open_dataset  # noqa: E402
-from dsconvert.demo import make_demo_dataset  # noqa: E402
-from dsconvert.source import open_source  # noqa: E402
+from benchmarks.common import fmt_spread, meta, spread
+from dsconvert import convert, open_dataset
+from dsconvert.demo import make_demo_dataset
+from dsconvert.source import open_source
+from tests.support import latency_proxy, s3server
 
 SHARD_SAMPLES = 500
 
@@ -54,15 +47,16 @@ def rate(fn: Callable[[], int], n_expected: int) -> float:
 
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--photos", type=int, default=2000)
     p.add_argument("--small-files", type=int, default=300, help="source files read from S3 per pass")
     p.add_argument("--delays", default="0,10", help="ms added per request, comma-separated")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-remote"))
     p.add_argument("--json")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     from dsconvert.cluster import cluster_executor
 
     os.environ.update(s3server.CREDENTIALS)
@@ -161,7 +155,7 @@ def main() -> None:
         return spread([x / y for x, y in zip(vals[a], vals[b])])
 
     res: Dict[str, Any] = {
-        "meta": meta(__file__), "photos": n, "shards": shards, "shard_samples": SHARD_SAMPLES,
+        "meta": meta(), "photos": n, "shards": shards, "shard_samples": SHARD_SAMPLES,
         "shard_bytes": shard_bytes, "small_files": len(subset), "delays_ms": tags, "rounds": args.rounds,
         "wall_s": time.perf_counter() - started,
         "reading": {"local": spread(vals["local"]),
@@ -187,5 +181,52 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    tags = data["delays_ms"]
+    read, ratios, conv = data["reading"], data["ratios"], data["convert"]
+
+    def cells(per_tag: Dict[str, Any], fmt: str) -> str:
+        return " | ".join(fmt_spread(per_tag[t], fmt)
+                          if t in per_tag else "" for t in tags)
+
+    lines = [f"{data['photos']:,} demo photos in {data['shards']} wds shards of at most "
+             f"{data['shard_samples']} samples ({data['shard_bytes'] / 1e6:.0f} MB) in moto's S3 server on "
+             "127.0.0.1 (one Python process), reached through s3fs; a delay > 0 puts a TCP proxy "
+             "(`tests/support/latency_proxy.py`) in front of it that delays every request; "
+             f"{data['small_files']} of the source's small files are read from S3 per pass. Raw bytes read "
+             "in one process (no decode, no DataLoader); datasets opened once per round and iterated once, "
+             f"as an epoch. {data['rounds']} interleaved rounds (every reader and executor once per round, "
+             "in a shuffled order), median [range]; each ratio is the median of the per-round ratios.", "",
+             "| reader | " + " | ".join(f"{t} ms, samples/s" for t in tags) + " |", "| --- |" + " --- |" * len(tags)]
+    loc = read["local"]
+    lines.append("| local wds shards (baseline) | " + fmt_spread(loc)
+                 + " |" * len(tags))
+    names = {"small_files": "the source's small files from S3 (one GET each)",
+             "s3_wds": "wds shards from S3, no cache (4 MB ranged GETs, 8 at a time)",
+             "cached_first": "wds from S3 with `cache_dir`, first epoch (download + verify)",
+             "cached_second": "wds from S3 with `cache_dir`, second epoch (local copies)"}
+    for key, label in names.items():
+        lines.append(f"| {label} | {cells(read[key], '{:,.0f}')} |")
+    lines += ["", "| ratio (same round) | " + " | ".join(f"{t} ms" for t in tags) + " |",
+              "| --- |" + " --- |" * len(tags)]
+    names = {"wds_vs_small_files": "S3 shards vs S3 small files", "cached_second_vs_uncached":
+             "cached second epoch vs uncached", "cached_second_vs_local": "cached second epoch vs local shards"}
+    for key, label in names.items():
+        lines.append(f"| {label} | {cells(ratios[key], '{:.2f}x')} |")
+    pool, dask, vs = conv["pool"], conv["dask"], conv["dask_vs_pool"]
+    start = conv["dask_cluster_start_s"]
+    lines += ["", f"Conversion of the same {data['photos']:,} photos (verification on), same rounds, after one "
+              "untimed conversion by each executor:", "",
+              "| executor | photos/s | vs the process pool |", "| --- | --- | --- |",
+              f"| local process pool, 2 workers | {fmt_spread(pool)} | 1.00x |",
+              f"| Dask LocalCluster, 2 single-threaded worker processes | "
+              f"{fmt_spread(dask)} | "
+              f"{fmt_spread(vs, '{:.2f}x')} |",
+              "", f"The cluster's start and close, not included above: "
+              f"{fmt_spread(start, '{:.2f}')} s."]
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "32", "--small-files", "8", "--delays", "0,5", "--rounds", "1",
+         "--work", os.path.join(tempfile.gettempdir(), "dsconvert-bench-remote-quick")]
+TABLES = {"remote": {"argv": lambda a: ["--photos", "2000", "--rounds", str(a.rounds + 2)], "render": render}}

@@ -4,7 +4,7 @@ OpenCV's INTER_AREA (FFCV's) and Pillow's (torchvision on PIL images), on the sa
 photos, one thread each, in interleaved rounds (a shuffled order per round); median and range
 of ms per image and of the ratio to torch per round.
 
-    python scripts/bench_resample.py --photos 1000 --rounds 7 --json docs/bench/resample.json
+    python -m benchmarks resample --photos 1000 --rounds 7 --json docs/bench/resample.json
 
 dsconvert_plain_c is the kernel's portable loops, which run nowhere by default (where AVX2 is
 missing, torch resizes): for the record.
@@ -24,13 +24,9 @@ import os
 import statistics
 import sys
 import tempfile
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from benchmeta import interleaved, meta  # noqa: E402
+from benchmarks.common import interleaved, meta
 
 
 def resizers(kind: str, images: List, boxes: List) -> Dict[str, Callable[[int], object]]:
@@ -117,13 +113,14 @@ def resizers(kind: str, images: List, boxes: List) -> Dict[str, Callable[[int], 
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--photos", type=int, default=1000)
     ap.add_argument("--folder", help="JPEGs to resize (default: the demo photos)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
     from PIL import Image
@@ -166,8 +163,8 @@ def main() -> None:
                   f"{row['speed_vs_torch_max']:.2f}]", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta(__file__), "images": len(images), "rounds": args.rounds, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta(), "images": len(images), "rounds": args.rounds, "rows": rows}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+QUICK = ["--photos", "8", "--rounds", "1"]
+TABLES: Dict[str, Any] = {}  # its figures are quoted in the prose of docs/benchmarks.md, no generated table

@@ -1,7 +1,7 @@
 """Benchmark: decoded caches at a training resolution (`dsconvert shard --format npy --resize
 256`), this checkout against the code issue 16 was filed on, in interleaved rounds.
 
-    python scripts/bench_resize.py --photos 4000 --large 600 --rounds 3 --json docs/bench/resize.json
+    python -m benchmarks resize --photos 4000 --large 600 --rounds 3 --json docs/bench/resize.json
 
 Writers, each a fresh process converting the same photos with 2 workers (verification on, the
 default): ``before`` (git revision ``--rev``, the default decoder there), ``previous`` (git
@@ -24,14 +24,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Any, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from benchmarks.common import ROOT, fmt_spread, meta, spread
 
-from benchmeta import meta, spread  # noqa: E402
-
+# a fresh process converting with the dsconvert of the tree in argv[1] (a revision's worktree,
+# or this checkout): the one place a path is put first on purpose
 CHILD = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
@@ -52,7 +50,6 @@ print(n / (time.perf_counter() - t))
 def large_photos(root: str, count: int) -> str:
     from PIL import Image
 
-    sys.path.insert(0, ROOT)
     from dsconvert.demo import load_photos
 
     photos = load_photos()
@@ -66,16 +63,16 @@ def large_photos(root: str, count: int) -> str:
     return root
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--photos", type=int, default=4000)
     p.add_argument("--large", type=int, default=600)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rev", default="f95f585", help="the 'before' revision (default: when issue 16 was filed)")
     p.add_argument("--previous-rev", default="e737de3", help="the revision before the DCT-scaled resize")
     p.add_argument("--json")
-    args = p.parse_args()
-    sys.path.insert(0, ROOT)
+
+
+def run(args: argparse.Namespace) -> None:
     from dsconvert.demo import make_demo_dataset
 
     work = tempfile.mkdtemp(prefix="bench-resize-")
@@ -109,7 +106,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     rows = [{"source": s, "writer": w, "per_s": spread(v), "vs_before": spread(ratios[(s, w)])}
             for (s, w), v in per.items()]
-    res = {"meta": dict(meta(__file__), rounds=args.rounds, rev=args.rev, previous_rev=args.previous_rev,
+    res = {"meta": dict(meta(), rounds=args.rounds, rev=args.rev, previous_rev=args.previous_rev,
                         photos=args.photos, large=args.large,
                         workers=2), "rows": rows}
     for row in rows:
@@ -120,5 +117,25 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+
+def render(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    labels = {"before": f"before: revision {meta['rev']} (when issue 16 was filed)",
+              "previous": f"previous: revision {meta.get('previous_rev')} (fast decoder in full, Pillow's resize)",
+              "pil": "`--decoder pil` (Pillow's full decode, then its bilinear resize)",
+              "full": "the fast decoder in full, then torch's bilinear kernel (the DCT scaling switched off)",
+              "scaled": "default: the fast decoder at 1/2, 1/4 or 1/8 DCT scale where that covers the output "
+                        "2.5 times over, then torch's bilinear kernel"}
+    lines = [f"`dsconvert shard SRC --format npy --resize 256`, {meta['workers']} workers, verification on; each "
+             f"writer a fresh process per round, {meta['rounds']} interleaved rounds (the writers in a rotating "
+             "order), photos/s, median [range]; the ratio is the median of the same round's ratios to *before*.", "",
+             "| source | writer | photos/s | vs before |", "| --- | --- | --- | --- |"]
+    for r in data["rows"]:
+        vs = "(baseline)" if r["writer"] == "before" else fmt_spread(r["vs_before"], "{:.2f}x")
+        lines.append(f"| {r['source']} | {labels.get(r['writer'], r['writer'])} | {fmt_spread(r['per_s'])} | {vs} |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "16", "--large", "4", "--rounds", "1"]
+TABLES = {"resize": {"argv": lambda a: ["--photos", str(a.photos), "--large", "400", "--rounds", str(a.rounds)],
+                     "render": render}}

@@ -14,7 +14,7 @@ position is made once (outside the timing); each measurement is a fresh process 
 and times ``load_state_dict`` to the first batch (worker start included), in interleaved
 rounds; the figure is the median with the range.
 
-    python scripts/bench_resume.py --photos /tmp/bw4000/photos --rounds 3 --json docs/bench/resume.json
+    python -m benchmarks resume --photos /tmp/bw4000/photos --rounds 3 --json docs/bench/resume.json
 """
 
 from __future__ import annotations
@@ -25,15 +25,12 @@ import os
 import pickle
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from benchmarks.common import fmt_range, run_self
 
 READERS = ("dsconvert", "dsconvert_forward", "webdataset")
 
@@ -98,10 +95,11 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"first_batch_s": time.perf_counter() - t0}))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--photos", help="an ImageFolder to convert (once) into --out")
     ap.add_argument("--out", help="a dsconvert wds output (made from --photos when absent)")
+    ap.add_argument("--demo-photos", type=int, metavar="N",
+                    help="without --photos: convert N demo photos (a tiny run; the docs' figures resume in 4,000)")
     ap.add_argument("--positions", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 0.95])
     ap.add_argument("--readers", nargs="+", default=list(READERS), choices=READERS)
     ap.add_argument("--rounds", type=int, default=3)
@@ -112,7 +110,9 @@ def main() -> None:
     ap.add_argument("--reader", help=argparse.SUPPRESS)
     ap.add_argument("--make", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--state", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.child:
         return child(args)
 
@@ -121,16 +121,22 @@ def main() -> None:
     if not os.path.exists(os.path.join(out, "dsconvert.json")):
         from dsconvert import convert
 
-        convert(args.photos, out, format="wds", samples_per_shard=1000)
+        photos = args.photos
+        if photos is None:
+            if not args.demo_photos:
+                sys.exit("give --out (a wds output), --photos (an ImageFolder) or --demo-photos N")
+            from dsconvert.demo import make_demo_dataset
+
+            photos = make_demo_dataset(os.path.join(work, "photos"), -(-args.demo_photos // 8))
+        convert(photos, out, format="wds", samples_per_shard=1000)
     from dsconvert import open_dataset
 
     n = open_dataset(out).manifest.num_samples
     steps = -(-n // args.batch)
 
     def run(*extra: str) -> Dict[str, Any]:
-        cmd = [sys.executable, __file__, "--child", "--out", out, "--batch", str(args.batch),
-               "--workers", str(args.workers), *extra]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        done = run_self("resume", ["--child", "--out", out, "--batch", str(args.batch),
+                                   "--workers", str(args.workers), *extra], check=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         return json.loads(lines[-1]) if lines else {}
 
@@ -164,12 +170,32 @@ def main() -> None:
             cells.append(f"{statistics.median(t):7.2f} [{min(t):.2f}-{max(t):.2f}]")
         print(f"{p:9.0%} " + " ".join(f"{c:>24s}" for c in cells))
     if args.json:
-        from benchmeta import meta as record
+        from benchmarks.common import meta as record
 
-        meta = dict(record(__file__), samples=n, batch=args.batch, workers=args.workers, rounds=args.rounds)
+        meta = dict(record(), samples=n, batch=args.batch, workers=args.workers, rounds=args.rounds)
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    rows = data["rows"]
+    readers = list(dict.fromkeys(r["reader"] for r in rows))
+    positions = list(dict.fromkeys(r["position"] for r in rows))
+    lines = [f"{meta.get('samples', '?'):,} samples, batches of {meta.get('batch', '?')}, {meta.get('workers', '?')} "
+             f"workers, {meta.get('rounds', '?')} interleaved rounds: seconds from `load_state_dict` to the first "
+             "batch, median [range].", "",
+             "| position | " + " | ".join(readers) + " |", "| --- |" + " --- |" * len(readers)]
+    for p in positions:
+        cells = []
+        for reader in readers:
+            r = next(x for x in rows if x["reader"] == reader and x["position"] == p)
+            cells.append(fmt_range(r["median_s"], r["min_s"], r["max_s"], "{:.2f}"))
+        lines.append(f"| {p:.0%} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--demo-photos", "48", "--positions", "0", "0.5", "--rounds", "1", "--batch", "8", "--workers", "1"]
+TABLES = {"resume": {"argv": lambda a: ["--rounds", str(a.rounds)]
+                     + (["--out", a.wds] if a.wds else ["--photos", a.photo_folder] if a.photo_folder else []),
+                     "render": render, "needs": lambda a: a.wds or a.photo_folder}}

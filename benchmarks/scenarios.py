@@ -1,21 +1,26 @@
 """Is the diagnosis right? Held-out situations, each built for real, each with the verdict a
 user should get, run under background CPU load.
 
-    python scripts/scenarios.py [--load N] [--rounds N] [--only analyze|diagnose] [--json docs/bench/scenarios.json]
+    python -m benchmarks scenarios [--load N] [--rounds N] [--only analyze|diagnose] [--match TEXT]
+                                   [--json docs/bench/scenarios.json]
 
 analyze scenarios: the demo photos on local disk, large JPEGs, small JPEGs behind a FUSE mount
 adding latency, dsconvert shards behind a FUSE mount capping bandwidth, dsconvert outputs of
 every format, a folder of decoded arrays, tiny records read cold, pickles, an HDF5 file, and a
-loader that meets its target. diagnose scenarios (real training jobs, scripts/train_job.py):
-see DIAGNOSE below. Every command a verdict suggests is then run as printed and must succeed.
+loader that meets its target. diagnose scenarios: real training jobs (tests/support/train_job.py:
+a real DataLoader feeding a fixed CPU "model" step) launched under ``dsconvert diagnose``.
+Every command a verdict suggests is then run as printed and must succeed.
 ``--load N`` runs N busy processes (nice 10) beside everything, as a shared machine would.
 ``--rounds N`` builds and judges every situation N times, each round from scratch in its own
 folder: a verdict that flips with the machine's load shows as right in fewer than N rounds.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
+import pickle
 import random
 import shlex
 import subprocess
@@ -23,19 +28,17 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+from PIL import Image
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-from PIL import Image  # noqa: E402
-
-from dsconvert import convert  # noqa: E402
-from dsconvert.analyze import analyze  # noqa: E402
-from dsconvert.demo import load_photos, make_demo_dataset  # noqa: E402
+from benchmarks.common import ROOT, meta
+from dsconvert import convert
+from dsconvert.analyze import analyze
+from dsconvert.demo import load_photos, make_demo_dataset
+from tests.support import TRAIN_JOB
+from tests.support.slowfs import mount as slow_mount
 
 
 @contextmanager
@@ -47,24 +50,6 @@ def background_load(n: int):
         for p in procs:
             p.kill()
             p.wait()
-
-
-@contextmanager
-def slow_mount(backing: str, mnt: str, delay_ms: float, mb_per_s: float = 0.0):
-    os.makedirs(mnt, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "slowfs.py"), backing, mnt,
-                             "--delay-ms", str(delay_ms), "--mb-per-s", str(mb_per_s)], stderr=subprocess.DEVNULL)
-    deadline = time.time() + 10
-    while not os.path.ismount(mnt):
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError("FUSE mount failed (apt-get install fuse libfuse2; pip install fusepy)")
-        time.sleep(0.05)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["fusermount", "-uz", mnt], check=False)
-        proc.wait(timeout=10)
 
 
 def jpegs(root: str, n: int, size: Tuple[int, int], classes: int = 4, quality: int = 90, noise: bool = False) -> str:
@@ -188,11 +173,107 @@ def analyze_scenarios(tmp: str) -> List[Tuple[str, Callable[[], Dict], Tuple[str
     ]
 
 
-def one_round(tmp: str, only: str) -> List[Dict]:
+# --- diagnose: real training jobs ----------------------------------------------------------
+
+
+def diagnose(job: List[str], wait: float = 8.0, duration: float = 4.0, extra: Tuple[str, ...] = ()) -> Dict:
+    argv = [sys.executable, "-m", "dsconvert", "diagnose", "--json", "-q", "--wait", str(wait),
+            "--duration", str(duration), *extra, "--", sys.executable, TRAIN_JOB, *job]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    if run.returncode != 0:
+        raise RuntimeError(run.stderr.strip()[-400:])
+    return json.loads(run.stdout)
+
+
+def diagnose_scenarios(tmp: str) -> List[Tuple[str, Callable[[], Dict], Tuple[Optional[str], ...]]]:
+    big = os.path.join(tmp, "diag-big")
+
+    def big_jpegs() -> str:
+        if not os.path.isdir(big):
+            jpegs(big, 24, (1600, 1200), classes=3, quality=95)
+        return big
+
+    def decode():
+        return diagnose(["--data", big_jpegs(), "--workers", "2", "--batch", "4", "--compute-ms", "5"])
+
+    def no_workers():
+        return diagnose(["--data", big_jpegs(), "--workers", "0", "--batch", "4", "--compute-ms", "5"])
+
+    def augment(lib: str):
+        return lambda: diagnose(["--data", big_jpegs(), "--workers", "1", "--batch", "4", "--compute-ms", "5",
+                                 "--augment", lib])
+
+    def pickles():
+        root = os.path.join(tmp, "diag-pickles")
+        os.makedirs(root, exist_ok=True)
+        rng = np.random.default_rng(0)
+        for i in range(48):
+            with open(os.path.join(root, f"{i:04d}.pkl"), "wb") as f:
+                pickle.dump((rng.integers(0, 256, (600, 800, 3), dtype=np.uint8), i % 4), f)
+        return diagnose(["--data", root, "--pickles", "--workers", "0", "--batch", "4", "--compute-ms", "1"])
+
+    def converted():
+        from dsconvert import convert
+
+        out = os.path.join(tmp, "diag-npy")
+        if not os.path.isdir(out):
+            convert(big_jpegs(), out, "npy", resize=256, verify=False)
+        return diagnose(["--data", out, "--converted", "--workers", "1", "--batch", "4", "--compute-ms", "40"])
+
+    def compute_bound():
+        return diagnose(["--in-memory", "16", "--workers", "1", "--batch", "2", "--compute-ms", "300"])
+
+    def slow_storage():
+        backing = jpegs(os.path.join(tmp, "diag-slow-backing"), 60, (160, 120))
+        with slow_mount(backing, os.path.join(tmp, "diag-slow-mnt"), 15.0) as mnt:
+            report = diagnose(["--data", mnt, "--workers", "1", "--batch", "8", "--compute-ms", "2"], wait=10)
+            report["_ran"] = run_commands(report["diagnosis"]["commands"])  # while the mount is there
+            return report
+
+    return [
+        ("large JPEGs, 2 workers", decode, ("decode",)),
+        ("num_workers=0", no_workers, ("no-workers",)),
+        ("scipy.ndimage blur + rotation in the transform", augment("scipy"), ("augment",)),
+        ("numpy flip + jitter + noise in the transform", augment("numpy"), ("augment",)),
+        ("plain-Python per-pixel jitter in the transform", augment("python"), ("augment",)),
+        ("pickled samples, num_workers=0", pickles, ("no-workers",)),
+        ("a converted npy cache, heavy model step", converted, (None,)),
+        ("data in memory, heavy model step", compute_bound, (None,)),
+        ("JPEGs behind FUSE + 15 ms per request", slow_storage, ("read",)),
+    ]
+
+
+def diagnose_all(tmp: str, match: Optional[str] = None) -> List[Dict]:
+    rows = []
+    for name, run, expected in diagnose_scenarios(tmp):
+        if match and match not in name:
+            continue
+        t = time.perf_counter()
+        try:
+            report = run()
+        except Exception as exc:
+            rows.append({"tool": "diagnose", "scenario": name, "expected": list(expected), "got": "error",
+                         "ok": False, "summary": f"{type(exc).__name__}: {exc}"})
+            print(f"diagnose ERROR {name}: {exc}", flush=True)
+            continue
+        d = report["diagnosis"]
+        ran = report.pop("_ran", None) or run_commands(d["commands"])
+        got = d["bottleneck"]
+        ok = got in expected and all(code == 0 for _, code in ran)
+        rows.append({"tool": "diagnose", "scenario": name, "expected": list(expected), "got": got, "ok": ok,
+                     "summary": d["summary"], "commands": ran, "seconds": round(time.perf_counter() - t, 1)})
+        print(f"diagnose {'ok  ' if ok else 'MISS'} {name}: {got} ({d['summary']})"
+              + "".join(f"\n         ran {c!r}: exit {code}" for c, code in ran), flush=True)
+    return rows
+
+
+def one_round(tmp: str, only: Optional[str], match: Optional[str] = None) -> List[Dict]:
     rows = []
     os.makedirs(os.path.join(tmp, "out"))
     if only in (None, "analyze"):
         for name, run, expected in analyze_scenarios(tmp):
+            if match and match not in name:
+                continue
             t = time.perf_counter()
             try:
                 report = run()
@@ -210,26 +291,24 @@ def one_round(tmp: str, only: str) -> List[Dict]:
             print(f"analyze  {'ok  ' if ok else 'MISS'} {name}: {v['bottleneck']} ({v['summary']})"
                   + "".join(f"\n         ran {c!r}: exit {code}" for c, code in ran), flush=True)
     if only in (None, "diagnose"):
-        from diagnose_scenarios import run_all  # scripts/diagnose_scenarios.py
-
-        rows += run_all(tmp)
+        rows += diagnose_all(tmp, match)
     return rows
 
 
-def main() -> None:
-    from benchmeta import meta
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", type=int, default=1, help="busy background processes (default 1)")
     p.add_argument("--rounds", type=int, default=1, help="judge every situation this many times (default 1)")
     p.add_argument("--only", choices=("analyze", "diagnose"))
-    p.add_argument("--json", "--out", dest="json", default=os.path.join(ROOT, "docs", "bench", "scenarios.json"))
-    args = p.parse_args()
+    p.add_argument("--match", help="only the situations whose name holds this text")
+    p.add_argument("--json", "--out", dest="json", help="write the figures here (docs/bench/scenarios.json)")
+
+
+def run(args: argparse.Namespace) -> None:
     rounds = []
     with background_load(args.load):
         for r in range(args.rounds):
             with tempfile.TemporaryDirectory(prefix="dsconvert-scenarios-") as tmp:
-                rounds.append(one_round(tmp, args.only))
+                rounds.append(one_round(tmp, args.only, args.match))
             right = sum(row["ok"] for row in rounds[-1])
             print(f"\nround {r + 1}: {right} of {len(rounds[-1])} verdicts right "
                   f"(background load: {args.load} busy process(es))\n", flush=True)
@@ -246,10 +325,38 @@ def main() -> None:
     right = sum(e["right"] for e in table)
     total = sum(len(e["rounds"]) for e in table)
     print(f"{right} of {total} verdicts right over {args.rounds} round(s)")
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"meta": dict(meta(__file__), load=args.load, rounds=args.rounds), "rows": table}, f, indent=1)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"meta": dict(meta(), load=args.load, rounds=args.rounds), "rows": table}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+
+def render(data: Dict[str, Any]) -> str:
+    from collections import Counter
+
+    meta, rows = data["meta"], data["rows"]
+    rounds = meta["rounds"]
+    right = sum(r["right"] for r in rows)
+    total = sum(len(r["rounds"]) for r in rows)
+    load = meta["load"]
+    lines = [f"Each situation built for real and judged {rounds} {'time' if rounds == 1 else 'times'}, each round "
+             f"from scratch, beside {load} busy background {'process' if load == 1 else 'processes'}; every command a "
+             "verdict prints is then run as printed. "
+             "*got* lists the verdicts over the rounds; *right* counts the rounds whose verdict was expected and "
+             "whose commands all exited 0.", "",
+             "| tool | situation | expected | got | right | commands run (exit 0 / run) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        got = ", ".join(f"{v}" + (f" ({n})" if rounds > 1 else "")
+                        for v, n in Counter(str(x["got"]) for x in r["rounds"]).most_common())
+        cmds = [code for x in r["rounds"] for _, code in (x.get("commands") or [])]
+        ran = f"{sum(c == 0 for c in cmds)} / {len(cmds)}"
+        lines.append(f"| {r['tool']} | {r['scenario']} | {' or '.join(str(e) for e in r['expected'])} | {got} | "
+                     f"{r['right']} of {len(r['rounds'])} | {ran} |")
+    lines += ["", f"**{right} of {total}** verdicts right."]
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--load", "0", "--rounds", "1", "--match", "pickled"]
+TABLES = {"scenarios": {"argv": lambda a: ["--load", "1", "--rounds", str(a.rounds)], "render": render}}

@@ -1,5 +1,5 @@
 """Benchmark: what each of diagnose's recorders costs the job it watches. One real training-like
-job (scripts/train_job.py on large JPEGs, DataLoader workers, a numpy "model", --print-rate)
+job (tests/support/train_job.py on large JPEGs, DataLoader workers, a numpy "model", --print-rate)
 runs throughout; its steps per second are measured untraced, under py-spy (the two recordings
 `dsconvert diagnose` runs, wall and CPU), under perf trace (`--syscalls --tracer perf`, with the
 block-layer recording beside it) and under strace (`--tracer strace`), in interleaved rounds so
@@ -7,7 +7,7 @@ that a drifting machine affects every phase alike. Each phase's figure is the me
 job's per-second rates inside it (its first second left out: attaching); medians and ranges
 over the rounds are reported.
 
-    python scripts/bench_tracers.py --rounds 3 --seconds 6 --json bench_tracers.json
+    python -m benchmarks tracers --rounds 3 --seconds 6 --json bench_tracers.json
 """
 
 from __future__ import annotations
@@ -18,20 +18,14 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
+from typing import Any, Dict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from bench_diagnose import RateReader, make_data  # noqa: E402
-from benchmeta import meta  # noqa: E402
-
-from dsconvert.diagnose import syscalls  # noqa: E402
-from dsconvert.diagnose.procs import descendants  # noqa: E402
-from dsconvert.diagnose.pyspy import record  # noqa: E402
+from benchmarks.common import RateReader, fmt_range, job_data, meta, start_job
+from dsconvert.diagnose import syscalls
+from dsconvert.diagnose.procs import descendants
+from dsconvert.diagnose.pyspy import record
 
 PHASES = ("untraced", "pyspy", "perf", "strace")
 
@@ -54,18 +48,16 @@ def run_phase(name: str, job: subprocess.Popen, seconds: float) -> dict:
     return info
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=6)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsconvert-bench-diagnose"))
     p.add_argument("--json")
-    args = p.parse_args()
-    data = make_data(os.path.join(args.work, "train"))
-    job = subprocess.Popen([sys.executable, os.path.join(HERE, "train_job.py"), "--data", data, "--workers",
-                            str(args.workers), "--batch", "4", "--compute-ms", "5", "--print-rate"],
-                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    job = start_job(job_data(os.path.join(args.work, "train")), args.workers)
     per_round = {name: [] for name in PHASES}
     infos = {name: [] for name in PHASES}
     started = time.monotonic()
@@ -86,7 +78,7 @@ def main() -> None:
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
-    res = {"meta": meta(__file__), "rounds": args.rounds, "seconds_per_phase": args.seconds, "workers": args.workers,
+    res = {"meta": meta(), "rounds": args.rounds, "seconds_per_phase": args.seconds, "workers": args.workers,
            "wall_s": time.monotonic() - started, "phases": {}}
     for name in PHASES:
         vals = per_round[name]
@@ -104,5 +96,25 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    labels = {"untraced": "untraced", "pyspy": "py-spy (diagnose's two recordings, 100 Hz, `--nonblocking`)",
+              "perf": "perf trace (`--tracer perf`, with the block-layer recording)",
+              "strace": "strace (`--tracer strace`)"}
+    lines = [f"One decode-bound job (`tests/support/train_job.py`, large JPEGs, {data['workers']} workers) prints "
+             f"its steps per second; {data['rounds']} interleaved rounds of {data['seconds_per_phase']:g} s per phase "
+             "against the same running job; steps/s, median [range]; the slowdown is the median of the per-round "
+             "slowdowns against that round's untraced rate.", "",
+             "| phase | steps/s | slowdown | tracer used |", "| --- | --- | --- | --- |"]
+    for name, p in data["phases"].items():
+        rng = p.get("slowdown_range")
+        slow = ("-" if name == "untraced" else
+                fmt_range(p["slowdown_vs_untraced"] * 100, rng[0] * 100, rng[1] * 100, "{:.0f} %") if rng else
+                f"{p['slowdown_vs_untraced']:.0%}")
+        used = ", ".join(sorted({run.get("tracer") for run in p.get("runs", []) if run.get("tracer")})) or "-"
+        lines.append(f"| {labels.get(name, name)} | {fmt_range(p['median'], p['min'], p['max'], '{:.1f}')} | {slow} | "
+                     f"{used} |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--seconds", "2", "--rounds", "1", "--workers", "1"]
+TABLES = {"tracers": {"argv": lambda a: ["--seconds", "8", "--rounds", str(a.rounds + 1)], "render": render}}

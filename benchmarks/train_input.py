@@ -28,7 +28,7 @@ figure is the steady-state rate (samples after the first batch / time after it),
 over rounds, with the range; ratios are the median of per-round ratios. Peak RSS is the main
 process's plus the largest worker's (FFCV and DALI work in threads: theirs is one figure).
 
-    python scripts/bench_train_input.py --photos 4000 --rounds 3 --json bench_train_input.json
+    python -m benchmarks train_input --photos 4000 --rounds 3 --json bench_train_input.json
 """
 
 from __future__ import annotations
@@ -43,13 +43,11 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+from benchmarks.common import ROOT, meta, self_command
 
 READERS = ("imagefolder", "dsconvert_pil", "dsconvert_numpy", "dsconvert_fused", "dsconvert_fused_stream",
            "dsconvert_fused_batched", "dsconvert_npy", "dsconvert_npy_fused", "webdataset", "litdata", "mosaic", "ffcv", "dali")
@@ -168,7 +166,11 @@ def read_mosaic(work, kind, workers, batch):
 
 
 def read_ffcv(work, kind, workers, batch):
-    from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.fields.decoders import (
+        CenterCropRGBImageDecoder,
+        IntDecoder,
+        RandomResizedCropRGBImageDecoder,
+    )
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
 
@@ -307,8 +309,10 @@ def prepare_ffcv(work: str) -> None:
 
 
 def run_child(python: str, args: List[str]) -> Optional[Dict[str, Any]]:
+    # a peer's interpreter finds benchmarks and dsconvert in the repository root
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([python, os.path.abspath(__file__), *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run(self_command("train_input", *args, python=python), capture_output=True, text=True,
+                          env=env, cwd=ROOT)
     if proc.returncode != 0:
         print(f"  {' '.join(args[:3])} failed: {proc.stderr.strip().splitlines()[-1:] }", file=sys.stderr)
         return None
@@ -339,7 +343,7 @@ def summarise(rows: List[Dict[str, Any]], readers: List[str], kinds: List[str]) 
     return out
 
 
-def render(summary: Dict[str, Any]) -> str:
+def summary_text(summary: Dict[str, Any]) -> str:
     lines = []
     for kind, table in summary.items():
         lines.append(f"\n{kind}: samples/s, median (range) over rounds; ratios are medians of per-round ratios")
@@ -351,8 +355,7 @@ def render(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--photos", type=int, default=4000)
     p.add_argument("--per-shard", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
@@ -368,7 +371,9 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--child", nargs=5, metavar=("READER", "WORK", "KIND", "WORKERS", "BATCH"), help=argparse.SUPPRESS)
     p.add_argument("--prepare", nargs=2, metavar=("WHAT", "WORK"), help=argparse.SUPPRESS)
-    a = p.parse_args()
+
+
+def run(a: argparse.Namespace) -> int:
     if a.child:
         reader, work, kind, workers, batch = a.child
         print(json.dumps(child(reader, work, kind, int(workers), int(batch))))
@@ -383,14 +388,14 @@ def main() -> int:
     readers = [r for r in a.readers.split(",") if r]
     unknown = set(readers) - set(READERS)
     if unknown:
-        p.error(f"unknown readers: {sorted(unknown)}")
+        sys.exit(f"unknown readers: {sorted(unknown)}; the readers: {', '.join(READERS)}")
     readers = [r for r in readers if r not in PEER_PYTHON or pythons[PEER_PYTHON[r]]]
     print(f"preparing {a.photos} photos in {work}", file=sys.stderr)
     prepare_ours(work, a.photos, a.per_shard)
     for what in ("peers", "ffcv"):
         if pythons[what] and any(PEER_PYTHON.get(r) == what for r in readers):
-            subprocess.run([pythons[what], os.path.abspath(__file__), "--prepare", what, work], check=True,
-                           env=dict(os.environ, PYTHONPATH=ROOT))
+            subprocess.run(self_command("train_input", "--prepare", what, work, python=pythons[what]), check=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
     kinds = a.transforms.split(",")
     rows: List[Dict[str, Any]] = []
     rng = random.Random(0)
@@ -408,15 +413,38 @@ def main() -> int:
                 print(f"round {rnd} {kind:5s} {reader:26s} {row['per_s']:8,.0f} samples/s "
                       f"({row['samples']} samples, RSS {row['peak_rss_mb']:,.0f} MB)", file=sys.stderr)
     summary = summarise(rows, readers, kinds)
-    print(render(summary))
+    print(summary_text(summary))
     if a.json:
         with open(a.json, "w") as f:
-            from benchmeta import meta
-
-            json.dump({"meta": meta(__file__), "settings": {k: v for k, v in vars(a).items() if k not in ("child", "prepare")},
+            json.dump({"meta": meta(), "settings": {k: v for k, v in vars(a).items() if k not in ("child", "prepare")},
                        "cpus": os.cpu_count(), "summary": summary, "rows": rows}, f, indent=1)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def render(data: Dict[str, Any]) -> str:
+    return "```\n" + summary_text(data["summary"]) + "\n```\n"
+
+
+DROPIN_READERS = ("imagefolder,dsconvert_pil,dsconvert_numpy,dsconvert_fused,dsconvert_fused_stream,"
+                  "dsconvert_fused_batched,ffcv")
+
+
+def _peer_args(a: argparse.Namespace) -> List[str]:
+    out = []
+    for flag in ("python_ffcv", "python_dali", "python_peers", "python"):
+        value = getattr(a, flag)
+        if value:
+            out += ["--" + flag.replace("_", "-"), value]
+    return out
+
+
+QUICK = ["--photos", "32", "--per-shard", "16", "--rounds", "1", "--workers", "1", "--batch", "8",
+         "--transforms", "eval", "--readers", "imagefolder,dsconvert_pil,dsconvert_fused",
+         "--work", os.path.join(tempfile.gettempdir(), "dsconvert-bench-train-input-quick")]
+TABLES = {
+    "train_input": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds)] + _peer_args(a),
+                    "render": render, "needs": lambda a: a.python_ffcv and a.python_peers},
+    "dropin": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "256",
+                                  "--readers", DROPIN_READERS] + _peer_args(a),
+               "render": render, "needs": lambda a: a.python_ffcv},
+}

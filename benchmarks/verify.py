@@ -9,7 +9,7 @@ threads (the CPUs) best of 3 each, `verify --decode` and Pillow's decode once ea
 are the median and range over rounds; the ratios are times over the baseline's time in the same
 round (below 1x: faster), their median.
 
-    python scripts/bench_verify.py --photos 4000 --rounds 3 --json docs/bench/verify.json
+    python -m benchmarks verify --photos 4000 --rounds 3 --json docs/bench/verify.json
 """
 
 from __future__ import annotations
@@ -20,23 +20,17 @@ import json
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from PIL import Image
 
-from benchmeta import spread  # noqa: E402
-
-from PIL import Image  # noqa: E402
-
-from dsconvert import convert, open_dataset  # noqa: E402
-from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset  # noqa: E402
-from dsconvert.processes import available_cpus  # noqa: E402
-from dsconvert.verify import verify  # noqa: E402
+from benchmarks.common import fmt_spread, ratio_table, spread
+from dsconvert import convert, open_dataset
+from dsconvert.demo import PHOTOS, load_photos, make_demo_dataset
+from dsconvert.processes import available_cpus
+from dsconvert.verify import verify
 
 FORMATS = ("wds", "hdf5")
 # (name, check, format, baseline check, baseline format): a time over the baseline's, same round
@@ -60,13 +54,14 @@ def timed(fn: Callable[[], Any], repeats: int = 3) -> float:
 
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--photos", type=int, default=4000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", help="a scratch folder (default: one per --photos in the temp dir)")
     p.add_argument("--json")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     work = args.work or os.path.join(tempfile.gettempdir(), f"dsconvert-bench-verify-{args.photos}")
     classes = len(load_photos(PHOTOS))  # those this scikit-image ships
     src = make_demo_dataset(os.path.join(work, "photos"), num_per_class=-(-args.photos // classes))
@@ -114,13 +109,40 @@ def main() -> None:
     for row in ratios:
         print(f"{row['name']:42s} {row['median']:6.2f}x [{row['min']:.2f}-{row['max']:.2f}]")
     if args.json:
-        from benchmeta import meta as record
+        from benchmarks.common import meta as record
 
-        meta = dict(record(__file__), photos=len(jpegs), mb=mb, shards=nshards, samples_per_shard=500,
+        meta = dict(record(), photos=len(jpegs), mb=mb, shards=nshards, samples_per_shard=500,
                     threads=available_cpus(), rounds=args.rounds)
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows, "ratios": ratios}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render(data: Dict[str, Any]) -> str:
+    meta = data["meta"]
+    rows = {(r["check"], r["format"]): r for r in data["rows"]}
+    threads = meta.get("threads", "?")
+    fmts = [f for f in ("wds", "hdf5") if ("verify", f) in rows]
+    shards = meta.get("shards", {})
+    lines = [f"{meta['photos']:,} demo photos, " + ", ".join(
+        f"{f} {shards.get(f, '?')} shards ({meta['mb'][f]:.0f} MB)" for f in fmts)
+             + f"; page cache warm, {meta['rounds']} interleaved rounds, seconds, median [range].", "",
+             "| check | " + " | ".join(fmts) + " |", "| --- |" + " --- |" * len(fmts)]
+    labels = (("sha256sum", "`sha256sum` of the shard files (baseline; best of 3)"),
+              ("verify_1thread", "`verify` (sizes, sha256, records, structure), 1 thread, best of 3"),
+              ("verify", f"`verify`, {threads} threads (the CPUs), best of 3"),
+              ("verify_decode", f"`verify --decode` (every image decoded in full, {threads} processes)"))
+    for check, label in labels:
+        cells = [fmt_spread(rows[(check, f)], "{:.3f}")
+                 for f in fmts]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    pil = rows.get(("pil_decode_1proc", ""))
+    if pil:
+        lines.append(f"| Pillow decoding the {meta['photos']:,} source JPEGs, 1 process (baseline) | "
+                     f"{fmt_spread(pil, '{:.3f}')} |" + " |" * (len(fmts) - 1))
+    lines += ratio_table("time over the baseline's (same round; below 1x: faster)",
+                         ((r["name"], r) for r in data["ratios"]))
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "24", "--rounds", "1"]
+TABLES = {"verify": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds)], "render": render}}

@@ -12,7 +12,7 @@ written by litdata.optimize(); warm (page cache hot; each reader in its own proc
 process, median of 5 processes; a reader that keeps files mapped cannot fake a cold run). Then the same reads through a FUSE passthrough
 that sleeps --delay-ms in every open() and read(), as network storage would.
 
-    python scripts/bench_wds.py --photos 4000 --json bench_wds.json
+    python -m benchmarks wds --photos 4000 --json bench_wds.json
 """
 
 from __future__ import annotations
@@ -29,14 +29,11 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from dsconvert import convert, open_dataset  # noqa: E402
-from dsconvert.demo import make_demo_dataset  # noqa: E402
-from dsconvert.source import scan  # noqa: E402
-from dsconvert.io.localfs import evict_page_cache  # noqa: E402
+from benchmarks.common import ROOT, fmt_range, meta, ratio_table, run_self, spread
+from dsconvert import convert, open_dataset
+from dsconvert.demo import make_demo_dataset
+from dsconvert.io.localfs import evict_page_cache
+from dsconvert.source import scan
 
 
 def _cpu_seconds() -> float:
@@ -203,8 +200,7 @@ def warm_child(reader: str, path: str, repeats: int) -> float:
 
 
 def _child(args: List[str], python: str = sys.executable) -> str:
-    cmd = [python, os.path.abspath(__file__)] + args
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return run_self("wds", args, python=python, check=True).stdout.strip().splitlines()[-1]
 
 
 def measure_reads(pairs: List[List[str]], n: int, nbytes: int, res: Dict, rounds: int = 3,
@@ -243,7 +239,7 @@ def bench_read(src: str, ours_out: str, work: str, with_litdata: bool, rounds: i
     if with_litdata:
         lit = os.path.join(work, "litdata")
         if python_litdata:  # litdata in its own virtual environment, with the torch it installs
-            subprocess.run([python_litdata, os.path.abspath(__file__), "--child-optimize", src, lit], check=True)
+            run_self("wds", ["--child-optimize", src, lit], python=python_litdata, check=True, capture_output=False)
         else:
             litdata_optimize(src, lit)
         pairs.append(["litdata_streaming", lit])
@@ -281,36 +277,33 @@ def bench_slow_mount(src: str, work: str, delay_ms: float, limit: int) -> Dict[s
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             shutil.copyfile(p, dst)
         convert(subset_src, subset_out, workers=1)
+    from tests.support import slowfs
+
     mnt = tempfile.mkdtemp(prefix="slowfs-")
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "slowfs.py"), work, mnt,
-                             "--delay-ms", str(delay_ms)])
     try:
-        for _ in range(200):
-            if os.path.ismount(mnt):
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError("the FUSE mount did not come up")
-        res: Dict[str, Dict] = {}
-        small = files_of(os.path.join(mnt, "slow_src"))
-        nbytes = sum(os.path.getsize(p) for p in small)
-        r = timed(_small_files(os.path.join(mnt, "slow_src")))
-        r["mb_per_s"] = nbytes / r["seconds"] / 1e6
-        res["slow_small_files"] = r
-        mounted_out = os.path.join(mnt, "slow_wds")
-        evict_page_cache(files_of(mounted_out))
-        r = timed(_ours(mounted_out))
-        r["mb_per_s"] = nbytes / r["seconds"] / 1e6
-        res["slow_dsconvert_wds"] = r
-        return res
+        with slowfs.mount(work, mnt, delay_ms):
+            return _slow_reads(mnt)
     finally:
-        subprocess.run(["fusermount", "-u", mnt], check=False)
-        proc.wait(timeout=30)
         os.rmdir(mnt)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _slow_reads(mnt: str) -> Dict[str, Dict]:
+    """The small files and the shards read through the mount."""
+    res: Dict[str, Dict] = {}
+    small = files_of(os.path.join(mnt, "slow_src"))
+    nbytes = sum(os.path.getsize(p) for p in small)
+    r = timed(_small_files(os.path.join(mnt, "slow_src")))
+    r["mb_per_s"] = nbytes / r["seconds"] / 1e6
+    res["slow_small_files"] = r
+    mounted_out = os.path.join(mnt, "slow_wds")
+    evict_page_cache(files_of(mounted_out))
+    r = timed(_ours(mounted_out))
+    r["mb_per_s"] = nbytes / r["seconds"] / 1e6
+    res["slow_dsconvert_wds"] = r
+    return res
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--photos", type=int, default=4000)
     p.add_argument("--per-shard", type=int, default=1000)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
@@ -329,7 +322,9 @@ def main() -> None:
     p.add_argument("--child", nargs=3, metavar=("READER", "PATH", "MODE"), help=argparse.SUPPRESS)
     p.add_argument("--child-optimize", nargs=2, metavar=("SRC", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=3, help=argparse.SUPPRESS)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.child:
         print(read_child(*args.child, repeats=args.repeats))
         return
@@ -343,9 +338,8 @@ def main() -> None:
     n = len(scan(src).samples)
     total = sum(os.path.getsize(f) for f in files_of(src))
     print(f"dataset: {n} photos, {total / 1e6:.1f} MB, mean {total / n / 1e3:.0f} kB", flush=True)
-    from benchmeta import meta, spread
 
-    results: Dict[str, Any] = {"meta": meta(__file__), "rounds": args.rounds, "dataset": {"photos": n, "bytes": total}}
+    results: Dict[str, Any] = {"meta": meta(), "rounds": args.rounds, "dataset": {"photos": n, "bytes": total}}
     ours_out = os.path.join(args.work, "dsconvert_noverify_1proc")
     if args.no_convert:
         shutil.rmtree(ours_out, ignore_errors=True)
@@ -363,9 +357,10 @@ def main() -> None:
     results["read"], per_round = bench_read(src, ours_out, args.work, not args.no_litdata, args.rounds,
                                             args.python_litdata)
     if args.python_litdata and not args.no_litdata:  # what litdata ran with, in its own environment
-        code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import benchmeta; "
-                "print(json.dumps(benchmeta.versions(('litdata', 'torch', 'numpy'))))")
-        out = subprocess.run([args.python_litdata, "-c", code], capture_output=True, text=True, check=True).stdout
+        code = ("import json; from benchmarks.common import versions; "
+                "print(json.dumps(versions(('litdata', 'torch', 'numpy'))))")
+        out = subprocess.run([args.python_litdata, "-c", code], capture_output=True, text=True, check=True,
+                             cwd=ROOT).stdout
         results["litdata_env"] = {"python": args.python_litdata, "versions": json.loads(out)}
     if not args.no_fuse:
         results["slow_mount"] = bench_slow_mount(src, args.work, args.delay_ms, args.slow_files)
@@ -401,5 +396,57 @@ def main() -> None:
             json.dump(results, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
+def render_convert(data: Dict[str, Any]) -> str:
+    rounds = data.get("rounds")
+    lines = [f"{data['dataset']['photos']:,} photos ({data['dataset']['bytes'] / 1e6:.0f} MB); each writer once "
+             f"per round{f', {rounds} rounds' if rounds else ''}; median [range]; cores = CPU time of the process "
+             "and its pool over the wall time; the ratio is the median of the per-round ratios.", "",
+             "| writer | photos/s | cores | vs ShardWriter |", "| --- | --- | --- | --- |"]
+    for name, r in data["convert"].items():
+        lines.append(f"| {name} | {fmt_range(r['per_s'], r['min_per_s'], r['max_per_s'])} | "
+                     f"{r.get('cores', float('nan')):.2f} | {r['vs_shardwriter']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def render_reads(data: Dict[str, Any]) -> str:
+    read, ratios = data["read"], data["ratios"]
+    d = data["dataset"]
+    lines = [f"{d['photos']:,} photos ({d['bytes'] / 1e6:.0f} MB), the same photos as small files, in wds shards "
+             "(read by dsconvert and by webdataset's `WebDataset`) and written by `litdata.optimize()`. Every "
+             "consumer reads one byte of each 4 kB page of each sample, so readers that hand out views pay for the "
+             "data as the copying ones do. Each reader in its own process: warm, best of 5 after a warm-up; cold, "
+             f"pages evicted first; {data['rounds']} rounds, the readers in a rotating order; median [range]; "
+             "each ratio is the median of the same round's ratios.", "",
+             "| reader | warm samples/s | cold samples/s | warm MB/s | cold MB/s |", "| --- | --- | --- | --- | --- |"]
+    for reader in dict.fromkeys(k.rsplit("_", 1)[0] for k in read):
+        w, c = read[f"{reader}_warm"], read[f"{reader}_cold"]
+        lines.append(f"| {reader} | {fmt_range(w['per_s'], w['min_per_s'], w['max_per_s'])} | "
+                     f"{fmt_range(c['per_s'], c['min_per_s'], c['max_per_s'])} | {w['mb_per_s']:,.0f} | "
+                     f"{c['mb_per_s']:,.0f} |")
+    lines += ratio_table("ratio (same round)", ((name, r) for name, r in ratios.items() if isinstance(r, dict)))
+    env = data.get("litdata_env")
+    if env:
+        lines += ["", "litdata ran in its own virtual environment (`--python-litdata`), with "
+                  + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "libturbojpeg") + "."]
+    else:
+        lines += ["", "litdata ran in dsconvert's own environment (no `--python-litdata` given)."]
+    slow = data.get("slow_mount")
+    if slow:
+        lines += ["", "Behind a FUSE passthrough (`tests/support/slowfs.py`) that sleeps in every `open()` and "
+                  "`read()`, as network storage would (one run):", "", "| reader | samples/s | MB/s |",
+                  "| --- | --- | --- |"]
+        for name, r in slow.items():
+            lines.append(f"| {name} | {r['per_s']:,.0f} | {r['mb_per_s']:,.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+QUICK = ["--photos", "40", "--per-shard", "10", "--workers", "1", "--rounds", "1", "--repeats", "1",
+         "--slow-files", "8", "--no-litdata",
+         "--work", os.path.join(tempfile.gettempdir(), "dsconvert-bench-quick")]
+TABLES = {
+    "wds_convert": {"argv": lambda a: ["--photos", str(a.photos), "--no-read", "--rounds", str(a.rounds + 2)],
+                    "render": render_convert},
+    "wds_reads": {"argv": lambda a: ["--photos", str(a.photos), "--no-convert", "--rounds", str(a.rounds)]
+                  + (["--python-litdata", a.python_litdata] if a.python_litdata else []),
+                  "render": render_reads},
+}

@@ -8,7 +8,7 @@
    are the ones ImageFolder would give, and compare read rates of the small files and the
    shards, warm and cold (page cache evicted with posix_fadvise).
 
-    python scripts/demo.py [--out demo-out] [--per-class 150]
+    python examples/demo.py [--out demo-out] [--per-class 150]   # after pip install -e '.[demo]'
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from PIL import Image
 
-from PIL import Image  # noqa: E402
-
-from dsconvert import open_dataset  # noqa: E402
-from dsconvert.cli import main as dsconvert_main  # noqa: E402
-from dsconvert.demo import make_demo_dataset  # noqa: E402
-from dsconvert.source import scan  # noqa: E402
-from dsconvert.io.localfs import evict_page_cache  # noqa: E402
+from dsconvert import open_dataset
+from dsconvert.cli import main as dsconvert_main
+from dsconvert.demo import make_demo_dataset
+from dsconvert.io.localfs import evict_page_cache
+from dsconvert.source import scan
 
 
 def to_tensor_64(image):

@@ -6,8 +6,8 @@ The test suite runs a derandomized hypothesis version of the same harnesses
 (tests/test_properties.py); this is for long runs.
 
     pip install atheris
-    python scripts/fuzz_readers.py manifest -atheris_runs=200000
-    python scripts/fuzz_readers.py record -max_total_time=600
+    python -m tests.support.fuzz_readers manifest -atheris_runs=200000   # from the repository root
+    python -m tests.support.fuzz_readers record -max_total_time=600
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import tempfile
 
 import atheris
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 with atheris.instrument_imports():
     from dsconvert import Manifest, ManifestError
-    from dsconvert.io.shard_cache import ShardAccess
     from dsconvert.formats.wds import Wds, WdsShard
+    from dsconvert.io.shard_cache import ShardAccess
 
 
 def _value(fdp: "atheris.FuzzedDataProvider", depth: int = 0):

@@ -2,20 +2,17 @@
 would: with HTTP keep-alive each request (GET, HEAD, ...) waits the delay once. tc netem is
 not in every kernel; this needs nothing but Python.
 
-    python scripts/latency_proxy.py TARGET_PORT --delay-ms 10     # prints the proxy's port
+    python tests/support/latency_proxy.py TARGET_PORT --delay-ms 10     # prints the proxy's port
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 import time
 from typing import Tuple
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
@@ -47,7 +44,7 @@ async def serve(port: int, target: int, delay: float) -> None:
 
 def start(target: int, delay_ms: float) -> Tuple[subprocess.Popen, int]:
     """(proxy process, its port) in front of 127.0.0.1:``target``; end it with proc.terminate()."""
-    from s3server import free_port
+    from .s3server import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, str(target), "--delay-ms", str(delay_ms), "--port", str(port)],

@@ -1,6 +1,6 @@
 """A real S3 protocol server on loopback: moto's server, for tests and benchmarks.
 
-    python scripts/s3server.py [--port 5000]     # runs until Ctrl-C; prints the endpoint
+    python tests/support/s3server.py [--port 5000]     # runs until Ctrl-C; prints the endpoint
 
 ``start()`` runs one in a subprocess on a free 127.0.0.1 port and returns it with the
 ``storage_options`` that reach it through s3fs. Only 127.0.0.1 is ever used. The region is

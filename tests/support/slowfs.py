@@ -1,21 +1,32 @@
 """A FUSE passthrough that sleeps in open() and read(), as network storage would, and can cap
 the bandwidth of all readers together (a link's or a filer's limit: flat with more readers).
 
-    python scripts/slowfs.py ROOT MOUNTPOINT --delay-ms 5 [--mb-per-s 150]   # foreground; Ctrl-C or
+    python tests/support/slowfs.py ROOT MOUNTPOINT --delay-ms 5 [--mb-per-s 150]   # foreground; Ctrl-C or
     fusermount -u MOUNTPOINT                                   # to unmount
 
-Needs `apt-get install -y fuse libfuse2` and `pip install fusepy`.
+Needs `apt-get install -y fuse libfuse2` and `pip install fusepy`. ``mount()`` runs it in a
+subprocess for the time of a ``with`` block (this module imports without fusepy; only the
+mount process needs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from typing import Iterator
 
-from fuse import FUSE, FuseOSError, Operations  # type: ignore
+try:
+    from fuse import FUSE, FuseOSError, Operations  # type: ignore
+except ImportError:  # mount() and the mounting process need it; importing this module does not
+    FUSE = FuseOSError = None  # type: ignore
+    Operations = object  # type: ignore
 
 
 class SlowPassthrough(Operations):
@@ -69,6 +80,30 @@ class SlowPassthrough(Operations):
         os.close(fh)
 
 
+@contextlib.contextmanager
+def mount(backing: str, mnt: str, delay_ms: float, mb_per_s: float = 0.0, timeout: float = 10.0) -> Iterator[str]:
+    """``backing`` seen through the slow passthrough at ``mnt`` (made if missing) for the time of
+    the ``with`` block; RuntimeError when the mount does not come up (no FUSE here)."""
+    os.makedirs(mnt, exist_ok=True)
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe nobody reads while mounted
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), backing, mnt, "--delay-ms",
+                                 str(delay_ms), "--mb-per-s", str(mb_per_s)], stderr=log)
+        deadline = time.time() + timeout
+        while not os.path.ismount(mnt):
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                proc.wait()
+                log.seek(0)
+                err = log.read().decode(errors="replace")[-300:]
+                raise RuntimeError(f"FUSE mount failed (apt-get install fuse libfuse2; pip install fusepy): {err}")
+            time.sleep(0.05)
+        try:
+            yield mnt
+        finally:
+            subprocess.run(["fusermount", "-uz", mnt], check=False)
+            proc.wait(timeout=10)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root")
@@ -76,6 +111,8 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=5.0)
     p.add_argument("--mb-per-s", type=float, default=0.0, help="bandwidth of all readers together (0: no cap)")
     args = p.parse_args()
+    if FUSE is None:
+        sys.exit("fusepy is not installed (pip install fusepy)")
     FUSE(SlowPassthrough(args.root, args.delay_ms / 1000.0, args.mb_per_s * 1e6), args.mountpoint, foreground=True,
          nothreads=False, ro=True)
 

@@ -1,8 +1,8 @@
 """A training-like job for diagnose's tests and benchmark: a DataLoader feeding a numpy "model".
 
-    python scripts/train_job.py (--data DIR [--converted | --pickles] | --in-memory N) [--workers N]
-                                [--batch N] [--compute-ms MS] [--augment scipy|cv2|numpy|python]
-                                [--print-rate]
+    python tests/support/train_job.py (--data DIR [--converted | --pickles] | --in-memory N)
+                                      [--workers N] [--batch N] [--compute-ms MS]
+                                      [--augment scipy|cv2|numpy|python] [--print-rate]
 
 Without --converted it reads an ImageFolder tree file by file as torchvision's ImageFolder
 does (open, Image.open, convert("RGB")); with --converted it reads a dsconvert output through
