@@ -59,6 +59,7 @@ def leaves(obj: Any, prefix: str = "") -> Dict[str, float]:
 
 
 def run_in(tree: str, bench: str, args: List[str], work: str) -> Dict[str, float]:
+    os.makedirs(work, exist_ok=True)
     out = os.path.join(work, f"{bench}.json")
     scratch = os.path.join(work, f"scratch-{bench}")
     shutil.rmtree(scratch, ignore_errors=True)
@@ -129,5 +130,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-QUICK: List[str] = []  # a revision comparison has no tiny form: it runs every suite twice per round
+QUICK = ["--only", "monitor", "--rounds", "1"]  # with a REV: one suite, once on each side
 TABLES: Dict[str, Any] = {}  # it prints (and writes --json); no table of the docs

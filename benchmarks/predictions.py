@@ -150,5 +150,5 @@ def render(data: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-QUICK = ["--rounds", "1", "--demo-per-class", "4", "--large", "8"]
+QUICK = ["--rounds", "1", "--demo-per-class", "2", "--large", "4", "--workers", "1"]
 TABLES = {"predictions": {"argv": lambda a: ["--rounds", str(a.rounds)], "render": render}}
