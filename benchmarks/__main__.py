@@ -70,6 +70,12 @@ def run_suite(name: str, argv: List[str]) -> int:
 # --- every table: run, then render ------------------------------------------------------------
 
 
+def shown(path: str) -> str:
+    """A path as the tables and commands show it: from the repository root when inside it."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
 def run_table(table: str, a: argparse.Namespace, bench_dir: str) -> bool:
     name, spec = tables()[table]
     needs: Optional[Callable[[argparse.Namespace], Any]] = spec.get("needs")
@@ -78,7 +84,7 @@ def run_table(table: str, a: argparse.Namespace, bench_dir: str) -> bool:
         return False
     out = os.path.join(bench_dir, f"{table}.json")
     # --quick: the suite's tiny sizes after the table's options, so that they win
-    argv = [name, *spec["argv"](a), *(suite(name).QUICK if a.quick else []), "--json", os.path.relpath(out, ROOT)]
+    argv = [name, *spec["argv"](a), *(suite(name).QUICK if a.quick else []), "--json", shown(out)]
     print(f"{table}: python -m benchmarks {' '.join(argv)}", flush=True)
     t = time.perf_counter()
     # a fresh process per table; one that fails (a peer or a test extra not installed) leaves its table as it was
@@ -101,7 +107,7 @@ def render(names: List[str], bench_dir: str = BENCH, doc_path: str = DOC) -> Lis
         with open(path) as f:
             data = json.load(f)
         meta = data.get("meta") or {"command": "(not recorded)"}
-        block = header(meta, name) + "\n" + known[name][1]["render"](data)
+        block = header(meta, shown(path)) + "\n" + known[name][1]["render"](data)
         begin, end = f"<!-- bench_all:{name} begin -->", f"<!-- bench_all:{name} end -->"
         pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
         if not pattern.search(doc):
