@@ -16,7 +16,7 @@ Only the consumer side is timed, so it works with any number of DataLoader worke
 iterable). With CUDA, kernels run asynchronously: pass ``sync=torch.cuda.synchronize`` so the
 compute time ends when the GPU's work has, not when it was queued.
 
-The per-step cost is a few additions (well under 2 µs, see ``scripts/bench_monitor.py``);
+The per-step cost is a few additions (well under 2 µs, see ``benchmarks/monitor.py``);
 statistics are computed when asked for. Quantiles interpolate linearly between order
 statistics (numpy's default), so p99 of 100 steps is not simply the largest one.
 

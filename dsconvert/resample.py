@@ -7,7 +7,7 @@ RGB input into an RGBA buffer and its output back. dsconvert's C kernel
 (``dsconvert/_resize.c``) computes the window's pixels only, from only the input pixels their
 filters reach, with torch's int16 weights and rounding, into a planar (CHW) or interleaved array:
 on the benchmark's ~480 x 375 photos to 256 then 224, 0.17 ms against 0.46 ms for torch's resize
-then crop (``scripts/bench_resample.py``). It needs AVX2 (x86-64 since 2013); elsewhere, or where
+then crop (``benchmarks/resample.py``). It needs AVX2 (x86-64 since 2013); elsewhere, or where
 it was not built, :func:`available` is False and callers use torch, which gives the same pixels.
 
 "torch's pixels" are those of torch's AVX2 and AVX-512 kernels, which x86-64 CPUs with AVX2

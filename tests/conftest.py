@@ -139,7 +139,7 @@ def _slow_args(param) -> list:
 
 @pytest.fixture
 def slow_mount(tmp_path, request):
-    """The slow FUSE passthrough of scripts/slowfs.py, mounted over a folder of ours; the
+    """The slow FUSE passthrough of tests/support/slowfs.py, mounted over a folder of ours; the
     parameter is the delay in ms, or (delay ms, MB/s cap of all readers together)."""
     if not os.path.exists("/dev/fuse") or not shutil.which("fusermount"):
         pytest.skip("this machine has no FUSE (/dev/fuse and fusermount: apt-get install fuse libfuse2)")
@@ -147,7 +147,7 @@ def slow_mount(tmp_path, request):
     backing, mnt = tmp_path / "backing", tmp_path / "mnt"
     backing.mkdir()
     mnt.mkdir()
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "slowfs.py"), str(backing),
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "support", "slowfs.py"), str(backing),
                              str(mnt)] + _slow_args(getattr(request, "param", 2)), stderr=subprocess.PIPE)
     deadline = time.time() + 10
     while not os.path.ismount(mnt):
@@ -238,8 +238,7 @@ def write_fake_nvidia_smi(bin_dir) -> str:
 
 # --- moto's S3 server on 127.0.0.1 (remote storage tests) ---------------------------------
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import s3server  # noqa: E402  (the standard library only: moto runs in its own process)
+from tests.support import s3server  # noqa: E402  (the standard library only: moto runs in its own process)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from conftest import ROOT, encode, make_image_folder, write, write_fake_nvidia_s
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
-JOB = os.path.join(ROOT, "scripts", "train_job.py")
+JOB = os.path.join(ROOT, "tests", "support", "train_job.py")
 ALL_FORMATS = ("wds", "hdf5", "npy")
 
 FETCH = [Frame("_worker_loop", f"{SITE}/torch/utils/data/_utils/worker.py", 374),
@@ -606,11 +606,11 @@ def test_cli_errors(capsys):
 needs_pyspy = pytest.mark.skipif(
     not (os.access(os.path.join(os.path.dirname(sys.executable), "py-spy"), os.X_OK)),
     reason="py-spy is not installed (pip install 'dsconvert[diagnose]')")
-needs_torch = pytest.mark.usefixtures("torch")  # the job, scripts/train_job.py, trains with a DataLoader
+needs_torch = pytest.mark.usefixtures("torch")  # the job, tests/support/train_job.py, trains with a DataLoader
 
 
 class Job:
-    """The training-like job of scripts/train_job.py, started here and ended by its pid."""
+    """The training-like job of tests/support/train_job.py, started here and ended by its pid."""
 
     def __init__(self, *args):
         self.proc = subprocess.Popen([sys.executable, JOB, *args], stdout=subprocess.PIPE, text=True,
@@ -787,7 +787,7 @@ def test_job_without_workers_loads_in_its_training_loop(big_jpegs, tmp_path):
 
 @needs_pyspy
 @needs_torch
-# numpy and plain-Python augmentation run as real jobs in scripts/diagnose_scenarios.py; here the
+# numpy and plain-Python augmentation run as real jobs in benchmarks/scenarios.py; here the
 # two libraries whose work is C code below one Python line (the unit tests above cover the rest)
 @pytest.mark.parametrize("augment, details", [
     ("scipy", {"scipy.ndimage"}),

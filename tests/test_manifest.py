@@ -36,7 +36,7 @@ def test_round_trip(tmp_path):
     (lambda d: d["shards"][0].pop("sha256"), "shards[0].sha256"),
     (lambda d: d.update(sample_type="video"), "sample_type"),
     (lambda d: d.update(classes=[1, 2]), "classes"),
-    (lambda d: d.update(classes=["cat%", "dog"]), "classes"),  # found by scripts/fuzz_readers.py
+    (lambda d: d.update(classes=["cat%", "dog"]), "classes"),  # found by tests/support/fuzz_readers.py
     (lambda d: d.update(classes=["%zz"]), "classes"),
     (lambda d: d.update(skipped=[{"path": "x"}]), "skipped"),
 ])

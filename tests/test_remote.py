@@ -189,7 +189,8 @@ def test_one_cache_shared_by_processes_and_the_cache_command(s3, s3_outputs, tmp
     cache = str(tmp_path / "cache")
     script = tmp_path / "reader.py"
     script.write_text(READER)
-    procs = [subprocess.Popen([sys.executable, str(script), url, cache, s3.endpoint, os.path.join(ROOT, "scripts")],
+    support = os.path.join(ROOT, "tests", "support")
+    procs = [subprocess.Popen([sys.executable, str(script), url, cache, s3.endpoint, support],
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
     want = digests(open_dataset(local, decode="raw"))

@@ -17,7 +17,7 @@ from conftest import make_image_folder
 
 pytest.importorskip("torchdata.stateful_dataloader")
 
-JOB = os.path.join(os.path.dirname(__file__), "resume_job.py")
+JOB = os.path.join(os.path.dirname(__file__), "support", "resume_job.py")
 N, B = 50, 4  # 13 steps, the last one short; shards of 8 samples
 STOPS = [1, 2, 6, 12, 13]  # first batch, a shard's end, inside a shuffle window, before and after the last
 
