@@ -30,9 +30,8 @@ import uuid
 from typing import Any, Callable, Dict, List
 
 from benchmarks.common import fmt_spread, meta, spread
-from dsconvert import convert, open_dataset
+from dsconvert import convert, open_dataset, open_source
 from dsconvert.demo import make_demo_dataset
-from dsconvert.source import open_source
 from tests.support import latency_proxy, s3server
 
 SHARD_SAMPLES = 500
