@@ -8,8 +8,9 @@
     python -m benchmarks all --render-only          # tables from the JSON already in docs/bench/
     python -m benchmarks all --quick                # every suite tiny, JSON and tables in a scratch folder
 
-Each table of docs/benchmarks.md sits between ``<!-- bench_all:NAME begin -->`` and
-``<!-- bench_all:NAME end -->`` and is rewritten from docs/bench/NAME.json, which its suite
+Each table of the docs (docs/benchmarks.md, or the pages of docs/benchmarks/) sits between
+``<!-- bench_all:NAME begin -->`` and ``<!-- bench_all:NAME end -->``, in whichever page, and is
+rewritten from docs/bench/NAME.json, which its suite
 writes with the command, date, machine and versions (benchmarks/common.py): medians with the
 range over rounds, the exact command above it. Figures on a shared machine move with its load:
 the ranges say by how much; compare only within one table. The end-to-end training input
@@ -33,7 +34,7 @@ from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from benchmarks import SUITES
-from benchmarks.common import BENCH, DOC, ROOT, header
+from benchmarks.common import BENCH, DOCS, MARKER, ROOT, header, marked_pages
 
 
 def suite(name: str) -> ModuleType:
@@ -94,11 +95,11 @@ def run_table(table: str, a: argparse.Namespace, bench_dir: str) -> bool:
     return done
 
 
-def render(names: List[str], bench_dir: str = BENCH, doc_path: str = DOC) -> List[str]:
-    """Rewrite each named table between its markers; the names that have no markers yet."""
+def render(names: List[str], bench_dir: str = BENCH, docs: str = DOCS) -> List[str]:
+    """Rewrite each named table between its markers, in whichever page of ``docs`` holds them;
+    the names that have no markers yet."""
     known = tables()
-    with open(doc_path) as f:
-        doc = f.read()
+    pages = {path: open(path, encoding="utf-8").read() for path in marked_pages(docs)}
     missing = []
     for name in names:
         path = os.path.join(bench_dir, f"{name}.json")
@@ -108,14 +109,16 @@ def render(names: List[str], bench_dir: str = BENCH, doc_path: str = DOC) -> Lis
             data = json.load(f)
         meta = data.get("meta") or {"command": "(not recorded)"}
         block = header(meta, shown(path)) + "\n" + known[name][1]["render"](data)
-        begin, end = f"<!-- bench_all:{name} begin -->", f"<!-- bench_all:{name} end -->"
+        begin, end = f"{MARKER}{name} begin -->", f"{MARKER}{name} end -->"
         pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-        if not pattern.search(doc):
+        page = next((p for p, text in pages.items() if pattern.search(text)), None)
+        if page is None:
             missing.append(name)
             continue
-        doc = pattern.sub(lambda _: f"{begin}\n{block}{end}", doc)
-    with open(doc_path, "w") as f:
-        f.write(doc)
+        pages[page] = pattern.sub(lambda _: f"{begin}\n{block}{end}", pages[page])
+    for path, text in pages.items():
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
     return missing
 
 
@@ -148,21 +151,23 @@ def run_all(argv: List[str]) -> int:
         names += [t for t in chosen if t not in names]
     bench_dir = a.bench_dir or (tempfile.mkdtemp(prefix="benchmarks-quick-") if a.quick else BENCH)
     os.makedirs(bench_dir, exist_ok=True)
-    doc = DOC
-    if a.quick or a.bench_dir:  # docs/benchmarks.md is rewritten from docs/bench only
-        doc = os.path.join(bench_dir, "benchmarks.md")
-        shutil.copyfile(DOC, doc)
+    docs = DOCS
+    if a.quick or a.bench_dir:  # the docs are rewritten from docs/bench only: copies of their pages
+        docs = os.path.join(bench_dir, "docs")
+        for page in marked_pages(DOCS):
+            copy = os.path.join(docs, os.path.relpath(page, DOCS))
+            os.makedirs(os.path.dirname(copy), exist_ok=True)
+            shutil.copyfile(page, copy)
     failed = []
     if not a.render_only:
         ran = []
         for name in names:
             (ran if run_table(name, a, bench_dir) else failed).append(name)
         names = ran
-    missing = render(names, bench_dir, doc)
+    missing = render(names, bench_dir, docs)
     for name in missing:
-        print(f"{name}: {os.path.relpath(doc, ROOT)} has no <!-- bench_all:{name} begin/end --> markers",
-              file=sys.stderr)
-    print(f"tables rewritten in {doc}: {', '.join(n for n in names if n not in missing) or 'none'}")
+        print(f"{name}: no page under {shown(docs)} has <!-- bench_all:{name} begin/end --> markers", file=sys.stderr)
+    print(f"tables rewritten under {shown(docs)}: {', '.join(n for n in names if n not in missing) or 'none'}")
     if failed:
         print(f"failed or skipped: {', '.join(failed)}", file=sys.stderr)
     return 1 if a.quick and failed else 0

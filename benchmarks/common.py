@@ -20,7 +20,23 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "docs", "bench")  # each table's JSON: docs/bench/NAME.json
-DOC = os.path.join(ROOT, "docs", "benchmarks.md")  # the tables, between <!-- bench_all:NAME begin/end -->
+DOCS = os.path.join(ROOT, "docs")  # the tables: in its Markdown, between <!-- bench_all:NAME begin/end -->
+MARKER = "<!-- bench_all:"
+
+
+def marked_pages(root: str = DOCS) -> List[str]:
+    """The Markdown files under ``root`` that hold a table's markers (docs/benchmarks.md, or the
+    pages of docs/benchmarks/ by topic), in a stable order."""
+    pages = []
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if name.endswith(".md"):
+                with open(path, encoding="utf-8") as f:
+                    if MARKER in f.read():
+                        pages.append(path)
+    return pages
 
 PACKAGES = ("dsconvert", "numpy", "pillow", "torch", "torchdata", "PyTurboJPEG", "simplejpeg", "webdataset",
             "litdata", "mosaicml-streaming", "h5py", "opencv-python-headless", "pyarrow", "datasets")
