@@ -42,8 +42,10 @@ from tests.support.slowfs import mount as slow_mount
 
 
 @contextmanager
-def background_load(n: int):
-    procs = [subprocess.Popen([sys.executable, "-c", "import os\nos.nice(10)\nwhile True: pass"]) for _ in range(n)]
+def background_load(n: int, nice: int = 10):
+    """``n`` busy processes at ``nice`` (0: as much a claim on the CPU as the judged job's own)."""
+    code = f"import os\nos.nice({int(nice)})\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
     try:
         yield
     finally:
@@ -297,6 +299,8 @@ def one_round(tmp: str, only: Optional[str], match: Optional[str] = None) -> Lis
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", type=int, default=1, help="busy background processes (default 1)")
+    p.add_argument("--load-nice", type=int, default=10,
+                   help="their niceness (default 10; 0 loads the machine as two other training jobs would)")
     p.add_argument("--rounds", type=int, default=1, help="judge every situation this many times (default 1)")
     p.add_argument("--only", choices=("analyze", "diagnose"))
     p.add_argument("--match", help="only the situations whose name holds this text")
@@ -305,7 +309,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     rounds = []
-    with background_load(args.load):
+    with background_load(args.load, args.load_nice):
         for r in range(args.rounds):
             with tempfile.TemporaryDirectory(prefix="dsconvert-scenarios-") as tmp:
                 rounds.append(one_round(tmp, args.only, args.match))
@@ -328,7 +332,7 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"meta": dict(meta(), load=args.load, rounds=args.rounds), "rows": table}, f, indent=1)
+            json.dump({"meta": dict(meta(), load=args.load, load_nice=args.load_nice, rounds=args.rounds), "rows": table}, f, indent=1)
 
 
 
