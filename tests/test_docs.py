@@ -175,6 +175,7 @@ PROVIDES = {
     "train-wds": _convert("train-wds"),
     "train-npy": _convert("train-npy", format="npy", resize=256),
     "train-hdf5": _convert("train-hdf5", format="hdf5"),
+    "train-hdf5-pixels": _convert("train-hdf5-pixels", format="hdf5", decode=True),
     "shards": _provide_shards,
     "train.csv": _provide_list,
     "train.py": _provide_train_py,
