@@ -18,6 +18,12 @@ with this interpreter's ``bin/`` first on PATH (``dsconvert`` and ``python`` are
 environment's). Output samples are ```text blocks; every fence names its language. The tables
 that the benchmark runner writes between ``<!-- bench_all:NAME begin/end -->`` markers are
 records of a run, not instructions, and are not read.
+
+Tiers: the checks of the pages themselves (fences, nav, the README's set-up commands, the
+extras table) are fast; running the blocks and building the site take seconds each, so they
+are ``slow`` (and ``system`` where a block starts processes of its own), run by ``.ci/run``.
+The whole file takes about 8 minutes on a loaded 2-core machine, most of it `analyze` and
+`diagnose` runs.
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ DOCS = os.path.join(ROOT, "docs")
 RUN = {"python", "bash", "sh", "console"}
 LANGUAGES = RUN | {"text", "yaml", "toml", "json", "c"}
 CLASSES = {"cat": 8, "dog": 8, "fox": 8}  # ImageFolder's order: cat 0, dog 1, fox 2
-SLOW = re.compile(r"dsconvert (analyze|bench|diagnose)\b|lightning_resume|--cluster|torchrun|Trainer\(")
+# every block takes seconds (torch, DataLoader workers): the full tier. Blocks that run a job
+# in processes of their own (DataLoader workers in a CLI subprocess, gloo ranks, a Dask
+# cluster, py-spy on a process) are system tests too.
+SYSTEM = re.compile(r"dsconvert (analyze|bench|diagnose)\b|lightning_resume|--cluster|torchrun")
 
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 GENERATED = re.compile(r"<!-- bench_all:(\w+) begin -->.*?<!-- bench_all:\1 end -->", re.S)
@@ -232,9 +241,7 @@ def _shell(block: Block) -> str:
 
 def _params():
     for b in BLOCKS:
-        marks = [pytest.mark.slow] if SLOW.search(b.code) else []
-        if "dsconvert diagnose" in b.code:
-            marks.append(pytest.mark.system)
+        marks = [pytest.mark.slow] + ([pytest.mark.system] if SYSTEM.search(b.code) else [])
         yield pytest.param(b, id=b.id, marks=marks)
 
 
@@ -266,6 +273,7 @@ def test_the_block_runs_as_written(block: Block, tmp_path, made, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_the_lightning_example_trains_on_more_than_two_classes(tmp_path, made):
     """examples/lightning_resume.py sizes its model from the output's classes (it had
     Linear(1, 2), and failed on any output of more than 2 classes): 3 classes here, killed
@@ -341,6 +349,7 @@ def test_every_page_is_in_the_site_nav():
         assert os.path.relpath(path, DOCS) in config, path
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[docs]')")
     # not -q: it hides the warnings, and --strict then passes whatever they say
