@@ -66,7 +66,7 @@ class Block:
     needs: List[str] = field(default_factory=list)
     skip: Optional[str] = None
     continues: bool = False
-    previous: Optional["Block"] = None  # the page's previous Python block
+    previous: Optional[Block] = None  # the page's previous Python block
 
     @property
     def id(self) -> str:
