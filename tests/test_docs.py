@@ -22,8 +22,8 @@ records of a run, not instructions, and are not read.
 Tiers: the checks of the pages themselves (fences, nav, the README's set-up commands, the
 extras table) are fast; running the blocks and building the site take seconds each, so they
 are ``slow`` (and ``system`` where a block starts processes of its own), run by ``.ci/run``.
-The whole file takes about 8 minutes on a loaded 2-core machine, most of it `analyze` and
-`diagnose` runs.
+The whole file took about 8 minutes on a 2-core machine shared with other jobs (load near 8),
+most of it in `analyze`, `diagnose` and the Lightning runs.
 """
 
 from __future__ import annotations
