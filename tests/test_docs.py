@@ -22,8 +22,8 @@ records of a run, not instructions, and are not read.
 Tiers: the checks of the pages themselves (fences, nav, the README's set-up commands, the
 extras table) are fast; running the blocks and building the site take seconds each, so they
 are ``slow`` (and ``system`` where a block starts processes of its own), run by ``.ci/run``.
-The whole file took about 8 minutes on a 2-core machine shared with other jobs (load near 8),
-most of it in `analyze`, `diagnose` and the Lightning runs.
+The whole file takes 2 min 20 s on a 2-core machine (8 minutes when it shares the cores with
+other jobs), most of it in `analyze`, `diagnose` and the Lightning runs.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ SYSTEM = re.compile(r"dsconvert (analyze|bench|diagnose)\b|lightning_resume|--cl
 
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 GENERATED = re.compile(r"<!-- bench_all:(\w+) begin -->.*?<!-- bench_all:\1 end -->", re.S)
-MARK = re.compile(r"<!--\s*(needs|skip|continues|skip-page)\s*:?\s*(.*?)\s*-->", re.S)
+MARK = re.compile(r"<!--\s*(needs|skip-page|skip|continues)\s*:?\s*(.*?)\s*-->", re.S)
 
 
 @dataclass
