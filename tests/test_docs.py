@@ -22,8 +22,8 @@ records of a run, not instructions, and are not read.
 Tiers: the checks of the pages themselves (fences, nav, the README's set-up commands, the
 extras table) are fast; running the blocks and building the site take seconds each, so they
 are ``slow`` (and ``system`` where a block starts processes of its own), run by ``.ci/run``.
-The whole file takes 2 min 20 s on a 2-core machine (8 minutes when it shares the cores with
-other jobs), most of it in `analyze`, `diagnose` and the Lightning runs.
+The whole file took 2 min 20 s and 3 min 24 s in two runs on a 2-core machine (about 8 minutes
+when it shares the cores with other jobs), most of it in `analyze`, `diagnose` and Lightning.
 """
 
 from __future__ import annotations
