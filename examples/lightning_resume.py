@@ -35,9 +35,9 @@ class Fingerprint:
 
 
 class Tiny(pl.LightningModule):
-    def __init__(self, log_path: str):
+    def __init__(self, log_path: str, num_classes: int):
         super().__init__()
-        self.layer = torch.nn.Linear(1, 2)
+        self.layer = torch.nn.Linear(1, num_classes)  # one logit per class of the output
         self.log_path = log_path
 
     def training_step(self, batch, batch_idx):
@@ -83,7 +83,8 @@ def main() -> None:
     trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, callbacks=callbacks, logger=False,
                          enable_progress_bar=False, enable_model_summary=False)
     last = os.path.join(args.workdir, "last.ckpt")
-    trainer.fit(Tiny(os.path.join(args.workdir, "seen.jsonl")), loader,
+    num_classes = max(len(ds.classes or []), 1)
+    trainer.fit(Tiny(os.path.join(args.workdir, "seen.jsonl"), num_classes), loader,
                 ckpt_path=last if os.path.exists(last) else None)
 
 
