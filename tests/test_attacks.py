@@ -382,7 +382,8 @@ def test_outputs_whose_files_are_not_regular_files_end_quickly(tmp_path, photos,
         os.mkfifo(path)
     else:
         os.mkdir(path)
-    started = time.time()
+    # a reader that blocked on the fifo or read /dev/zero to its end would hang: the two
+    # subprocesses' timeouts (60 s each) fail the test then, whatever the machine's load
     result = _run_cli(["verify", out, "--decode"])
     assert result.returncode == 4 and "Traceback" not in result.stderr, result.stderr
     assert "not a regular file" in result.stdout
@@ -396,7 +397,6 @@ def test_outputs_whose_files_are_not_regular_files_end_quickly(tmp_path, photos,
         assert "not a regular file" in read.stdout, read.stdout + read.stderr
     else:
         assert read.returncode == 0 and not read.stdout, read.stdout + read.stderr
-    assert time.time() - started < 60
 
 
 def _pax_header_declaring(size: int) -> bytes:
