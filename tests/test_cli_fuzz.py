@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import dsconvert.analyze as analyze_module
 from dsconvert.cli import build_parser, main
 
-from conftest import ROOT, encode, make_image_folder, write
+from conftest import ROOT, encode, examples, make_image_folder, write
 
 EXIT_STATUSES = {0, 1, 2, 3, 4}
 UNDECODABLE = os.fsdecode(b"caf\xe9")
@@ -147,7 +147,7 @@ WATCHED = [ROOT, os.path.join(ROOT, "tests"), os.path.expanduser("~")]
 NAMES = {p.split("/")[0] for p in PATHS if p and "://" not in p} | {"r.html", "out2", "cache"}
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+@settings(max_examples=examples(150), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(argv=argvs())
 def test_any_argv_gives_an_exit_status_and_no_traceback(world, tmp_path, monkeypatch, capsys, argv):

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from dsconvert import DsconvertError, ManifestError, convert, open_dataset
 from dsconvert.verify import verify
 
-from conftest import make_image_folder, rehash_parts
+from conftest import examples, make_image_folder, rehash_parts
 from test_properties import mutate
 
 DECODES = {"wds": ("raw", "pil", "numpy"), "hdf5": ("raw", "pil", "numpy"), "npy": ("numpy", "pil")}
@@ -78,7 +78,7 @@ def _listing(*folders):
 
 
 @pytest.mark.parametrize("fmt", ["wds", "hdf5", "hdf5-decoded", "npy"])
-@settings(max_examples=45, deadline=None, derandomize=True, database=None,
+@settings(max_examples=examples(45), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_damaged_output_gives_dsconvert_errors_only(tmp_path, outputs, fmt, data):

@@ -26,9 +26,9 @@ from dsconvert import Manifest, ManifestError, convert, open_dataset
 from dsconvert.distributed import rank_span, split_range
 from dsconvert.manifest import ShardEntry
 
-from conftest import make_image_folder
+from conftest import examples, make_image_folder
 
-FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=300,
+FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=examples(300),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
@@ -85,7 +85,7 @@ def uneven_samples(uneven):
     return samples
 
 
-@settings(deadline=None, max_examples=60, derandomize=True, database=None)
+@settings(deadline=None, max_examples=examples(60), derandomize=True, database=None)
 @given(world=st.integers(1, 7), shuffle=st.booleans(), seed=st.integers(0, 3), epoch=st.integers(0, 3))
 def test_real_reader_reads_each_sample_once_across_ranks(uneven, uneven_samples, world, shuffle, seed, epoch):
     """Ranks, shuffles and epochs over the real reader, in this process (one worker); the
