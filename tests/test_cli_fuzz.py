@@ -60,8 +60,10 @@ VALUES = {
                    st.sampled_from(["0x5", "5x", "x", "abc", "-3x4", "8X8", ""])),
     "target": mostly(st.floats(0.1, 1e6).map(str), st.sampled_from(FLOATS)),
     "time_budget": mostly(st.floats(0.1, 5).map(str), st.sampled_from(FLOATS)),
-    "prefix": mostly(st.sampled_from(["shard", "part.v1", "p_2"]), st.one_of(st.sampled_from(["../x", "a/b", ""]), TEXT)),
-    "storage_option": mostly(st.sampled_from(["anon=true", "a.b=1", "a=1"]), st.one_of(st.sampled_from(["x", "=1"]), TEXT)),
+    "prefix": mostly(st.sampled_from(["shard", "part.v1", "p_2"]),
+                     st.one_of(st.sampled_from(["../x", "a/b", ""]), TEXT)),
+    "storage_option": mostly(st.sampled_from(["anon=true", "a.b=1", "a=1"]),
+                             st.one_of(st.sampled_from(["x", "=1"]), TEXT)),
     "cluster": st.sampled_from(["nonsense", "local:0", "local:x", ""]),  # never a real cluster
 }
 # diagnose and bench: only what argparse refuses (exit 2), so nothing is launched or timed

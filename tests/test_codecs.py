@@ -79,7 +79,7 @@ def test_bad_images_are_rejected_with_reason(image_kinds, make, reason):
 
 
 def test_good_images_pass(image_kinds):
-    for kind, (_, data) in image_kinds.items():
+    for _, data in image_kinds.values():
         check_image(data)
 
 

@@ -488,7 +488,7 @@ PERF_LOG = """\
     35.000 ( 0.005 ms): python/5513 openat(dfd: CWD, filename: 0x5a4ad820, flags: RDONLY|CLOEXEC)         = -1 ENOENT (No such file or directory)
     36.000 ( 0.300 ms): python/5513 recvfrom(fd: 12, ubuf: 0x7f4c54006a50, size: 65536)                   = 1000
 LOST 17 events!
-"""
+"""  # noqa: E501 (perf's own lines)
 
 
 def test_perf_trace_parsing_joins_continued_calls_and_follows_descriptors():
@@ -550,9 +550,11 @@ def test_slow_reads_without_block_requests_are_not_the_local_disk():
     slow = {"file read": {"count": 100, "bytes": 50_000_000, "ms": {"p50": 12.0, "p90": 15.0, "p99": 20.0},
                           "max_ms": 25.0, "mean_ms": 12.0, "over_10ms": 0.6}}
     cases = [({"permitted": True, "scope": "system-wide", "read_requests": 3, "read_bytes": 12288,
-               "completed": 3, "ms": {"p50": 0.2, "p99": 0.4}, "max_ms": 0.4, "devices": {}}, "did not wait for a local disk"),
+               "completed": 3, "ms": {"p50": 0.2, "p99": 0.4}, "max_ms": 0.4, "devices": {}},
+              "did not wait for a local disk"),
              ({"permitted": True, "scope": "system-wide", "read_requests": 900, "read_bytes": 50_000_000,
-               "completed": 900, "ms": {"p50": 11.0, "p99": 30.0}, "max_ms": 40.0, "devices": {}}, "local disk itself is slow"),
+               "completed": 900, "ms": {"p50": 11.0, "p99": 30.0}, "max_ms": 40.0, "devices": {}},
+              "local disk itself is slow"),
              ({"permitted": False, "reason": "perf is not installed"}, "cannot be told apart")]
     for block, expected in cases:
         evidence, notes = [], []
@@ -648,7 +650,7 @@ def run_diagnose(*args, env=None):
 def big_jpegs(tmp_path_factory, photos):
     """A small ImageFolder of large, high-quality JPEGs: slow to decode."""
     root = tmp_path_factory.mktemp("big") / "train"
-    for i, (name, photo) in enumerate(sorted(photos.items())[:3]):
+    for name, photo in sorted(photos.items())[:3]:
         for j in range(6):
             img = photo.convert("RGB").resize((1600, 1200)).rotate(j * 3)
             write(str(root / name / f"{name}_{j}.jpg"), encode(img, quality=95))

@@ -291,8 +291,8 @@ def test_resize_decodes_at_reduced_scale_within_a_level(tmp_path, photos):
                 assert np.array_equal(ds[i][0], decode_resized(f.read(), fast[0], resize, scaled=True,
                                                                resampler=m.options["resampler"]))
         assert scaled >= 3  # the large ones reached the reduced-scale path
-    tree = [{name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d)) if not name.startswith(".")}
-            for d in (outs[(150, 1)], outs[(150, 2)])]
+    tree = [{name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d))
+             if not name.startswith(".")} for d in (outs[(150, 1)], outs[(150, 2)])]
     assert tree[0] == tree[1] and len(tree[0]) > 4
     # Pillow's exact pipeline stays: decoder="pil" records no scaled decoding
     m = convert(src, str(tmp_path / "pil"), format="npy", resize=150, decoder="pil", workers=1).manifest

@@ -215,7 +215,8 @@ def test_fetched_reads_equal_local_reads_in_any_order(tmp_path, photos, monkeypa
     assert fetched == local and len(local) == 25 and len(set(map(repr, local))) == 25
 
 
-@pytest.mark.parametrize("name", ["a.jpg", "x" * 96 + ".jpg", "x" * 97 + ".jpg", "é" * 40 + ".jpg", "d/" * 150 + "k.png"])
+@pytest.mark.parametrize("name", ["a.jpg", "x" * 96 + ".jpg", "x" * 97 + ".jpg", "é" * 40 + ".jpg",
+                                  "d/" * 150 + "k.png"])
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 100_000])
 def test_planned_member_bytes_are_what_tarfile_writes(name, size):
     import io

@@ -52,7 +52,7 @@ def reference_eval(data: bytes, resize: int, size: int) -> np.ndarray:
 def large_jpegs(photos):
     """Photographs upscaled to sizes where the DCT-domain reductions apply (2/4/8)."""
     out = []
-    for i, (name, photo) in enumerate(sorted(photos.items())):
+    for i, (_, photo) in enumerate(sorted(photos.items())):
         size = [(2400, 1800), (1600, 1200), (1100, 820), (700, 520), (480, 360)][i % 5]
         out.append(encode(photo.convert("RGB").resize(size, Image.Resampling.BICUBIC), quality=90))
     return out
@@ -432,7 +432,8 @@ def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpe
 
     pytest.importorskip("turbojpeg")
     monkeypatch.setattr(fz, "region_decode", lambda *args: None)
-    portrait = [encode(photos["astronaut"].convert("RGB").resize(size), quality=90) for size in ((375, 500), (827, 1203))]
+    portrait = [encode(photos["astronaut"].convert("RGB").resize(size), quality=90)
+                for size in ((375, 500), (827, 1203))]
     # a tall, detailed image: Pillow 13 orders its two resize passes by the whole image's shape,
     # so the box's surroundings, not the image, must go to it (found by a review's sweep)
     rng = np.random.default_rng(0)

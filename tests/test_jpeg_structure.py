@@ -280,7 +280,7 @@ def test_a_cut_decode_accepts_only_what_pillow_decodes_and_gives_its_rows(corpus
         for m in mutants(data, rng, 400):
             rows = rng.randrange(1, 120)
             served.clear()
-            got = fast_decode(m, fast, rows=lambda height, width, k: rows)
+            got = fast_decode(m, fast, rows=lambda height, width, k, rows=rows: rows)
             if got is None:
                 refused += 1
                 continue
@@ -302,4 +302,4 @@ def test_a_truncated_file_is_refused_wherever_the_cut_falls(cut_corpus):
         m = data[: int(len(data) * keep)]
         assert not pillow_decodes(m)
         for rows in (1, 17, 200, 700):
-            assert fast_decode(m, fast, rows=lambda height, width, k: rows) is None, (keep, rows)
+            assert fast_decode(m, fast, rows=lambda height, width, k, rows=rows: rows) is None, (keep, rows)

@@ -13,7 +13,6 @@ test_shards.py). Fuzz runs are derandomized, so CI sees the same cases every tim
 
 import copy
 import hashlib
-import io
 import json
 import os
 import tempfile
@@ -250,4 +249,4 @@ def test_fuzz_cases_include_valid_documents(real_output):
 
     m = Manifest.load(real_output)
     assert Wds.load_record(os.path.join(real_output, m.shards[0].index)).d["num_samples"] == 5
-    json.load(io.open(os.path.join(real_output, "dsconvert.json")))
+    json.load(open(os.path.join(real_output, "dsconvert.json")))

@@ -116,7 +116,8 @@ def _keys(loader):
 
     out = []
     for batch in loader:
-        images = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch[0], bytes) else [batch[0]]
+        pair = isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch[0], bytes)
+        images = batch[0] if pair else [batch[0]]
         out += [hashlib.sha1(bytes(x)).hexdigest()[:12] for x in images]
     return out
 

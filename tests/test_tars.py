@@ -58,7 +58,8 @@ def gnu_tars(tmp_path, photos):
             k = t * 6 + i
             (src / "part").mkdir(parents=True, exist_ok=True)
             (src / "part" / f"s{k:03d}.jpg").write_bytes(jpegs[k])
-            (src / "part" / f"s{k:03d}.seg.PNG").write_bytes(encode(crop(next(iter(photos.values())), random.Random(k)), "PNG"))
+            seg = crop(next(iter(photos.values())), random.Random(k))
+            (src / "part" / f"s{k:03d}.seg.PNG").write_bytes(encode(seg, "PNG"))
             (src / "part" / f"s{k:03d}.cls").write_text(str(k % 2))
         names = sorted(os.path.relpath(p, src) for p in glob.glob(str(src / "part" / "*")))
         subprocess.run(["tar", "cf", str(out / f"g-{t}.tar"), "-C", str(src), *names], check=True)
