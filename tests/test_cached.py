@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import make_image_folder, pil_loader, reference_image_folder
-
 from dsconvert.data import CachedDataset
+
+from conftest import make_image_folder, pil_loader, reference_image_folder
 
 
 class Folder:

@@ -1,7 +1,7 @@
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from dsconvert.cli import build_parser, main
 

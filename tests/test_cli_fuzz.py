@@ -13,8 +13,7 @@ import os
 import shutil
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dsconvert.analyze as analyze_module
 from dsconvert.cli import build_parser, main

@@ -1,6 +1,6 @@
 import io
-import zlib
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -8,7 +8,6 @@ from PIL import Image
 
 from dsconvert import BadInputError
 from dsconvert.codecs import check_field, check_image, decode_field, decode_image, jpeg_decoders
-
 
 
 def test_pil_mode_is_exactly_imagefolders_loader(image_kinds):

@@ -2,8 +2,8 @@
 no rewrite of a finished output, one writer per output."""
 
 import os
-import zlib
 import struct
+import zlib
 
 import pytest
 

@@ -10,7 +10,15 @@ import pytest
 
 from dsconvert import convert, open_dataset
 
-from conftest import encode, make_image_folder, pil_loader, reference_image_folder, same_pixels, write
+from conftest import (
+    encode,
+    make_image_folder,
+    pil_loader,
+    reference_image_folder,
+    same_pixels,
+    write,
+)
+
 
 @pytest.fixture
 def converted_mixed(tmp_path, mixed_folder):

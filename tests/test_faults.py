@@ -308,6 +308,7 @@ _check_all(ds, sys.argv[1])
 @pytest.mark.usefixtures("torch")  # the trainers are subprocesses with DataLoader workers
 def test_two_trainers_filling_one_cache(tmp_path, photos):
     from dsconvert.data import CachedDataset
+
     from test_cached import Folder, _check_all
 
     src = str(tmp_path / "src")

@@ -1,8 +1,8 @@
 """hdf5 and npy: round trips against PIL, readable without dsconvert, fork-safe readers."""
 
 import os
-import subprocess
 import shutil
+import subprocess
 
 import numpy as np
 import pytest

@@ -15,6 +15,7 @@ from dsconvert.keys import decode_key
 
 from conftest import encode, make_image_folder, write
 
+
 @pytest.fixture(scope="module")
 def webdataset():
     """The real webdataset reader: only the tests that read with it skip without it."""

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import encode, make_image_folder
-
-from dsconvert import convert, open_dataset, open_source
-from dsconvert import fused as fz
+from dsconvert import convert, fused as fz, open_dataset, open_source
 from dsconvert.errors import BadInputError
 from dsconvert.transforms import CropToTensor, RandomResizedCropToTensor
+
+from conftest import encode, make_image_folder
 
 pytestmark = pytest.mark.usefixtures("torch")
 

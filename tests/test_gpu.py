@@ -13,6 +13,7 @@ from dsconvert.gpu import GpuSampler, align_with_waits, parse_csv_pairs, parse_s
 
 from conftest import write_fake_nvidia_smi
 
+
 @pytest.fixture
 def fake_smi(tmp_path, monkeypatch):
     """A directory holding an executable nvidia-smi (and nothing else), first on PATH; NVML is

@@ -17,7 +17,6 @@ from dsconvert.manifest import MANIFEST_NAME
 
 from conftest import ROOT, make_image_folder, write
 
-
 # --- 1. a file dsconvert did not write is never removed or replaced ---------------------------
 
 def _kill_leftovers(out: str, fmt: str, shards_left: int) -> None:

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import can_build_extensions, encode
-
 from dsconvert import codecs, optional
 from dsconvert.errors import BadInputError
+
+from conftest import can_build_extensions, encode
 
 ext = optional.jpeg_region()
 needs_ext = pytest.mark.skipif(ext is None, reason="dsconvert's region extension is not built here")

@@ -215,8 +215,8 @@ def test_fuzz_manifest_bytes(blob):
 def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
     """A mutated shard index is refused with ManifestError, or read without any other error:
     every member slice stays inside the shard."""
-    from dsconvert.io.shard_cache import ShardAccess
     from dsconvert.formats.wds import Wds, WdsShard
+    from dsconvert.io.shard_cache import ShardAccess
 
     manifest = Manifest.load(real_output)
     entry = manifest.shards[0]

@@ -14,11 +14,12 @@ import sys
 import pytest
 
 from dsconvert import ManifestError, OptionError, convert, open_dataset
-from dsconvert.io.shard_cache import ShardCache
 from dsconvert.cli import main
+from dsconvert.io.shard_cache import ShardCache
 from dsconvert.verify import verify
 
 from conftest import ROOT, make_image_folder, s3server
+
 
 @pytest.fixture
 def local_src(tmp_path, photos):

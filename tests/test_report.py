@@ -10,13 +10,14 @@ import time
 
 import pytest
 
-from dsconvert import MissingDependencyError
+from dsconvert import (
+    MissingDependencyError,
+    html_report,  # matplotlib is imported when a figure is drawn, not here
+)
 from dsconvert.cli import main
+from dsconvert.html_report import _fmt, numbers_in
 
 from conftest import make_image_folder
-
-from dsconvert import html_report  # matplotlib is imported when a figure is drawn, not here
-from dsconvert.html_report import _fmt, numbers_in
 
 
 @pytest.fixture(scope="module")

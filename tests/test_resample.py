@@ -13,10 +13,9 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import can_build_extensions, encode
+from dsconvert import fused as fz, optional, resample
 
-from dsconvert import fused as fz
-from dsconvert import optional, resample
+from conftest import can_build_extensions, encode
 
 kernel = optional.resize_kernel()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="dsconvert's resize kernel is not built here")

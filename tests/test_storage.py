@@ -19,9 +19,9 @@ def test_evict_page_cache_counts_files(tmp_path):
 
 
 def test_fuse_mount_is_latency_bound_and_read_with_prefetch(slow_mount, photos):
-    from conftest import make_image_folder
-
     from dsconvert import convert, open_dataset
+
+    from conftest import make_image_folder
 
     backing, mnt = slow_mount
     make_image_folder(str(backing / "src"), photos, {"a": 6, "b": 5})
