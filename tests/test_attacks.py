@@ -364,6 +364,7 @@ def _run_cli(args, timeout=60):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt, target", [(fmt, "shard") for fmt in ("wds", "hdf5", "npy")]
                          + [(fmt, "index") for fmt in ("wds", "hdf5", "npy")] + [("npy", "samples")])
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "folder"])
@@ -541,6 +542,7 @@ def _alive(pid):
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["wds", "npy"])
 def test_pool_workers_die_with_a_killed_conversion_and_the_rerun_is_not_locked_out(tmp_path, photos, fmt):
     src = str(tmp_path / "src")
@@ -574,6 +576,7 @@ def test_pool_workers_die_with_a_killed_conversion_and_the_rerun_is_not_locked_o
     assert verify(out)["ok"]
 
 
+@pytest.mark.slow
 def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(tmp_path, photos):
     """A rerun after a "changed during the conversion" skip rewrites shards; killed at any
     instant, the output has no manifest or one that matches every shard it names."""
@@ -619,6 +622,8 @@ def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(t
             assert verify(out_s)["ok"], attempt
 
 
+@pytest.mark.slow
+@pytest.mark.system
 def test_a_cache_fill_killed_at_any_instant_never_serves_a_short_file(tmp_path, photos, slow_mount):
     backing, mnt = slow_mount  # a read-only passthrough that delays every request
     src = str(tmp_path / "src")

@@ -26,6 +26,7 @@ def outputs(tmp_path_factory, photos):
     return src, wds, npy
 
 
+@pytest.mark.slow
 def test_before_and_after_in_one_run(outputs, torch):
     src, wds, npy = outputs
     report = bench([src, wds, npy], workers=[0, 2], batch_sizes=[8], size=32, max_samples=24)

@@ -85,6 +85,7 @@ for _ in DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda x: x):
 """
 
 
+@pytest.mark.slow
 def test_killed_mid_epoch_then_completed_never_corrupt(tmp_path, folder, torch):
     from torch.utils.data import DataLoader
 

@@ -231,7 +231,8 @@ def test_broken_pipe_is_quiet(many_skipped):
 
 @pytest.mark.parametrize("argv", [
     ["info", "--skipped", "{out}"], ["verify", "{out}"], ["verify", "--json", "-q", "{out}"],
-    ["shard", "{src}", "-o", "{tmp}/again", "--workers", "1"], ["analyze", "--json", "-q", "--sample", "4", "{src}"],
+    ["shard", "{src}", "-o", "{tmp}/again", "--workers", "1"],
+    pytest.param(["analyze", "--json", "-q", "--sample", "4", "{src}"], marks=pytest.mark.slow),
     ["cache", "--json", "-q", "{out}", "{tmp}/cache"], ["--help"], ["shard", "--help"], ["--version"],
 ])
 def test_every_command_handles_a_closed_stdout(tmp_path, small_src, out, capsys, monkeypatch, argv):
@@ -340,6 +341,7 @@ class _Tripwire:
         return (open, (self.marker, "w"))
 
 
+@pytest.mark.slow
 def test_analyze_never_unpickles_object_npy(tmp_path, photos, capsys):
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"a": 3})
@@ -415,6 +417,8 @@ def tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_hdf5_decoded_on_a_real_full_disk(tmp_path, photos, tmpfs, workers):
     """libhdf5 fails a write, a flush or a close, and segfaults freeing a file whose write

@@ -148,6 +148,7 @@ WATCHED = [ROOT, os.path.join(ROOT, "tests"), os.path.expanduser("~")]
 NAMES = {p.split("/")[0] for p in PATHS if p and "://" not in p} | {"r.html", "out2", "cache"}
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(150), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(argv=argvs())

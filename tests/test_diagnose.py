@@ -657,6 +657,8 @@ def big_jpegs(tmp_path_factory, photos):
     return str(root)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
@@ -684,6 +686,8 @@ def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
                    for p in report["target"]["processes"])
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path):
@@ -714,6 +718,8 @@ def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path)
     assert "GPU 0 (used by the job): mean utilisation" in text and "GPU 1: mean utilisation 50 %" in text
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 @pytest.mark.parametrize("slow_mount", [15], indirect=True)
@@ -768,6 +774,8 @@ def diagnose_job(*args, duration=3):
         job.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_without_workers_loads_in_its_training_loop(big_jpegs, tmp_path):
@@ -786,6 +794,8 @@ def test_job_without_workers_loads_in_its_training_loop(big_jpegs, tmp_path):
     run_commands(d["commands"], tmp_path)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 # numpy and plain-Python augmentation run as real jobs in scripts/diagnose_scenarios.py; here the
@@ -834,6 +844,8 @@ def pickles(tmp_path_factory, photos):
     return str(root)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_reading_pickles_gets_a_code_change(pickles, tmp_path):
@@ -846,6 +858,8 @@ def test_job_reading_pickles_gets_a_code_change(pickles, tmp_path):
     assert any(f"does not take {pickles} as a source for --format npy" in n for n in d["notes"])
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_with_data_in_memory_gets_no_placeholder():
@@ -902,6 +916,8 @@ def _files(folder, n=6, size=30_000):
             f.write(os.urandom(size))
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("slow_mount", [15], indirect=True)
 def test_perf_trace_of_a_job_on_slow_storage(slow_mount):
     backing, mnt = slow_mount
@@ -928,6 +944,7 @@ def test_perf_trace_of_a_job_on_slow_storage(slow_mount):
         assert block["scope"] == "system-wide" and isinstance(block["devices"], dict)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("perf", ["missing", "refused"])
 def test_strace_when_perf_is_missing_or_refused(tmp_path, perf):
     strace = shutil.which("strace")

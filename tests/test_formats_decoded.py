@@ -376,6 +376,7 @@ def test_a_strip_that_resize_would_blow_up_is_a_counted_skip(tmp_path, photos, d
     assert estimate_output_bytes(scan(src), decoded=True, resize=256).bytes == 256 * 341 * 3
 
 
+@pytest.mark.slow
 def test_a_tall_strip_at_a_fixed_size_does_not_take_gigabytes(tmp_path):
     """`--size 224x224` of a 1 x 2,000,000 PNG (within the pixel limit): torch's kernel would
     resize the width first through a 2,000,000 x 224 array (1.3 GB); Pillow's kernel takes it."""

@@ -422,6 +422,7 @@ def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, i
     assert checked > 300
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "lanczos"])
 def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpegs, photos, monkeypatch, interpolation):
     """Without the region extension, libjpeg-turbo stops below the rows the crop reads
@@ -647,6 +648,7 @@ def test_nearest_is_never_reduced_and_gives_torchvisions_pixels(torch, large_jpe
             assert _worst_distance(transform, data) < 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [32, 96])
 def test_bilinear_and_bicubic_stay_within_the_stated_bounds(torch, large_jpegs, size):
     """The README's bounds: photographs 0.6 levels, text 3.3 at quality 75 and 8.4 at 5 (where

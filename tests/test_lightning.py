@@ -44,6 +44,7 @@ def uninterrupted(wds_out, tmp_path_factory):
     return whole
 
 
+@pytest.mark.slow
 def test_a_crashed_fit_resumes_and_reads_what_an_uninterrupted_one_reads(wds_out, tmp_path, uninterrupted):
     """examples/lightning_resume.py, 2 epochs of 13 steps: killed before step 5 (mid-epoch),
     resumed with ckpt_path= and killed again before step 13 (its checkpoint was taken at the

@@ -38,6 +38,7 @@ def test_the_drop_in_runs_as_written(folders):
     _run(python_blocks()[0], folders)
 
 
+@pytest.mark.slow
 def test_the_quickstart_runs_as_written(folders):
     pytest.importorskip("torchvision")
     import torch.distributed as dist

@@ -20,6 +20,8 @@ from dsconvert.verify import verify
 
 from conftest import ROOT, make_image_folder, s3server
 
+pytestmark = pytest.mark.system  # moto's S3 server, a Dask cluster
+
 
 @pytest.fixture
 def local_src(tmp_path, photos):

@@ -54,6 +54,7 @@ def assert_self_contained(page):
     assert "<script src" not in page
 
 
+@pytest.mark.slow
 def test_analyze_report_carries_the_measurements(analyzed):
     report, page, _ = analyzed
     assert_self_contained(page)
@@ -100,6 +101,7 @@ def benched(src, tmp_path_factory, matplotlib):
     return json.load(open(report_json)), open(page, encoding="utf-8").read(), page
 
 
+@pytest.mark.slow
 def test_bench_report_has_one_line_per_dataset(benched):
     report, page, _ = benched
     assert_self_contained(page)
@@ -111,6 +113,7 @@ def test_bench_report_has_one_line_per_dataset(benched):
     assert "cold page cache" in texts and "warm page cache" in texts
 
 
+@pytest.mark.slow
 def test_without_matplotlib_the_message_says_what_to_install(monkeypatch, tmp_path, capsys, src):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
     assert main(["analyze", src, "--sample", "5", "--json", "-q"]) == 0  # the JSON report needs no matplotlib
@@ -171,6 +174,7 @@ def load(browser, path):
     return browser.get_log("browser"), requests
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("which", ["analyzed", "benched"])
 def test_reports_render_in_chromium_offline(request, chromium, which, tmp_path):
     report, page, path = request.getfixturevalue(which)

@@ -317,6 +317,7 @@ def guarded(h: int, w: int, channels: int, stride: int, at_start: bool, rng) -> 
     return np.lib.stride_tricks.as_strided(flat, (h, w, channels), (stride, channels, 1))
 
 
+@pytest.mark.slow
 @needs_kernel
 @pytest.mark.skipif(not hasattr(os, "fork") or os.uname().sysname != "Linux", reason="mprotect through ctypes: Linux")
 def test_the_kernel_reads_nothing_past_its_source():

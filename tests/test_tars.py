@@ -381,6 +381,7 @@ def test_outputs_convert_again_through_their_reader(image_folder, tmp_path):
         convert(str(small), str(tmp_path / "back"), "wds")
 
 
+@pytest.mark.system
 def test_remote_tars_index_in_a_cache_folder(shardwriter_tars, s3, tmp_path, monkeypatch):
     monkeypatch.setenv("DSCONVERT_CACHE", str(tmp_path / "cache"))
     shutil.rmtree(os.path.join(shardwriter_tars, INDEX_FOLDER), ignore_errors=True)
@@ -426,6 +427,7 @@ def _run_printed(line, tmp_path):
     assert next(iter(ds)) is not None
 
 
+@pytest.mark.slow
 def test_analyze_measures_tars_through_the_readers_training_uses(shardwriter_tars, tmp_path):
     from dsconvert.analyze import analyze
 
