@@ -48,6 +48,7 @@ def test_before_and_after_in_one_run(outputs, torch):
     assert "src (source)" in text and "npy (npy)" in text and "fastest:" in text
 
 
+@pytest.mark.slow
 def test_cli_json_and_raw_mode(outputs, capsys, torch):
     src, wds, _ = outputs
     assert main(["bench", src, wds, "--workers", "1", "--batch-size", "5,10", "--decode", "raw", "--size", "0",

@@ -221,6 +221,7 @@ def many_skipped(tmp_path, photos, capsys):
     return folder
 
 
+@pytest.mark.slow
 def test_broken_pipe_is_quiet(many_skipped):
     run = subprocess.run(f"'{DSCONVERT}' info --skipped '{many_skipped}' | head -1; exit ${{PIPESTATUS[0]}}",
                          shell=True, executable="/bin/bash", capture_output=True, text=True)

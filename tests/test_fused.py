@@ -136,7 +136,7 @@ def test_resized_size_is_torchvisions():
 # --- pixels ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("decoder", ["fast", "pillow"])
+@pytest.mark.parametrize("decoder", ["fast", pytest.param("pillow", marks=pytest.mark.slow)])
 def test_fused_rrc_matches_full_decode_then_pillow_on_the_same_box(torch, large_jpegs, monkeypatch, decoder):
     if decoder == "pillow":  # no libjpeg-turbo binding: Pillow's draft reduces instead
         pillow_only(monkeypatch)
@@ -387,7 +387,8 @@ def test_a_resize_that_would_amplify_a_thin_image_is_refused(torch):
         fz.fuse(CropToTensor(224, resize=256)).from_bytes(data)
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["resample-kernel", "torch"])
+@pytest.mark.parametrize("kernel", [pytest.param(True, id="resample-kernel"),
+                                    pytest.param(False, id="torch", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, interpolation, kernel, monkeypatch):
     """Resize + CenterCrop computes only the crop (dsconvert.resample's kernel) or the resize up
