@@ -16,9 +16,24 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 import pytest
+from hypothesis import settings
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Hypothesis profiles: "fast", the default, for a contributor's runs; "thorough" in CI (.ci/run
+# sets HYPOTHESIS_PROFILE=thorough). A test that names its example count passes it through
+# examples(), so that it too is cut down in the fast profile.
+settings.register_profile("thorough", max_examples=100, deadline=None)
+settings.register_profile("fast", max_examples=15, deadline=None)
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "fast")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def examples(thorough: int) -> int:
+    """A property test's example count: ``thorough`` in the thorough profile (CI), a tenth of
+    it (at least 5) in the fast one."""
+    return thorough if HYPOTHESIS_PROFILE == "thorough" else max(5, thorough // 10)
 
 
 def can_build_extensions(*headers: str) -> bool:

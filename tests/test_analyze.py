@@ -62,6 +62,8 @@ def test_stratified_sample_is_seeded_and_covers_strata():
     assert stratified_sample(entries[:10], 40) == sorted(entries[:10])
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("slow_mount", [4], indirect=True)
 def test_slow_mount_is_storage_latency(slow_mount, photos):
     backing, mnt = slow_mount
@@ -78,6 +80,7 @@ def test_slow_mount_is_storage_latency(slow_mount, photos):
     assert v["predicted_speedup"] > 2  # measured: the outputs are written to local disk
 
 
+@pytest.mark.slow
 def test_large_jpegs_on_local_disk_are_decode_bound(tmp_path, photos):
     root = tmp_path / "big"
     rng = random.Random(0)
@@ -95,6 +98,7 @@ def test_large_jpegs_on_local_disk_are_decode_bound(tmp_path, photos):
     assert report["verdict"]["recommended"] is not None
 
 
+@pytest.mark.slow
 def test_tiny_files_are_per_file_overhead_bound(tmp_path):
     root = tmp_path / "tiny"
     rng = random.Random(0)
@@ -109,6 +113,7 @@ def test_tiny_files_are_per_file_overhead_bound(tmp_path):
     assert "npy" not in v["predicted_per_s"]  # dict samples: npy holds (image, label) only
 
 
+@pytest.mark.slow
 def test_cli_text_and_json(tmp_path, image_folder, capsys):
     assert main(["analyze", image_folder, "--json", "--sample", "16", "--target", "10"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -123,6 +128,7 @@ def test_cli_text_and_json(tmp_path, image_folder, capsys):
     assert main(["analyze", str(tmp_path / "nope")]) == 1
 
 
+@pytest.mark.slow
 def test_npy_load_measured_and_pickles_never_loaded(tmp_path):
     import pickle
 
@@ -142,6 +148,8 @@ def test_npy_load_measured_and_pickles_never_loaded(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("slow_mount", [(0.5, 16)], indirect=True)
 def test_large_files_behind_a_bandwidth_cap_are_bandwidth_bound(slow_mount, photos):
     """Shards of 7 MB behind a link of 16 MB/s for all readers together: flat with readers, and
@@ -164,6 +172,7 @@ def test_large_files_behind_a_bandwidth_cap_are_bandwidth_bound(slow_mount, phot
     assert any("already large" in n for n in v["notes"]) and any("dsconvert cache" in n for n in v["notes"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,options", [("wds", {}), ("hdf5", {}), ("hdf5", {"decode": True}),
                                          ("npy", {"resize": 32})])
 def test_outputs_are_recognised_and_read_through_open_dataset(tmp_path, photos, fmt, options):

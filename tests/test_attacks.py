@@ -364,6 +364,7 @@ def _run_cli(args, timeout=60):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt, target", [(fmt, "shard") for fmt in ("wds", "hdf5", "npy")]
                          + [(fmt, "index") for fmt in ("wds", "hdf5", "npy")] + [("npy", "samples")])
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "folder"])
@@ -382,7 +383,8 @@ def test_outputs_whose_files_are_not_regular_files_end_quickly(tmp_path, photos,
         os.mkfifo(path)
     else:
         os.mkdir(path)
-    started = time.time()
+    # a reader that blocked on the fifo or read /dev/zero to its end would hang: the two
+    # subprocesses' timeouts (60 s each) fail the test then, whatever the machine's load
     result = _run_cli(["verify", out, "--decode"])
     assert result.returncode == 4 and "Traceback" not in result.stderr, result.stderr
     assert "not a regular file" in result.stdout
@@ -396,7 +398,6 @@ def test_outputs_whose_files_are_not_regular_files_end_quickly(tmp_path, photos,
         assert "not a regular file" in read.stdout, read.stdout + read.stderr
     else:
         assert read.returncode == 0 and not read.stdout, read.stdout + read.stderr
-    assert time.time() - started < 60
 
 
 def _pax_header_declaring(size: int) -> bytes:
@@ -541,6 +542,7 @@ def _alive(pid):
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["wds", "npy"])
 def test_pool_workers_die_with_a_killed_conversion_and_the_rerun_is_not_locked_out(tmp_path, photos, fmt):
     src = str(tmp_path / "src")
@@ -574,6 +576,7 @@ def test_pool_workers_die_with_a_killed_conversion_and_the_rerun_is_not_locked_o
     assert verify(out)["ok"]
 
 
+@pytest.mark.slow
 def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(tmp_path, photos):
     """A rerun after a "changed during the conversion" skip rewrites shards; killed at any
     instant, the output has no manifest or one that matches every shard it names."""
@@ -620,6 +623,8 @@ def test_a_killed_rerun_never_leaves_a_manifest_that_disagrees_with_its_shards(t
             assert verify(out_s)["ok"], attempt
 
 
+@pytest.mark.slow
+@pytest.mark.system
 def test_a_cache_fill_killed_at_any_instant_never_serves_a_short_file(tmp_path, photos, slow_mount):
     backing, mnt = slow_mount  # a read-only passthrough that delays every request
     src = str(tmp_path / "src")

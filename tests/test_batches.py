@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_image_folder
-
 from dsconvert import convert, open_dataset
 from dsconvert.transforms import CropToTensor, RandomResizedCropToTensor
+
+from conftest import make_image_folder
 
 pytestmark = pytest.mark.usefixtures("torch")
 

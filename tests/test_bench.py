@@ -26,6 +26,7 @@ def outputs(tmp_path_factory, photos):
     return src, wds, npy
 
 
+@pytest.mark.slow
 def test_before_and_after_in_one_run(outputs, torch):
     src, wds, npy = outputs
     report = bench([src, wds, npy], workers=[0, 2], batch_sizes=[8], size=32, max_samples=24)
@@ -47,6 +48,7 @@ def test_before_and_after_in_one_run(outputs, torch):
     assert "src (source)" in text and "npy (npy)" in text and "fastest:" in text
 
 
+@pytest.mark.slow
 def test_cli_json_and_raw_mode(outputs, capsys, torch):
     src, wds, _ = outputs
     assert main(["bench", src, wds, "--workers", "1", "--batch-size", "5,10", "--decode", "raw", "--size", "0",

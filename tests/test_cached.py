@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import make_image_folder, pil_loader, reference_image_folder
-
 from dsconvert.data import CachedDataset
+
+from conftest import make_image_folder, pil_loader, reference_image_folder
 
 
 class Folder:
@@ -85,6 +85,7 @@ for _ in DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda x: x):
 """
 
 
+@pytest.mark.slow
 def test_killed_mid_epoch_then_completed_never_corrupt(tmp_path, folder, torch):
     from torch.utils.data import DataLoader
 

@@ -1,7 +1,7 @@
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from dsconvert.cli import build_parser, main
 
@@ -46,6 +46,7 @@ def test_conversion_never_imports_torch(tmp_path, image_folder):
     subprocess.run([sys.executable, "-c", code, image_folder, str(tmp_path / "out")], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["wds", "hdf5", "npy"])
 def test_reading_local_shards_never_imports_fsspec(tmp_path, image_folder, fmt):
     """fsspec's ~13,000 objects in a training process slow every DataLoader worker's start

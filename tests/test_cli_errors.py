@@ -94,14 +94,16 @@ def test_non_utf8_source_root_is_refused_with_its_reason(tmp_path, photos, capsy
     root = fsname(str(tmp_path), b"caf\xe9")
     make_image_folder(root, photos, {"a": 2, "b": 2})
     for _ in range(2):  # every rerun says the same, no traceback
-        code, _, err = cli(capsys, "shard", root, "-o", tmp_path / f"out-{fmt}", "--format", fmt, "--workers", "1", "-q")
+        code, _, err = cli(capsys, "shard", root, "-o", tmp_path / f"out-{fmt}", "--format", fmt, "--workers", "1",
+                           "-q")
         assert_error(code, err, "caf%E9", "not valid UTF-8", "symlink")
 
 
 def test_non_utf8_class_and_file_names_convert_and_print(tmp_path, photos, capsys):
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"dog": 2})
-    write(os.path.join(fsname(src, b"caf\xe9"), os.fsdecode(b"na\xefve.jpg")), encode(photos["coffee"].resize((40, 30))))
+    write(os.path.join(fsname(src, b"caf\xe9"), os.fsdecode(b"na\xefve.jpg")),
+          encode(photos["coffee"].resize((40, 30))))
     write(os.path.join(src, "dog", os.fsdecode(b"x.jp\xe9g")), b"not an image")
     folder = str(tmp_path / "out")
     code, _, err = cli(capsys, "shard", src, "-o", folder, "--workers", "1", "-q")
@@ -219,6 +221,7 @@ def many_skipped(tmp_path, photos, capsys):
     return folder
 
 
+@pytest.mark.slow
 def test_broken_pipe_is_quiet(many_skipped):
     run = subprocess.run(f"'{DSCONVERT}' info --skipped '{many_skipped}' | head -1; exit ${{PIPESTATUS[0]}}",
                          shell=True, executable="/bin/bash", capture_output=True, text=True)
@@ -229,7 +232,8 @@ def test_broken_pipe_is_quiet(many_skipped):
 
 @pytest.mark.parametrize("argv", [
     ["info", "--skipped", "{out}"], ["verify", "{out}"], ["verify", "--json", "-q", "{out}"],
-    ["shard", "{src}", "-o", "{tmp}/again", "--workers", "1"], ["analyze", "--json", "-q", "--sample", "4", "{src}"],
+    ["shard", "{src}", "-o", "{tmp}/again", "--workers", "1"],
+    pytest.param(["analyze", "--json", "-q", "--sample", "4", "{src}"], marks=pytest.mark.slow),
     ["cache", "--json", "-q", "{out}", "{tmp}/cache"], ["--help"], ["shard", "--help"], ["--version"],
 ])
 def test_every_command_handles_a_closed_stdout(tmp_path, small_src, out, capsys, monkeypatch, argv):
@@ -320,7 +324,8 @@ def test_no_message_prints_none(out, capsys):
 def test_bad_list_source_is_one_line(tmp_path, photos, capsys, name, data, words, fmt):
     write(str(tmp_path / "img.jpg"), encode(photos["camera"].resize((32, 24))))
     write(str(tmp_path / name), data)
-    code, _, err = cli(capsys, "shard", tmp_path / name, "-o", tmp_path / "out", "--format", fmt, "--workers", "1", "-q")
+    code, _, err = cli(capsys, "shard", tmp_path / name, "-o", tmp_path / "out", "--format", fmt, "--workers", "1",
+                       "-q")
     assert_error(code, err, *words)
 
 
@@ -337,6 +342,7 @@ class _Tripwire:
         return (open, (self.marker, "w"))
 
 
+@pytest.mark.slow
 def test_analyze_never_unpickles_object_npy(tmp_path, photos, capsys):
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"a": 3})
@@ -368,7 +374,8 @@ def test_max_image_pixels_raises_the_limit_too(tmp_path, capsys, monkeypatch):
     write(os.path.join(src, "a", "small.png"), encode(Image.new("RGB", (20, 20), (10, 200, 30)), "PNG"))
     code, _, err = cli(capsys, "shard", src, "-o", tmp_path / "default", "--workers", "1")
     assert code == 3 and "decompression bomb" in err and "Traceback" not in err
-    code, _, err = cli(capsys, "shard", src, "-o", tmp_path / "raised", "--max-image-pixels", "10000", "--workers", "1", "-q")
+    code, _, err = cli(capsys, "shard", src, "-o", tmp_path / "raised", "--max-image-pixels", "10000", "--workers",
+                       "1", "-q")
     assert code == 0, err
     manifest = json.load(open(tmp_path / "raised" / "dsconvert.json"))
     assert manifest["num_samples"] == 2 and manifest["options"]["max_image_pixels"] == 10000
@@ -411,6 +418,8 @@ def tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_hdf5_decoded_on_a_real_full_disk(tmp_path, photos, tmpfs, workers):
     """libhdf5 fails a write, a flush or a close, and segfaults freeing a file whose write

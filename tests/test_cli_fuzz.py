@@ -13,13 +13,12 @@ import os
 import shutil
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dsconvert.analyze as analyze_module
 from dsconvert.cli import build_parser, main
 
-from conftest import ROOT, encode, make_image_folder, write
+from conftest import ROOT, encode, examples, make_image_folder, write
 
 EXIT_STATUSES = {0, 1, 2, 3, 4}
 UNDECODABLE = os.fsdecode(b"caf\xe9")
@@ -60,8 +59,10 @@ VALUES = {
                    st.sampled_from(["0x5", "5x", "x", "abc", "-3x4", "8X8", ""])),
     "target": mostly(st.floats(0.1, 1e6).map(str), st.sampled_from(FLOATS)),
     "time_budget": mostly(st.floats(0.1, 5).map(str), st.sampled_from(FLOATS)),
-    "prefix": mostly(st.sampled_from(["shard", "part.v1", "p_2"]), st.one_of(st.sampled_from(["../x", "a/b", ""]), TEXT)),
-    "storage_option": mostly(st.sampled_from(["anon=true", "a.b=1", "a=1"]), st.one_of(st.sampled_from(["x", "=1"]), TEXT)),
+    "prefix": mostly(st.sampled_from(["shard", "part.v1", "p_2"]),
+                     st.one_of(st.sampled_from(["../x", "a/b", ""]), TEXT)),
+    "storage_option": mostly(st.sampled_from(["anon=true", "a.b=1", "a=1"]),
+                             st.one_of(st.sampled_from(["x", "=1"]), TEXT)),
     "cluster": st.sampled_from(["nonsense", "local:0", "local:x", ""]),  # never a real cluster
 }
 # diagnose and bench: only what argparse refuses (exit 2), so nothing is launched or timed
@@ -147,7 +148,8 @@ WATCHED = [ROOT, os.path.join(ROOT, "tests"), os.path.expanduser("~")]
 NAMES = {p.split("/")[0] for p in PATHS if p and "://" not in p} | {"r.html", "out2", "cache"}
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+@pytest.mark.slow
+@settings(max_examples=examples(150), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(argv=argvs())
 def test_any_argv_gives_an_exit_status_and_no_traceback(world, tmp_path, monkeypatch, capsys, argv):

@@ -1,6 +1,6 @@
 import io
-import zlib
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -8,7 +8,6 @@ from PIL import Image
 
 from dsconvert import BadInputError
 from dsconvert.codecs import check_field, check_image, decode_field, decode_image, jpeg_decoders
-
 
 
 def test_pil_mode_is_exactly_imagefolders_loader(image_kinds):
@@ -79,7 +78,7 @@ def test_bad_images_are_rejected_with_reason(image_kinds, make, reason):
 
 
 def test_good_images_pass(image_kinds):
-    for kind, (_, data) in image_kinds.items():
+    for _, data in image_kinds.values():
         check_image(data)
 
 

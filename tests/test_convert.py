@@ -2,8 +2,8 @@
 no rewrite of a finished output, one writer per output."""
 
 import os
-import zlib
 import struct
+import zlib
 
 import pytest
 
@@ -109,7 +109,8 @@ def test_changed_plan_without_manifest_removes_stale_shards(tmp_path, image_fold
     write(os.path.join(out, "notes.txt"), b"the user's own file stays")
     m = convert(image_folder, out, samples_per_shard=8, workers=1).manifest
     assert sorted(os.listdir(out)) == sorted(
-        [".dsconvert.lock", ".dsconvert.owner", "notes.txt"] + m.own_files() + [n for s in m.shards for n in (s.name, s.index)])
+        [".dsconvert.lock", ".dsconvert.owner", "notes.txt"] + m.own_files()
+        + [n for s in m.shards for n in (s.name, s.index)])
 
 
 def test_a_changed_source_file_is_rewritten_on_resume(tmp_path, image_folder, photos):

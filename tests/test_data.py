@@ -10,7 +10,15 @@ import pytest
 
 from dsconvert import convert, open_dataset
 
-from conftest import encode, make_image_folder, pil_loader, reference_image_folder, same_pixels, write
+from conftest import (
+    encode,
+    make_image_folder,
+    pil_loader,
+    reference_image_folder,
+    same_pixels,
+    write,
+)
+
 
 @pytest.fixture
 def converted_mixed(tmp_path, mixed_folder):
@@ -35,7 +43,7 @@ def test_same_samples_as_image_folder(converted_mixed):
 def test_numpy_and_raw_modes(converted_mixed):
     src, out = converted_mixed
     reference = reference_image_folder(src)
-    for (arr, label), (path, _) in zip(open_dataset(out, decode="numpy"), reference):
+    for (arr, _), (path, _) in zip(open_dataset(out, decode="numpy"), reference):
         ref = np.asarray(pil_loader(path))
         assert arr.dtype == np.uint8 and arr.shape == ref.shape
         assert np.abs(arr.astype(int) - ref).mean() <= 1.0

@@ -489,7 +489,7 @@ PERF_LOG = """\
     35.000 ( 0.005 ms): python/5513 openat(dfd: CWD, filename: 0x5a4ad820, flags: RDONLY|CLOEXEC)         = -1 ENOENT (No such file or directory)
     36.000 ( 0.300 ms): python/5513 recvfrom(fd: 12, ubuf: 0x7f4c54006a50, size: 65536)                   = 1000
 LOST 17 events!
-"""
+"""  # noqa: E501 (perf's own lines)
 
 
 def test_perf_trace_parsing_joins_continued_calls_and_follows_descriptors():
@@ -551,9 +551,11 @@ def test_slow_reads_without_block_requests_are_not_the_local_disk():
     slow = {"file read": {"count": 100, "bytes": 50_000_000, "ms": {"p50": 12.0, "p90": 15.0, "p99": 20.0},
                           "max_ms": 25.0, "mean_ms": 12.0, "over_10ms": 0.6}}
     cases = [({"permitted": True, "scope": "system-wide", "read_requests": 3, "read_bytes": 12288,
-               "completed": 3, "ms": {"p50": 0.2, "p99": 0.4}, "max_ms": 0.4, "devices": {}}, "did not wait for a local disk"),
+               "completed": 3, "ms": {"p50": 0.2, "p99": 0.4}, "max_ms": 0.4, "devices": {}},
+              "did not wait for a local disk"),
              ({"permitted": True, "scope": "system-wide", "read_requests": 900, "read_bytes": 50_000_000,
-               "completed": 900, "ms": {"p50": 11.0, "p99": 30.0}, "max_ms": 40.0, "devices": {}}, "local disk itself is slow"),
+               "completed": 900, "ms": {"p50": 11.0, "p99": 30.0}, "max_ms": 40.0, "devices": {}},
+              "local disk itself is slow"),
              ({"permitted": False, "reason": "perf is not installed"}, "cannot be told apart")]
     for block, expected in cases:
         evidence, notes = [], []
@@ -649,13 +651,15 @@ def run_diagnose(*args, env=None):
 def big_jpegs(tmp_path_factory, photos):
     """A small ImageFolder of large, high-quality JPEGs: slow to decode."""
     root = tmp_path_factory.mktemp("big") / "train"
-    for i, (name, photo) in enumerate(sorted(photos.items())[:3]):
+    for name, photo in sorted(photos.items())[:3]:
         for j in range(6):
             img = photo.convert("RGB").resize((1600, 1200)).rotate(j * 3)
             write(str(root / name / f"{name}_{j}.jpg"), encode(img, quality=95))
     return str(root)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
@@ -683,6 +687,8 @@ def test_launched_job_reading_large_jpegs_is_decode_bound(big_jpegs, tmp_path):
                    for p in report["target"]["processes"])
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path):
@@ -713,6 +719,8 @@ def test_job_reading_a_converted_npy_cache_is_compute_bound(big_jpegs, tmp_path)
     assert "GPU 0 (used by the job): mean utilisation" in text and "GPU 1: mean utilisation 50 %" in text
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 @pytest.mark.parametrize("slow_mount", [15], indirect=True)
@@ -767,6 +775,8 @@ def diagnose_job(*args, duration=3):
         job.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_without_workers_loads_in_its_training_loop(big_jpegs, tmp_path):
@@ -785,6 +795,8 @@ def test_job_without_workers_loads_in_its_training_loop(big_jpegs, tmp_path):
     run_commands(d["commands"], tmp_path)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 # numpy and plain-Python augmentation run as real jobs in benchmarks/scenarios.py; here the
@@ -833,6 +845,8 @@ def pickles(tmp_path_factory, photos):
     return str(root)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_reading_pickles_gets_a_code_change(pickles, tmp_path):
@@ -845,6 +859,8 @@ def test_job_reading_pickles_gets_a_code_change(pickles, tmp_path):
     assert any(f"does not take {pickles} as a source for --format npy" in n for n in d["notes"])
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @needs_pyspy
 @needs_torch
 def test_job_with_data_in_memory_gets_no_placeholder():
@@ -901,6 +917,8 @@ def _files(folder, n=6, size=30_000):
             f.write(os.urandom(size))
 
 
+@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("slow_mount", [15], indirect=True)
 def test_perf_trace_of_a_job_on_slow_storage(slow_mount):
     backing, mnt = slow_mount
@@ -927,6 +945,7 @@ def test_perf_trace_of_a_job_on_slow_storage(slow_mount):
         assert block["scope"] == "system-wide" and isinstance(block["devices"], dict)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("perf", ["missing", "refused"])
 def test_strace_when_perf_is_missing_or_refused(tmp_path, perf):
     strace = shutil.which("strace")

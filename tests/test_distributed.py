@@ -15,6 +15,8 @@ from conftest import make_image_folder
 
 pytest.importorskip("torch.distributed")
 
+pytestmark = [pytest.mark.system, pytest.mark.slow]  # gloo ranks in processes of their own
+
 RANK_SCRIPT = r"""
 import hashlib, json, os, sys
 import torch.distributed as dist

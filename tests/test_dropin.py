@@ -13,8 +13,14 @@ from dsconvert.manifest import ORDER_NAME, Manifest
 from conftest import make_image_folder, pil_loader, reference_image_folder
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import (DataLoader, Dataset, DistributedSampler, RandomSampler,  # noqa: E402
-                              Subset, WeightedRandomSampler)
+from torch.utils.data import (  # noqa: E402
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    RandomSampler,
+    Subset,
+    WeightedRandomSampler,
+)
 
 
 def to_array(image):
@@ -185,8 +191,9 @@ def test_streaming_options_and_stream_false_disagree(sorted_source):
 
 
 def test_dict_samples_by_index(tmp_path, photos):
-    from conftest import crop, encode, write
     import random
+
+    from conftest import crop, encode, write
 
     src = str(tmp_path / "flat")
     rng = random.Random(0)

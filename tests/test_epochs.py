@@ -113,6 +113,7 @@ def test_fused_names_the_step_it_could_not_fold_once(out):
         open_dataset(out, transform=foldable, decode="fused")
 
 
+@pytest.mark.slow
 def test_analyze_names_the_step_fused_decoding_could_not_fold(tmp_path, photos, monkeypatch):
     pytest.importorskip("torchvision.transforms")
     from dsconvert.analyze import analyze

@@ -82,6 +82,7 @@ def kill_at(cmd, out, shards_done, extra_s):
     return proc.returncode
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["wds", "hdf5", "npy"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_at_random_points_then_resume_is_identical(tmp_path, kill_source, references, fmt, seed):
@@ -305,9 +306,11 @@ _check_all(ds, sys.argv[1])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("torch")  # the trainers are subprocesses with DataLoader workers
 def test_two_trainers_filling_one_cache(tmp_path, photos):
     from dsconvert.data import CachedDataset
+
     from test_cached import Folder, _check_all
 
     src = str(tmp_path / "src")

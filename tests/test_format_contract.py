@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import pil_loader, reference_image_folder, rehash_parts
 from dsconvert import Manifest, convert, open_dataset
 from dsconvert.formats import FORMATS, Format, get
 from dsconvert.formats.base import ShardReader, Sink, SpansNotSupported
 from dsconvert.io.shard_cache import ShardAccess
 from dsconvert.source import scan
 from dsconvert.verify import verify
+
+from conftest import pil_loader, reference_image_folder, rehash_parts
 
 pytestmark = pytest.mark.parametrize("fmt_id", FORMATS)
 

@@ -1,8 +1,8 @@
 """hdf5 and npy: round trips against PIL, readable without dsconvert, fork-safe readers."""
 
 import os
-import subprocess
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -291,8 +291,8 @@ def test_resize_decodes_at_reduced_scale_within_a_level(tmp_path, photos):
                 assert np.array_equal(ds[i][0], decode_resized(f.read(), fast[0], resize, scaled=True,
                                                                resampler=m.options["resampler"]))
         assert scaled >= 3  # the large ones reached the reduced-scale path
-    tree = [{name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d)) if not name.startswith(".")}
-            for d in (outs[(150, 1)], outs[(150, 2)])]
+    tree = [{name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d))
+             if not name.startswith(".")} for d in (outs[(150, 1)], outs[(150, 2)])]
     assert tree[0] == tree[1] and len(tree[0]) > 4
     # Pillow's exact pipeline stays: decoder="pil" records no scaled decoding
     m = convert(src, str(tmp_path / "pil"), format="npy", resize=150, decoder="pil", workers=1).manifest
@@ -376,6 +376,7 @@ def test_a_strip_that_resize_would_blow_up_is_a_counted_skip(tmp_path, photos, d
     assert estimate_output_bytes(scan(src), decoded=True, resize=256).bytes == 256 * 341 * 3
 
 
+@pytest.mark.slow
 def test_a_tall_strip_at_a_fixed_size_does_not_take_gigabytes(tmp_path):
     """`--size 224x224` of a 1 x 2,000,000 PNG (within the pixel limit): torch's kernel would
     resize the width first through a 2,000,000 x 224 array (1.3 GB); Pillow's kernel takes it."""

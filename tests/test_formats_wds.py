@@ -15,6 +15,7 @@ from dsconvert.keys import decode_key
 
 from conftest import encode, make_image_folder, write
 
+
 @pytest.fixture(scope="module")
 def webdataset():
     """The real webdataset reader: only the tests that read with it skip without it."""
@@ -215,7 +216,8 @@ def test_fetched_reads_equal_local_reads_in_any_order(tmp_path, photos, monkeypa
     assert fetched == local and len(local) == 25 and len(set(map(repr, local))) == 25
 
 
-@pytest.mark.parametrize("name", ["a.jpg", "x" * 96 + ".jpg", "x" * 97 + ".jpg", "é" * 40 + ".jpg", "d/" * 150 + "k.png"])
+@pytest.mark.parametrize("name", ["a.jpg", "x" * 96 + ".jpg", "x" * 97 + ".jpg", "é" * 40 + ".jpg",
+                                  "d/" * 150 + "k.png"])
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 100_000])
 def test_planned_member_bytes_are_what_tarfile_writes(name, size):
     import io

@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import encode, make_image_folder
-
-from dsconvert import convert, open_dataset, open_source
-from dsconvert import fused as fz
+from dsconvert import convert, fused as fz, open_dataset, open_source
 from dsconvert.errors import BadInputError
 from dsconvert.geometry import resized_size
 from dsconvert.transforms import CropToTensor, RandomResizedCropToTensor
+
+from conftest import encode, make_image_folder
 
 pytestmark = pytest.mark.usefixtures("torch")
 
@@ -53,7 +52,7 @@ def reference_eval(data: bytes, resize: int, size: int) -> np.ndarray:
 def large_jpegs(photos):
     """Photographs upscaled to sizes where the DCT-domain reductions apply (2/4/8)."""
     out = []
-    for i, (name, photo) in enumerate(sorted(photos.items())):
+    for i, (_, photo) in enumerate(sorted(photos.items())):
         size = [(2400, 1800), (1600, 1200), (1100, 820), (700, 520), (480, 360)][i % 5]
         out.append(encode(photo.convert("RGB").resize(size, Image.Resampling.BICUBIC), quality=90))
     return out
@@ -138,7 +137,7 @@ def test_resized_size_is_torchvisions():
 # --- pixels ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("decoder", ["fast", "pillow"])
+@pytest.mark.parametrize("decoder", ["fast", pytest.param("pillow", marks=pytest.mark.slow)])
 def test_fused_rrc_matches_full_decode_then_pillow_on_the_same_box(torch, large_jpegs, monkeypatch, decoder):
     if decoder == "pillow":  # no libjpeg-turbo binding: Pillow's draft reduces instead
         pillow_only(monkeypatch)
@@ -389,7 +388,8 @@ def test_a_resize_that_would_amplify_a_thin_image_is_refused(torch):
         fz.fuse(CropToTensor(224, resize=256)).from_bytes(data)
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["resample-kernel", "torch"])
+@pytest.mark.parametrize("kernel", [pytest.param(True, id="resample-kernel"),
+                                    pytest.param(False, id="torch", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, interpolation, kernel, monkeypatch):
     """Resize + CenterCrop computes only the crop (dsconvert.resample's kernel) or the resize up
@@ -424,6 +424,7 @@ def test_eval_resizes_only_the_crop_and_equals_torch_resizing_all_of_it(torch, i
     assert checked > 300
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "lanczos"])
 def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpegs, photos, monkeypatch, interpolation):
     """Without the region extension, libjpeg-turbo stops below the rows the crop reads
@@ -433,7 +434,8 @@ def test_decoding_only_the_rows_above_the_crop_changes_no_pixel(torch, large_jpe
 
     pytest.importorskip("turbojpeg")
     monkeypatch.setattr(fz, "region_decode", lambda *args: None)
-    portrait = [encode(photos["astronaut"].convert("RGB").resize(size), quality=90) for size in ((375, 500), (827, 1203))]
+    portrait = [encode(photos["astronaut"].convert("RGB").resize(size), quality=90)
+                for size in ((375, 500), (827, 1203))]
     # a tall, detailed image: Pillow 13 orders its two resize passes by the whole image's shape,
     # so the box's surroundings, not the image, must go to it (found by a review's sweep)
     rng = np.random.default_rng(0)
@@ -649,6 +651,7 @@ def test_nearest_is_never_reduced_and_gives_torchvisions_pixels(torch, large_jpe
             assert _worst_distance(transform, data) < 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [32, 96])
 def test_bilinear_and_bicubic_stay_within_the_stated_bounds(torch, large_jpegs, size):
     """The README's bounds: photographs 0.6 levels, text 3.3 at quality 75 and 8.4 at 5 (where

@@ -13,6 +13,7 @@ from dsconvert.gpu import GpuSampler, align_with_waits, parse_csv_pairs, parse_s
 
 from conftest import write_fake_nvidia_smi
 
+
 @pytest.fixture
 def fake_smi(tmp_path, monkeypatch):
     """A directory holding an executable nvidia-smi (and nothing else), first on PATH; NVML is
@@ -92,6 +93,7 @@ def test_nvidia_smi_samples_are_read_line_by_line(fake_smi, monkeypatch):
     assert times == sorted(times)  # stamped in the order read
 
 
+@pytest.mark.slow
 def test_monitor_lines_idle_gpu_samples_up_with_its_waits(fake_smi, tmp_path, monkeypatch):
     """The fake GPU idles exactly while the loop waits for its batch (the loader writes "wait"
     to the state file before making the loop wait, "compute" before handing the batch over):

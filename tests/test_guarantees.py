@@ -17,7 +17,6 @@ from dsconvert.manifest import MANIFEST_NAME
 
 from conftest import ROOT, make_image_folder, write
 
-
 # --- 1. a file dsconvert did not write is never removed or replaced ---------------------------
 
 def _kill_leftovers(out: str, fmt: str, shards_left: int) -> None:
@@ -129,6 +128,7 @@ def test_sigkill_then_users_files_then_rerun(tmp_path, photos, shards_done):
         assert open(os.path.join(out, name), "rb").read() == b"precious"
 
 
+@pytest.mark.system
 def test_a_remote_output_removes_only_what_it_wrote(s3, image_folder):
     """On an object store (no append, no lock) the proofs are objects of their own: a rerun
     after a kill removes its stale shards and keeps the user's, and refuses to replace one."""

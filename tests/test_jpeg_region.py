@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import can_build_extensions, encode
-
 from dsconvert import optional
 from dsconvert.codecs import jpeg as codecs  # region_decode and the REGION_EDGE it reads
 from dsconvert.errors import BadInputError
+
+from conftest import can_build_extensions, encode
 
 ext = optional.jpeg_region()
 needs_ext = pytest.mark.skipif(ext is None, reason="dsconvert's region extension is not built here")
@@ -67,9 +67,9 @@ def region(data: bytes, k: int, box):
 def inside(pixels, origin, k: int, box):
     """The requested box at 1/k, cut from a region's pixels, and where it lies at 1/k."""
     top, bottom, left, right = box
-    t, b, l, r = top // k, -(-bottom // k), left // k, -(-right // k)
+    t, b, lt, r = top // k, -(-bottom // k), left // k, -(-right // k)
     oy, ox = origin
-    return pixels[t - oy:b - oy, l - ox:r - ox], (t, b, l, r)
+    return pixels[t - oy:b - oy, lt - ox:r - ox], (t, b, lt, r)
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +113,9 @@ def test_a_region_is_the_whole_decode_pixel_for_pixel(jpegs):
                 decoded = region(data, k, box)
                 assert decoded is not None, name
                 pixels, kk, origin = decoded
-                got, (t, b, l, r) = inside(pixels, origin, k, box)
-                assert kk == k and origin[0] <= t and origin[1] <= l
-                assert np.array_equal(got, full[t:b, l:r]), (name, k, box)
+                got, (t, b, lt, r) = inside(pixels, origin, k, box)
+                assert kk == k and origin[0] <= t and origin[1] <= lt
+                assert np.array_equal(got, full[t:b, lt:r]), (name, k, box)
                 checked += 1
     assert checked >= 800 + 500 * bool(shutil.which("cjpeg"))
 
@@ -133,8 +133,8 @@ def test_without_the_edge_the_pixels_would_differ(jpegs, monkeypatch):
         top, left = rng.randrange(8, 300), rng.randrange(8, 400)
         box = (top, top + 100, left, left + 150)
         pixels, _, origin = region(data, 1, box)
-        got, (t, b, l, r) = inside(pixels, origin, 1, box)
-        differ += not np.array_equal(got, full[t:b, l:r])
+        got, (t, b, lt, r) = inside(pixels, origin, 1, box)
+        differ += not np.array_equal(got, full[t:b, lt:r])
     assert differ > 10
 
 
@@ -159,8 +159,8 @@ def test_truncation_raises_wherever_the_region_falls_and_damage_below_is_not_see
                 region(data[:cut], 1, box)
     junk = data[:-2] + b"\x00" * 7 + b"\xff\xd9"  # Pillow decodes it, libjpeg warns at the end
     pixels, _, origin = region(junk, 1, (10, 60, 20, 80))
-    got, (t, b, l, r) = inside(pixels, origin, 1, (10, 60, 20, 80))
-    assert np.array_equal(got, whole(data, 1)[t:b, l:r])
+    got, (t, b, lt, r) = inside(pixels, origin, 1, (10, 60, 20, 80))
+    assert np.array_equal(got, whole(data, 1)[t:b, lt:r])
     with pytest.raises(ValueError, match="extraneous"):  # a region to the last row reads it
         region(junk, 1, (300, 401, 20, 80))
 
@@ -191,12 +191,12 @@ def test_a_damaged_file_gives_the_whole_decodes_pixels_or_raises(jpegs):
         k = rng.choice((1, 2, 4, 8))
         asked = []
 
-        def box(h: int, w: int, kk: int):
+        def box(h: int, w: int, kk: int, asked=asked):
             asked.append((rng.randrange(h), h + 5, rng.randrange(w), w))
             return asked[0]
 
         try:
-            decoded = codecs.region_decode(data, lambda h, w: k, box)
+            decoded = codecs.region_decode(data, lambda h, w, k=k: k, box)
         except ValueError:
             continue
         except BadInputError:
@@ -208,8 +208,8 @@ def test_a_damaged_file_gives_the_whole_decodes_pixels_or_raises(jpegs):
             full = whole(data, k)
         except Exception:
             continue  # an error libjpeg raises below the region, which it never reached
-        got, (t, b, l, r) = inside(pixels, origin, k, asked[0])
-        assert np.array_equal(got, full[t:b, l:r])
+        got, (t, b, lt, r) = inside(pixels, origin, k, asked[0])
+        assert np.array_equal(got, full[t:b, lt:r])
         returned += 1
     assert returned > 100
 
@@ -223,7 +223,7 @@ def test_the_plan_decides_and_its_errors_propagate(jpegs):
     assert seen == [(401, 601)]
     for bad in ((3, 0, 1, 0, 1), (1, 5, 5, 0, 1), (1, 0, 1, -1, 1)):
         with pytest.raises(ValueError, match="bad plan"):
-            ext.region(data, lambda h, w: bad)
+            ext.region(data, lambda h, w, bad=bad: bad)
     with pytest.raises(TypeError):
         ext.region(data, lambda h, w: "rows")
     with pytest.raises(KeyError):

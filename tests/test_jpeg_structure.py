@@ -14,11 +14,11 @@ import struct
 import pytest
 from PIL import Image
 
-from conftest import encode
-
 from dsconvert.codecs import check_image
 from dsconvert.errors import BadInputError
 from dsconvert.jpeg_structure import whole
+
+from conftest import encode
 
 # Pillow reads EXIF when it opens a JPEG and warns about the mutants' broken EXIF: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")
@@ -261,9 +261,7 @@ def test_a_cut_decode_accepts_only_what_pillow_decodes_and_gives_its_rows(corpus
     is still refused: the file ends before the marker the cut decode must find."""
     import numpy as np
 
-    from dsconvert.codecs import fast_decode
-
-    from dsconvert.codecs import FastJpeg
+    from dsconvert.codecs import FastJpeg, fast_decode
 
     turbo_fast = turbo()
     served = []
@@ -280,7 +278,7 @@ def test_a_cut_decode_accepts_only_what_pillow_decodes_and_gives_its_rows(corpus
         for m in mutants(data, rng, 400):
             rows = rng.randrange(1, 120)
             served.clear()
-            got = fast_decode(m, fast, rows=lambda height, width, k: rows)
+            got = fast_decode(m, fast, rows=lambda height, width, k, rows=rows: rows)
             if got is None:
                 refused += 1
                 continue
@@ -302,4 +300,4 @@ def test_a_truncated_file_is_refused_wherever_the_cut_falls(cut_corpus):
         m = data[: int(len(data) * keep)]
         assert not pillow_decodes(m)
         for rows in (1, 17, 200, 700):
-            assert fast_decode(m, fast, rows=lambda height, width, k: rows) is None, (keep, rows)
+            assert fast_decode(m, fast, rows=lambda height, width, k, rows=rows: rows) is None, (keep, rows)

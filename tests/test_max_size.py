@@ -9,14 +9,14 @@ import sys
 import pytest
 from PIL import Image
 
-from conftest import encode, write
-
 from dsconvert import convert, open_dataset
 from dsconvert.convert import EXIT_SKIPPED
 from dsconvert.errors import OptionError, OutputExistsError
 from dsconvert.manifest import Manifest
 from dsconvert.source import scan
 from dsconvert.verify import verify
+
+from conftest import encode, write
 
 
 @pytest.fixture

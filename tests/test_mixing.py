@@ -64,6 +64,7 @@ def _labels(out, **options):
     return [label for _, label in open_dataset(out, decode="raw", **options)]
 
 
+@pytest.mark.slow
 def test_a_real_conversion_mixes_like_a_uniform_shuffle_in_every_read_mode(thousand_classes):
     import torch
 
@@ -83,6 +84,7 @@ def test_a_real_conversion_mixes_like_a_uniform_shuffle_in_every_read_mode(thous
     assert classes_per_batch(_labels(source, shuffle=True, seed=1)) < 0.5 * uniform
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_order_arithmetic_at_imagenet_shape(shuffle):
     classes, per_class, shard = 1000, 1281, 10000

@@ -7,6 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from dsconvert.readers.order import Deal, GlobalOrder, remaining
 
+from conftest import examples
+
 
 def consumption(length, ranks, workers, chunk):
     """Offsets in the order a DDP job with DataLoader workers consumes them: at step s every
@@ -32,7 +34,7 @@ def consumption(length, ranks, workers, chunk):
     return [[b for o in per_rank for b in (o[s:s + 1])] for s in range(steps)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(n=st.integers(0, 300), ranks=st.integers(1, 5), workers=st.integers(1, 4), chunk=st.integers(1, 9),
        seen=st.integers(0, 320), even=st.sampled_from([None, "pad", "drop"]))
 def test_every_remaining_position_is_dealt_exactly_once(n, ranks, workers, chunk, seen, even):
@@ -56,7 +58,7 @@ def test_every_remaining_position_is_dealt_exactly_once(n, ranks, workers, chunk
         assert 0 <= length - max(0, n - seen) < ranks
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(n=st.integers(1, 300), ranks=st.integers(1, 4), workers=st.integers(1, 4), chunk=st.integers(1, 9))
 def test_what_a_job_consumed_is_a_prefix_of_the_order(n, ranks, workers, chunk):
     """After s whole steps of every rank, the consumed offsets are exactly [0, s*ranks*chunk):
@@ -87,7 +89,7 @@ def test_offsets_from_any_start_equal_the_tail_of_the_whole():
         assert d.offsets(start, d.length).tolist() == whole[start:].tolist()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=8), window=st.integers(1, 50),
        seed=st.integers(-5, 5), epoch=st.integers(0, 3), data=st.data())
 def test_the_global_order_is_a_seeded_permutation_within_windows(sizes, window, seed, epoch, data):

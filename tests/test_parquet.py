@@ -467,6 +467,7 @@ def test_workers_give_identical_bytes(tmp_path):
                 assert a.read() == b.read()
 
 
+@pytest.mark.system
 def test_s3_folder(s3, tmp_path):
     local = tmp_path / "src"
     local.mkdir()
@@ -487,6 +488,7 @@ def test_s3_folder(s3, tmp_path):
     assert [int(members[f"part-{f}/{i:09d}.cls"]) for f in range(2) for i in range(3)] == [0, 2, 1, 1, 1, 1]
 
 
+@pytest.mark.slow
 def test_analyze_measures_parquet_and_its_commands_run(tmp_path):
     import shlex
 

@@ -13,7 +13,6 @@ test_shards.py). Fuzz runs are derandomized, so CI sees the same cases every tim
 
 import copy
 import hashlib
-import io
 import json
 import os
 import tempfile
@@ -26,9 +25,9 @@ from dsconvert import Manifest, ManifestError, convert, open_dataset
 from dsconvert.distributed import rank_span, split_range
 from dsconvert.manifest import ShardEntry
 
-from conftest import make_image_folder
+from conftest import examples, make_image_folder
 
-FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=300,
+FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=examples(300),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
@@ -85,7 +84,7 @@ def uneven_samples(uneven):
     return samples
 
 
-@settings(deadline=None, max_examples=60, derandomize=True, database=None)
+@settings(deadline=None, max_examples=examples(60), derandomize=True, database=None)
 @given(world=st.integers(1, 7), shuffle=st.booleans(), seed=st.integers(0, 3), epoch=st.integers(0, 3))
 def test_real_reader_reads_each_sample_once_across_ranks(uneven, uneven_samples, world, shuffle, seed, epoch):
     """Ranks, shuffles and epochs over the real reader, in this process (one worker); the
@@ -216,8 +215,8 @@ def test_fuzz_manifest_bytes(blob):
 def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
     """A mutated shard index is refused with ManifestError, or read without any other error:
     every member slice stays inside the shard."""
-    from dsconvert.io.shard_cache import ShardAccess
     from dsconvert.formats.wds import Wds, WdsShard
+    from dsconvert.io.shard_cache import ShardAccess
 
     manifest = Manifest.load(real_output)
     entry = manifest.shards[0]
@@ -250,4 +249,4 @@ def test_fuzz_cases_include_valid_documents(real_output):
 
     m = Manifest.load(real_output)
     assert Wds.load_record(os.path.join(real_output, m.shards[0].index)).d["num_samples"] == 5
-    json.load(io.open(os.path.join(real_output, "dsconvert.json")))
+    json.load(open(os.path.join(real_output, "dsconvert.json")))

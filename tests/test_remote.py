@@ -14,11 +14,14 @@ import sys
 import pytest
 
 from dsconvert import ManifestError, OptionError, convert, open_dataset
-from dsconvert.io.shard_cache import ShardCache
 from dsconvert.cli import main
+from dsconvert.io.shard_cache import ShardCache
 from dsconvert.verify import verify
 
 from conftest import ROOT, make_image_folder, s3server
+
+pytestmark = pytest.mark.system  # moto's S3 server, a Dask cluster
+
 
 @pytest.fixture
 def local_src(tmp_path, photos):
@@ -56,7 +59,8 @@ def test_analyze_s3_measures_requests_and_recommends_a_local_cache(s3, local_src
     assert report["storage"] == {"kind": "s3", "fstype": "s3", "mount": f"s3://{s3.bucket}", "latency_bound": True}
     inv = report["inventory"]
     assert (inv["files"], inv["layout"], inv["complete"]) == (21, "imagefolder", True)
-    assert report["read"]["cold_sequential"]["files"] == 21 and report["read"]["cold_sequential"]["latency_ms"]["p50"] > 0
+    cold = report["read"]["cold_sequential"]
+    assert cold["files"] == 21 and cold["latency_ms"]["p50"] > 0
     assert [r["readers"] for r in report["sweep"]][-2:] == [32, 64]
     v = report["verdict"]
     assert v["bottleneck"] in ("storage-latency", "small-files"), v["summary"]

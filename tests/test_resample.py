@@ -13,10 +13,9 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import can_build_extensions, encode
+from dsconvert import fused as fz, optional, resample
 
-from dsconvert import fused as fz
-from dsconvert import optional, resample
+from conftest import can_build_extensions, encode
 
 kernel = optional.resize_kernel()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="dsconvert's resize kernel is not built here")
@@ -161,32 +160,42 @@ def test_nonsense_arguments_raise_and_never_crash():
 
 @needs_kernel
 def test_the_kernel_releases_the_gil():
-    """A Python thread keeps running while a resize of a few hundred milliseconds runs: at a
-    fair share of the pace it keeps while the main thread sleeps (holding the GIL, the kernel
-    would let it run only between switch intervals, a few ms in all)."""
+    """A Python thread runs while a resize runs. The switch interval is raised far above a
+    resize's length, so the interpreter never takes the GIL from its holder: a thread waiting
+    for it gets it only when the holder lets it go, as the kernel does around its loops. The
+    spinner lets it go at each turn (a sleep), so the main thread always takes it back at once.
+    Held through the kernel, the count could not move at all: this needs no timing."""
+    import sys
     import time
 
-    image = np.random.default_rng(0).integers(0, 256, (3000, 3000, 3), dtype=np.uint8)
-    out = np.empty((3, 2900, 2900), np.uint8)
-    count, stop = [0], []
+    image = np.random.default_rng(0).integers(0, 256, (1000, 1000, 3), dtype=np.uint8)
+    out = np.empty((3, 900, 900), np.uint8)
+    count, stop, started = [0], [], threading.Event()
 
     def spin():
+        started.set()
         while not stop:
             count[0] += 1
+            time.sleep(0)  # the GIL released each turn
 
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
     spinner = threading.Thread(target=spin)
-    spinner.start()
     try:
-        start, t = count[0], time.perf_counter()
-        time.sleep(0.2)
-        pace = (count[0] - start) / (time.perf_counter() - t)
-        start, t = count[0], time.perf_counter()
-        kernel.window(image, 0, 0, 3000, 3000, 2900, 2900, 0, 0, out, 1, True, False)
-        during, seconds = count[0] - start, time.perf_counter() - t
+        spinner.start()
+        started.wait()
+        during = 0
+        for _ in range(100):  # one resize is enough where the spinner gets a core during it
+            start = count[0]
+            kernel.window(image, 0, 0, 1000, 1000, 900, 900, 0, 0, out, 1, True, False)
+            during = count[0] - start
+            if during:
+                break
     finally:
         stop.append(True)
         spinner.join()
-    assert seconds > 0.1 and during > 0.2 * pace * seconds, (during, pace, seconds)
+        sys.setswitchinterval(interval)
+    assert during > 0
 
 
 @needs_kernel
@@ -308,6 +317,7 @@ def guarded(h: int, w: int, channels: int, stride: int, at_start: bool, rng) -> 
     return np.lib.stride_tricks.as_strided(flat, (h, w, channels), (stride, channels, 1))
 
 
+@pytest.mark.slow
 @needs_kernel
 @pytest.mark.skipif(not hasattr(os, "fork") or os.uname().sysname != "Linux", reason="mprotect through ctypes: Linux")
 def test_the_kernel_reads_nothing_past_its_source():

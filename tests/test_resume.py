@@ -65,6 +65,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_a_stopped_epoch_resumes_exactly_in_a_new_process(tmp_path, outputs):
     cases = []
     for case in CASES:
@@ -82,6 +83,8 @@ def test_a_stopped_epoch_resumes_exactly_in_a_new_process(tmp_path, outputs):
             assert after == full[k:], (case["name"], k)
 
 
+@pytest.mark.slow
+@pytest.mark.system
 def test_gloo_ranks_resume_on_the_same_and_on_another_topology(tmp_path, outputs):
     """2 gloo ranks x 2 workers stop after 3 steps; 2 new ranks resume from the loader states;
     3 new ranks x 1 worker continue from samples_seen = 3 steps x 4 x 2 ranks: together with
@@ -116,12 +119,13 @@ def _keys(loader):
 
     out = []
     for batch in loader:
-        images = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch[0], bytes) else [batch[0]]
+        pair = isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch[0], bytes)
+        images = batch[0] if pair else [batch[0]]
         out += [hashlib.sha1(bytes(x)).hexdigest()[:12] for x in images]
     return out
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_set_epoch_reaches_persistent_workers(outputs, context):
     """Workers kept alive across epochs read the epoch the trainer set, not the first one."""
     from torch.utils.data import DataLoader
@@ -335,7 +339,7 @@ def _rank_reads(ds, rank, barrier, queue, load_in_rank):
     queue.put((rank, [hashlib.sha1(raw).hexdigest() for raw, _ in ds]))
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("load_in_rank", [True, False])
 def test_ranks_started_from_the_trainer_each_take_the_resume(outputs, context, load_in_rank):
     """DDP ranks started by fork or spawn with the dataset made in their parent share its

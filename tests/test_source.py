@@ -25,7 +25,8 @@ def test_image_folder_order_and_labels_match_torchvision(tmp_path, photos):
 
 
 def test_hidden_and_litter_are_ignored_not_inputs(image_folder):
-    for rel in (".DS_Store", "cat/.DS_Store", "cat/Thumbs.db", "cat/._cat_0000.jpg", ".git/x.jpg", "__MACOSX/cat/a.jpg"):
+    for rel in (".DS_Store", "cat/.DS_Store", "cat/Thumbs.db", "cat/._cat_0000.jpg", ".git/x.jpg",
+                "__MACOSX/cat/a.jpg"):
         write(os.path.join(image_folder, rel), b"litter")
     src = scan(image_folder)
     assert src.classes == ["cat", "dog", "zebra"]

@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 from dsconvert.io.localfs import evict_page_cache, is_latency_bound, mount_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,10 +20,12 @@ def test_evict_page_cache_counts_files(tmp_path):
     assert evict_page_cache([str(a), str(tmp_path / "missing")]) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.system
 def test_fuse_mount_is_latency_bound_and_read_with_prefetch(slow_mount, photos):
-    from conftest import make_image_folder
-
     from dsconvert import convert, open_dataset
+
+    from conftest import make_image_folder
 
     backing, mnt = slow_mount
     make_image_folder(str(backing / "src"), photos, {"a": 6, "b": 5})

@@ -58,7 +58,8 @@ def gnu_tars(tmp_path, photos):
             k = t * 6 + i
             (src / "part").mkdir(parents=True, exist_ok=True)
             (src / "part" / f"s{k:03d}.jpg").write_bytes(jpegs[k])
-            (src / "part" / f"s{k:03d}.seg.PNG").write_bytes(encode(crop(next(iter(photos.values())), random.Random(k)), "PNG"))
+            seg = crop(next(iter(photos.values())), random.Random(k))
+            (src / "part" / f"s{k:03d}.seg.PNG").write_bytes(encode(seg, "PNG"))
             (src / "part" / f"s{k:03d}.cls").write_text(str(k % 2))
         names = sorted(os.path.relpath(p, src) for p in glob.glob(str(src / "part" / "*")))
         subprocess.run(["tar", "cf", str(out / f"g-{t}.tar"), "-C", str(src), *names], check=True)
@@ -380,6 +381,7 @@ def test_outputs_convert_again_through_their_reader(image_folder, tmp_path):
         convert(str(small), str(tmp_path / "back"), "wds")
 
 
+@pytest.mark.system
 def test_remote_tars_index_in_a_cache_folder(shardwriter_tars, s3, tmp_path, monkeypatch):
     monkeypatch.setenv("DSCONVERT_CACHE", str(tmp_path / "cache"))
     shutil.rmtree(os.path.join(shardwriter_tars, INDEX_FOLDER), ignore_errors=True)
@@ -425,6 +427,7 @@ def _run_printed(line, tmp_path):
     assert next(iter(ds)) is not None
 
 
+@pytest.mark.slow
 def test_analyze_measures_tars_through_the_readers_training_uses(shardwriter_tars, tmp_path):
     from dsconvert.analyze import analyze
 

@@ -72,7 +72,8 @@ def test_user_transform_by_name(tmp_path, monkeypatch):
     assert load_transform("my_aug:Half")(Image.new("RGB", (20, 20))).size == (10, 10)
     assert load_transform("none") is None and load_transform(None) is None
     for bad, match in (("my_aug:NOT_CALLABLE", "not callable"), ("my_aug:missing", "cannot load"),
-                       ("no_such_module_x:f", "cannot load"), ("nonsense", "module:callable"), (":f", "module:callable")):
+                       ("no_such_module_x:f", "cannot load"), ("nonsense", "module:callable"),
+                       (":f", "module:callable")):
         with pytest.raises(OptionError, match=match):
             load_transform(bad)
     sys.modules.pop("my_aug", None)

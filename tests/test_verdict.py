@@ -13,8 +13,9 @@ def passes(source=(620.0, 600.0), memory=650.0, **outputs):
     if memory is not None:
         out[MEMORY] = {"warm": memory, "bytes_per_sample": 38_000}
     for name, (cold, warm, size, fmt, extra) in outputs.items():
-        out[name.replace("__", " --").replace("_", " ")] = dict({"cold": cold, "warm": warm, "bytes_per_sample": size, "format": fmt,
-                                            "decode": "pil", "options": {}}, **extra)
+        out[name.replace("__", " --").replace("_", " ")] = dict(
+            {"cold": cold, "warm": warm, "bytes_per_sample": size, "format": fmt, "decode": "pil", "options": {}},
+            **extra)
     return out
 
 
@@ -114,7 +115,8 @@ def test_small_files_on_local_disk():
 def test_an_npy_output_is_not_the_bottleneck():
     # a dsconvert npy output measured through open_dataset: nothing to convert to, reading is free
     v = decide(make(kind="dsconvert", convertible=False, decode_ms={}, transform_ms=0.4, mean_sample_bytes=196_608,
-                    mean_file_bytes=400e6, bandwidth_mb_s=130.0, sweep=[(1, 0.3), (2, 0.3)], loader={SOURCE: {"cold": 2900.0, "warm": 3000.0, "bytes_per_sample": 196_608}}))
+                    mean_file_bytes=400e6, bandwidth_mb_s=130.0, sweep=[(1, 0.3), (2, 0.3)],
+                    loader={SOURCE: {"cold": 2900.0, "warm": 3000.0, "bytes_per_sample": 196_608}}))
     assert v.bottleneck == "none"
     assert v.commands == [] and v.recommended is None
     assert "not limited by the data's form" in v.summary
@@ -260,7 +262,8 @@ def test_tars_read_in_place_win_over_a_conversion_within_ten_percent():
     loader.update(in_place)
     v = decide(make(source="/data/tars", loader=loader, label="cls", kind="webdataset"))
     assert v.recommended == "tars in place, decode=fused"
-    assert v.commands == ["open_dataset('/data/tars', label='cls', transform=T, decode=\"fused\")   # reads them in place"]
+    assert v.commands == [
+        "open_dataset('/data/tars', label='cls', transform=T, decode=\"fused\")   # reads them in place"]
     loader["tars in place, decode=fused"] = dict(in_place["tars in place, decode=fused"], warm=2000.0)
     v = decide(make(source="/data/tars", loader=loader, label="cls", kind="webdataset"))
     assert v.recommended == "npy --resize 256"  # 3,035/s: more than 10% faster than reading in place

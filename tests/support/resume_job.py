@@ -102,7 +102,8 @@ def main():
         dist.init_process_group("gloo", init_method="env://")
         del os.environ["RANK"], os.environ["WORLD_SIZE"]  # from here only torch.distributed knows
         rank, world = dist.get_rank(), dist.get_world_size()
-    results = {f"{case['name']}/{case['phase']}": run(case, None if world > 1 else rank, None if world > 1 else world, rank)
+    results = {f"{case['name']}/{case['phase']}": run(case, None if world > 1 else rank,
+                                                       None if world > 1 else world, rank)
                for case in cases}
     with open(f"{sys.argv[2]}.{rank}.json", "w") as f:
         json.dump(results, f)
