@@ -20,6 +20,7 @@ from .errors import (  # noqa: E402
     InsufficientSpaceError,
     ManifestError,
     MissingDependencyError,
+    OfflineCacheWarning,
     OptionError,
     OutputExistsError,
     OutputLockedError,
@@ -48,4 +49,5 @@ __all__ = [
     "OutputLockedError",
     "BadInputError",
     "MissingDependencyError",
+    "OfflineCacheWarning",
 ]
