@@ -228,6 +228,11 @@ def test_the_arithmetic():
         assert j[source == s].tolist() == list(range(m.counts[s]))
     big = Mixture([3, 5], [1 << 31, (1 << 31) + 7])  # past int64's reach for 2 c x: exact still
     assert big.interleave(np.array([0, 1, big.length - 1]))[0].tolist() == [1, 0, 1]
+    for mixture in (m, big, Mixture([1, 5, 9, 2], [3, 0, 40, 7], seed=3, replacement=True)):
+        positions = np.unique(np.r_[0:min(mixture.length, 60), mixture.length - 1])
+        for round_ in (0, 1, 5):  # one position at a time (ds[i]) as in batches (__getitems__)
+            source, sample = mixture.locate(round_, positions)
+            assert [mixture.locate_one(round_, int(p)) for p in positions] == list(zip(source.tolist(), sample.tolist()))
 
 
 def python_blocks():

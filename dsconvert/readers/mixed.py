@@ -76,8 +76,13 @@ class MixedDataset(TorchDataset):
         return self.mixture.locate(self.epoch, idx)
 
     def source_of(self, index: int) -> Tuple[int, int]:
-        s, k = self.locate([index])
-        return int(s[0]), int(k[0])
+        """(source, sample index in it) of ``index``, in the current epoch."""
+        i, n = int(index), self.mixture.length
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for a mixture of {n} samples")
+        return self.mixture.locate_one(self.epoch, i)
 
     def __getitem__(self, index: int) -> Any:
         s, k = self.source_of(index)

@@ -79,6 +79,22 @@ class FeistelPermutation:
             left, right = right, left ^ (h & np.uint64(self.mask))
         return (left << np.uint64(self.half)) | right
 
+    def one(self, position: int) -> int:
+        """The permutation of one position, in Python ints (the same as :meth:`__call__`)."""
+        half, mask, x = self.half, self.mask, int(position)
+        keys = [int(k) for k in self.keys]
+        while True:
+            left, right = x >> half, x & mask
+            for k in keys:
+                h = ((right + k) * 0x9E3779B97F4A7C15) & _MASK64
+                h ^= h >> 29
+                h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+                h ^= h >> 32
+                left, right = right, left ^ (h & mask)
+            x = (left << half) | right
+            if x < self.n:
+                return x
+
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         x = np.asarray(positions, dtype=np.uint64)
         with np.errstate(over="ignore"):
@@ -127,14 +143,39 @@ class Mixture:
         num = 2 * c * x[None, :] - P
         return np.clip(-((-num) // (2 * P)), 0, c)
 
+    def _below_one(self, x: int) -> List[int]:
+        P = self.length
+        return [min(max(-((P - 2 * c * x) // (2 * P)), 0), c) for c in self.counts]
+
+    def interleave_one(self, i: int) -> Tuple[int, int]:
+        """:meth:`interleave` of one position, in Python ints (a lookup a sample)."""
+        k = len(self.counts)
+        lo, hi = max(i - k, 0), min(i + k + 1, self.length)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if sum(self._below_one(mid)) <= i:
+                lo = mid
+            else:
+                hi = mid
+        before, after = self._below_one(lo), self._below_one(lo + 1)
+        offset = i - sum(before)
+        for s, (b, a) in enumerate(zip(before, after)):
+            if offset < a - b:
+                return s, b + offset
+            offset -= a - b
+        raise AssertionError("position past the round")  # F(lo + 1) > i: never reached
+
     def interleave(self, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(source, draw j within the round) of each position in [0, length)."""
         i = np.asarray(positions, dtype=np.int64)
         big = self.length >= 1 << 30  # 2 c x would overflow int64: Python ints
         if big:
             i = i.astype(object)
-        lo = np.zeros(len(i), dtype=i.dtype)
-        hi = np.full(len(i), self.length, dtype=i.dtype)
+        # each source's count below x is within 1/2 of c_s x / P, so the total F(x) is within K/2
+        # of x: F(i - K) <= i < F(i + K + 1), and the search spans 2K + 1 keys, whatever P
+        k = len(self.counts)
+        lo = np.maximum(i - k, 0)
+        hi = np.minimum(i + k + 1, self.length)
         while True:
             open_ = hi - lo > 1
             if not open_.any():
@@ -184,6 +225,15 @@ class Mixture:
             else:
                 out[sel] = self._perm(s, key)(d[sel] % n)
         return out
+
+    def locate_one(self, round_: int, position: int) -> Tuple[int, int]:
+        """:meth:`locate` of one position, in Python ints (``ds[i]``: a few microseconds)."""
+        s, j = self.interleave_one(int(position))
+        d = round_ * self.counts[s] + j
+        if self.replacement:
+            return s, int(self._block(s, d // _DRAW_BLOCK)[d % _DRAW_BLOCK])
+        n = self.sizes[s]
+        return s, self._perm(s, d // n).one(d % n)
 
     def locate(self, round_: int, positions: Union[Sequence[int], np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
         """(source, sample index in it) of each position of round ``round_``."""
