@@ -89,6 +89,7 @@ def test_a_fully_cached_output_reads_to_the_end_with_the_server_stopped(server, 
     with pytest.warns(OfflineCacheWarning, match="cannot be reached.*reading it from the cache") as said:
         ds = open_dataset(url, decode="raw", storage_options=server.options, cache_dir=cache)
     assert len(said) == 1 and "EndpointConnectionError" in str(said[0].message)
+    assert said[0].filename == __file__  # the line that opened it
     assert sample_digests(ds) == want  # every sample, in the source's order
     loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
                                          collate_fn=lambda batch: batch)

@@ -90,5 +90,5 @@ def _from_cache(access: ShardAccess, exc: Exception) -> Manifest:
             f"{cache.dir} or do not match its manifest (first: {missing[0]}): read it once while it is reachable "
             f"(`dsconvert cache {root} {cache.dir}` fetches and verifies every shard)", root) from exc
     warnings.warn(f"{root} cannot be reached ({_said(exc)}): reading it from the cache {cache.dir}, every file "
-                  "verified against the manifest kept there", OfflineCacheWarning, stacklevel=3)
+                  "verified against the manifest kept there", OfflineCacheWarning, stacklevel=4)
     return manifest
