@@ -248,3 +248,17 @@ def test_the_docs_run_as_written(outputs):
     for block in blocks:
         block = block.replace("/ssd/web-wds", outputs["a"]).replace("/ssd/curated-wds", outputs["b"])
         exec(compile(block, "docs/mixing.md", "exec"), {"__name__": "__docs__"})
+
+
+def test_set_epoch_reaches_persistent_workers(outputs, torch):
+    (a,) = opened(outputs, "a")
+    quarter = subsample(a, 5, seed=0)
+    loader = torch.utils.data.DataLoader(quarter, batch_size=5, num_workers=2, persistent_workers=True,
+                                         collate_fn=list)
+    seen = set()
+    for epoch in range(4):
+        quarter.set_epoch(epoch)  # in this process; the workers were started in epoch 0
+        want = [sha(quarter[i]) for i in range(5)]
+        assert [sha(s) for batch in loader for s in batch] == want
+        seen.update(want)
+    assert len(seen) == len(a)  # four epochs of a quarter: every sample once
