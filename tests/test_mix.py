@@ -120,6 +120,7 @@ def test_subsample(outputs):
     assert picked != [own[sha(subsample(a, 0.5, seed=4)[i])][1] for i in range(10)]
     half.set_epoch(1)  # the next part of the seeded order: the other half
     assert {own[sha(half[i])][1] for i in range(10)} == set(range(20)) - set(picked)
+    assert len(subsample(a, np.int64(4))) == 4 and len(mix([a], length=np.int64(9), weights=[np.float32(1)])) == 9
     many = subsample(a, 50, seed=0, replacement=True)
     assert len(many) == 50 and len({sha(many[i]) for i in range(50)}) < 20 + 1
     with pytest.raises(OptionError, match="without replacement"):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import numbers
 import sys
 from typing import Any, List, Optional, Sequence, Union
 
@@ -11,6 +12,11 @@ from ..errors import OptionError
 from .mixture import Mixture, apportion
 
 __all__ = ["mix", "subsample", "mixture_of"]
+
+
+def _whole(value: Any) -> bool:
+    """An int (numpy's included), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _identity(ds: Any) -> Optional[str]:
@@ -49,17 +55,17 @@ def mixture_of(datasets: Sequence[Any], weights: Optional[Sequence[float]] = Non
             values = list(values)
             if len(values) != k:
                 raise OptionError(f"{name} needs one value per dataset: {len(values)} for {k} datasets")
-            if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v == float("inf")
+            if any(not isinstance(v, numbers.Real) or isinstance(v, bool) or not v >= 0 or v == float("inf")
                    for v in values) or not sum(values) > 0:
                 raise OptionError(f"{name} must be finite numbers >= 0, not all 0: {values}")
-    if length is not None and (type(length) is not int or length < 1):
+    if length is not None and (not _whole(length) or length < 1):
         raise OptionError(f"length must be a positive int, not {length!r}")
     if epochs is not None:
         if length is not None:
             raise OptionError("epochs= fixes the mixture's length (the sum of epochs x sizes): leave length= out")
         counts = [int(round(e * n)) for e, n in zip(epochs, sizes)]
     else:
-        total = length if length is not None else sum(sizes)
+        total = int(length) if length is not None else sum(sizes)
         counts = apportion(total, weights if weights is not None else sizes)
     if not sum(counts):
         raise OptionError("this mixture draws no sample: raise length, weights or epochs")
@@ -109,12 +115,12 @@ def subsample(dataset: Any, size: Union[int, float], seed: object = 0, replaceme
     exceed ``len(dataset)``, a float 1). A :class:`dsconvert.readers.mixed.MixedDataset` of one
     source: ``set_epoch(e)`` takes the next part of the dataset's seeded order."""
     n = _sized([dataset])[0]
-    if isinstance(size, float):
+    if isinstance(size, numbers.Real) and not _whole(size):
         if not 0 < size <= (float("inf") if replacement else 1.0):
             raise OptionError(f"a fraction to subsample is within (0, 1], not {size}")
         count = int(round(size * n))
-    elif type(size) is int and size >= 1:
-        count = size
+    elif _whole(size) and size >= 1:
+        count = int(size)
     else:
         raise OptionError(f"subsample size must be a positive int or a fraction, not {size!r}")
     if count > n and not replacement:
