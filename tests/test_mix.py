@@ -217,6 +217,10 @@ def test_bad_mixtures_are_refused_in_one_line(outputs):
         mix([a, stream])
     with pytest.raises(OptionError, match="at least one"):
         mix([])
+    with pytest.raises(OptionError, match="empty"):
+        mix([[], []])
+    with pytest.raises(OptionError, match="empty source"):
+        mix([a, []], weights=[1, 1])
 
 
 def test_the_arithmetic():

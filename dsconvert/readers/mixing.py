@@ -48,6 +48,8 @@ def mixture_of(datasets: Sequence[Any], weights: Optional[Sequence[float]] = Non
     k = len(datasets)
     if not k:
         raise OptionError("mix() needs at least one dataset")
+    if not sum(sizes):
+        raise OptionError("every dataset to mix is empty")
     if weights is not None and epochs is not None:
         raise OptionError("give weights= (shares of the draws) or epochs= (epochs of each source), not both")
     for name, values in (("weights", weights), ("epochs", epochs)):
