@@ -13,6 +13,7 @@ from __future__ import annotations
 from .version import __version__
 from .convert import ConvertResult, convert  # noqa: E402
 from .readers.open import open_dataset, open_source  # noqa: E402
+from .readers.mixing import mix, subsample  # noqa: E402
 from .errors import (  # noqa: E402
     BadInputError,
     DsconvertError,
@@ -20,6 +21,7 @@ from .errors import (  # noqa: E402
     InsufficientSpaceError,
     ManifestError,
     MissingDependencyError,
+    OfflineCacheWarning,
     OptionError,
     OutputExistsError,
     OutputLockedError,
@@ -35,6 +37,8 @@ __all__ = [
     "ConvertResult",
     "open_dataset",
     "open_source",
+    "mix",
+    "subsample",
     "scan",
     "DataLoadingMonitor",
     "Manifest",
@@ -48,4 +52,5 @@ __all__ = [
     "OutputLockedError",
     "BadInputError",
     "MissingDependencyError",
+    "OfflineCacheWarning",
 ]

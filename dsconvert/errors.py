@@ -18,6 +18,7 @@ __all__ = [
     "NotRegularFileError",
     "FusedFallbackWarning",
     "MissingExtensionWarning",
+    "OfflineCacheWarning",
 ]
 
 
@@ -89,3 +90,8 @@ class FusedFallbackWarning(UserWarning):
     """``decode="fused"`` could not fold the transform's crop or resize into decoding: the
     dataset decodes whole images (the same samples, slower). Said once per dataset, naming the
     step that stopped it."""
+
+
+class OfflineCacheWarning(UserWarning):
+    """A remote output could not be reached and is read from ``cache_dir``: its manifest as last
+    read from the remote, and every shard verified against it. Said once, naming the error."""

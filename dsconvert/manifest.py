@@ -226,6 +226,11 @@ class Manifest:
             if loc.remote or isinstance(exc, DsconvertError):  # the storage client's own error says more
                 raise
             raise ManifestError(_unreadable(loc.url, where, exc), where) from None
+        return cls.from_bytes(raw, where)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str = "manifest") -> "Manifest":
+        """Parse a manifest file's bytes (read from ``where``, named in errors)."""
         try:
             d = json.loads(raw)
         except ValueError as exc:  # UnicodeDecodeError included

@@ -135,12 +135,7 @@ class ShardCache:
         fetched = False
         local = self._local_path(url)
         with file_lock(os.path.join(self.dir, "evict.lock"), shared=True), file_lock(self._lock_path(url)):
-            present = os.path.exists(local) and not refresh
-            if present and sha256 is not None and _read_text(local + MARKER) != sha256:
-                # a copy checked against another digest (the output was rewritten), or never checked
-                present = (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256
-                if present:
-                    _write_marker(local, sha256)
+            present = not refresh and self._present(local, sha256, size)
             if not present:
                 self._remove(local)
                 self._download(url, local, sha256, size)
@@ -153,6 +148,73 @@ class ShardCache:
         if fetched and self.max_bytes is not None:
             self.evict(keep=local)
         return local
+
+    @staticmethod
+    def _present(local: str, sha256: Optional[str], size: Optional[int]) -> bool:
+        """Whether the copy ``local`` is there and, with ``sha256``, checked against it (hashed
+        now when its marker names another digest or none). Caller holds the file's lock."""
+        present = os.path.exists(local)
+        if present and sha256 is not None and _read_text(local + MARKER) != sha256:
+            # a copy checked against another digest (the output was rewritten), or never checked
+            present = (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256
+            if present:
+                _write_marker(local, sha256)
+        return present
+
+    def holds(self, url: str, sha256: Optional[str] = None, size: Optional[int] = None) -> bool:
+        """Whether ``url``'s copy is in the cache (with ``sha256``, checked against it), without
+        fetching anything: what a read with the remote unreachable can count on."""
+        local = self._local_path(url)
+        with file_lock(os.path.join(self.dir, "evict.lock"), shared=True), file_lock(self._lock_path(url)):
+            try:
+                if size is not None and regular_size(local) != size:
+                    return False
+            except OSError:  # not there, or not a regular file
+                return False
+            return self._present(local, sha256, size)
+
+    def _kept_path(self, url: str) -> str:
+        digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+        return os.path.join(self.dir, "kept", f"{digest}-{check_name(url.rsplit('/', 1)[-1], url)}")
+
+    def keep(self, url: str, data: bytes) -> None:
+        """Keep ``data``, the bytes just read of ``url`` (an output's manifest), as the cache's
+        copy of it, with its own sha256 beside it, replacing an older one; never evicted. The
+        copy is what :meth:`kept` gives when ``url`` cannot be reached."""
+        local = self._kept_path(url)
+        digest = hashlib.sha256(data).hexdigest()
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        with file_lock(self._lock_path(url)):
+            if _read_text(local + MARKER) == digest and os.path.exists(local):
+                return
+            tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                # the marker first: a crash between the two leaves copy and marker disagreeing, a
+                # copy :meth:`kept` refuses (and the next read of ``url`` replaces)
+                _write_marker(local, digest)
+                os.replace(tmp, local)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+
+    def kept(self, url: str) -> Optional[bytes]:
+        """The copy of ``url`` that :meth:`keep` made, checked against its sha256; None when
+        there is none. A copy that does not match its sha256 (edited, or cut short) is never
+        handed out: ManifestError."""
+        local = self._kept_path(url)
+        with file_lock(self._lock_path(url)):
+            try:
+                with open_regular(local) as f:
+                    data = f.read()
+            except FileNotFoundError:
+                return None
+            digest = _read_text(local + MARKER)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ManifestError(f"{local}: the cache's copy of {url} does not match its sha256 (edited or damaged): "
+                                f"not trusted; remove it, and read {url} once while it is reachable", local)
+        return data
 
     @staticmethod
     def _remove(local: str) -> None:

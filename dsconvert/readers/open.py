@@ -13,6 +13,7 @@ from ..errors import OptionError
 from ..manifest import MANIFEST_NAME, Manifest
 from ..source import scan
 from ..source.tars import looks_like_tars
+from .offline import load_manifest
 from .tars import open_tars
 
 __all__ = ["open_dataset", "open_source"]
@@ -76,7 +77,10 @@ def open_dataset(
     local SSD folder) every shard is fetched whole on first use, verified against the
     manifest's sha256, and read from there after; ``cache_size`` caps it ("500GB"), evicting
     the least recently used shards. Safe for any number of workers and ranks at once. A local
-    output on a network file system can be cached the same way.
+    output on a network file system can be cached the same way. A remote output's manifest is
+    kept in ``cache_dir`` each time it is read, so a fully cached output opens and reads with the
+    remote unreachable (every file verified against that manifest; an OfflineCacheWarning says
+    so); while the remote answers, its manifest wins: :mod:`dsconvert.readers.offline`.
     """
     path = local_form(path)  # file:// URLs as the paths they name
     cache_dir = local_form(cache_dir) if cache_dir is not None else None
@@ -84,12 +88,14 @@ def open_dataset(
     label = options.pop("label", None)
     index_dir = options.pop("index_dir", None)
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
+    # a remote output's manifest is kept in the cache, and read from there when the remote is out of reach
+    kept = load_manifest(access) if access.cache is not None and access.remote else None
     # tars without a manifest are read in place; a damaged manifest is a damaged output, never foreign data
-    if access.location.exists(MANIFEST_NAME) or not looks_like_tars(path, storage_options):
+    if kept is not None or access.location.exists(MANIFEST_NAME) or not looks_like_tars(path, storage_options):
         if label is not None or index_dir is not None:
             raise OptionError(f"label= and index_dir= are for tar shards without a manifest, and {path} is not one "
                               "(a dsconvert output keeps its labels)")
-        manifest = Manifest.load(access.location)
+        manifest = kept if kept is not None else Manifest.load(access.location)
     else:
         manifest, access = open_tars(path, storage_options, cache_dir, cache_size, label, index_dir)
     root = access.location.url

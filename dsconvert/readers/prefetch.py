@@ -11,7 +11,8 @@ from ..errors import OptionError
 from ..formats import get
 from ..io.location import local_form
 from ..io.shard_cache import ShardAccess
-from ..manifest import Manifest, ShardEntry
+from ..manifest import ORDER_NAME, Manifest, ShardEntry
+from .offline import load_manifest
 
 __all__ = ["prefetch"]
 
@@ -25,7 +26,9 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
     access = ShardAccess(url, storage_options, cache_dir, max_bytes)
     cache = access.cache
     assert cache is not None
-    manifest = Manifest.load(access.location)
+    manifest = load_manifest(access) if access.remote else None  # kept in the cache, for reads offline
+    if manifest is None:
+        manifest = Manifest.load(access.location)
     total = sum(e.bytes for e in manifest.shards)
     if cache.max_bytes is not None and total > cache.max_bytes:
         raise OptionError(f"{url} holds {total:,} bytes of shards, more than the cache's cap of "
@@ -43,6 +46,8 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         list(pool.map(fetch, manifest.shards))
+    if manifest.order is not None:  # a shuffled output's order file: read at every open
+        access.file_bytes(ORDER_NAME, manifest.order)
     files, nbytes = cache.usage()
     return {"url": access.location.url, "cache_dir": cache.dir, "shards": len(manifest.shards), "bytes": total,
             "downloaded": cache.downloads, "downloaded_bytes": cache.downloaded_bytes,
