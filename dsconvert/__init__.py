@@ -21,6 +21,8 @@ from .errors import (  # noqa: E402
     InsufficientSpaceError,
     ManifestError,
     MissingDependencyError,
+    MissingExtensionWarning,
+    NotRegularFileError,
     OfflineCacheWarning,
     OptionError,
     OutputExistsError,
@@ -52,5 +54,7 @@ __all__ = [
     "OutputLockedError",
     "BadInputError",
     "MissingDependencyError",
+    "MissingExtensionWarning",
+    "NotRegularFileError",
     "OfflineCacheWarning",
 ]
