@@ -19,8 +19,8 @@ from ..io.location import Location
 from ..keys import escape_path
 from ..plan import CHANGED_DURING, MAX_SAMPLE_BYTES, ShardSpec, over_limit, sample_bytes_limit
 from ..samples import Fetched, Sample, SourceFile
-from ..source.parquet import (format_of, hf_features, image_column, image_path, import_pyarrow, kept_columns,
-                              open_file, path_reason)
+from ..source.arrow import is_arrow_name
+from ..source.parquet import format_of, hf_features, image_column, image_path, kept_columns, open_table, path_reason
 from .check import Check, Contents
 
 __all__ = ["read_parquet_samples", "ParquetRows"]
@@ -140,11 +140,9 @@ def _read_file(location: Location, name: str, mtime_ns: int, dict_samples: bool,
                ) -> Iterator[Tuple[Any, ...]]:
     """("row", row, image bytes, image path, json bytes, unchanged) for rows first..last of one
     file, then ("error", reason) if reading it failed part way (or at once)."""
-    pq = import_pyarrow()
     try:
-        with open_file(location, name) as f:
+        with open_table(location, name) as (f, pf):
             unchanged = True if location.remote else os.fstat(f.fileno()).st_mtime_ns == mtime_ns
-            pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
             image = image_column(schema, hf_features(schema))
             if image is None:
@@ -156,7 +154,7 @@ def _read_file(location: Location, name: str, mtime_ns: int, dict_samples: bool,
                 yield ("row", row, data, img_path, js, unchanged)
     except Exception as exc:  # pyarrow's ArrowInvalid, OSError: the file changed or went
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        yield ("error", f"unreadable Parquet file: {text[:200]}")
+        yield ("error", f"unreadable {'Arrow' if is_arrow_name(name) else 'Parquet'} file: {text[:200]}")
 
 
 def read_parquet_samples(spec: ShardSpec, checked: Check) -> Iterator[Tuple[Sample, Fetched]]:
@@ -226,9 +224,8 @@ class ParquetRows:
         self.table: Any = None
 
     def _open(self) -> None:
-        pq = import_pyarrow()
-        self.file = open_file(self.location, self.name)
-        self.pf = pq.ParquetFile(self.file)
+        self.opened = open_table(self.location, self.name)
+        self.file, self.pf = self.opened.__enter__()
         schema = self.pf.schema_arrow
         image = image_column(schema, hf_features(schema))
         if image is None:
@@ -270,5 +267,5 @@ class ParquetRows:
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
+            self.opened.__exit__(None, None, None)
             self.file = self.pf = None

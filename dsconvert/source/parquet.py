@@ -44,6 +44,7 @@ with the reason; so is a column holding binary data (not JSON), in either case.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -54,9 +55,12 @@ from ..io.location import Location, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path
 from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
 from ..skips import row_run
+from .arrow import (ARROW_SUFFIX, INFO_NAME, STATE_NAME, is_arrow_name, looks_like_saved, open_arrow,
+                    refuse_dataset_dict, saved_files, saved_features)
 from .folders import is_ignored
 
-__all__ = ["looks_like_parquet", "parquet_source", "format_of", "import_pyarrow", "open_file", "image_column",
+__all__ = ["looks_like_parquet", "looks_like_arrow", "parquet_source", "format_of", "import_pyarrow", "open_file",
+           "open_table", "image_column",
            "hf_features", "is_binary", "has_binary", "IMAGE_NOT_EMBEDDED", "image_path", "path_reason", "kept_columns"]
 
 SUFFIX = ".parquet"
@@ -113,6 +117,23 @@ def looks_like_parquet(src: str, storage_options: Optional[Dict[str, Any]] = Non
         return False
     names = [(n, t) for n, t, _ in entries if not is_ignored(n) and not _not_regular(t)]
     return bool(names) and all(t == "file" and n.lower().endswith(SUFFIX) for n, t in names)
+
+
+def looks_like_arrow(src: str, storage_options: Optional[Dict[str, Any]] = None) -> bool:
+    """Whether ``src`` is an ``.arrow`` file, a ``save_to_disk`` folder (``.arrow`` files beside
+    ``dataset_info.json`` or ``state.json``) or a ``DatasetDict`` one (``dataset_dict.json``).
+    Lists only; False on any error."""
+    if "{" in src and ".." in src:
+        return False
+    try:
+        location = Location(src, storage_options, flat=False)
+        info = location.fs.info(location.path())
+        if info.get("type") == "file":
+            return is_arrow_name(location.path())
+        names = [n for n, t, _ in _entries(location) if t in ("file", "directory")]
+    except Exception:  # an unreachable store, a bad URL: not Arrow, and scan() says why
+        return False
+    return looks_like_saved(names) or "dataset_dict.json" in names
 
 
 # --- the schema: which column is the image, which the label ----------------------------------
@@ -259,6 +280,27 @@ def open_file(location: Location, name: str) -> Any:
     if location.remote:
         return location.fs.open(location.path(name), "rb", block_size=4 << 20, cache_type="readahead")
     return open_regular(location.path(name))
+
+
+@contextlib.contextmanager
+def open_table(location: Location, name: str) -> Iterator[Tuple[Any, Any]]:
+    """(the open file, its table) for a Parquet file (``pyarrow.parquet.ParquetFile``) or an
+    Arrow IPC file (:class:`.arrow.ArrowFile`, with the features of the folder's
+    ``dataset_info.json`` where it has them)."""
+    pq = import_pyarrow()
+    with open_file(location, name) as f:
+        if is_arrow_name(name):
+            yield f, open_arrow(location, name, f, saved_features(location))
+        else:
+            yield f, pq.ParquetFile(f)
+
+
+def _stem(name: str) -> str:
+    """A file's name without its .parquet or .arrow suffix."""
+    for suffix in (SUFFIX, ARROW_SUFFIX):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _column_bytes(rg: Any, image: str) -> int:
@@ -413,7 +455,7 @@ def parquet_source(src: str, label: Optional[str] = None,
     :class:`Source` of kind ``parquet``: see the module doc. Reads footers and the label
     column only. A file that is not readable Parquet (or lacks the columns the first readable
     file has) is skipped whole; with no image column at all, a one-line SourceError."""
-    pq = import_pyarrow()
+    import_pyarrow()
     location = Location(src, storage_options, flat=False)
     fs = location.fs
     try:
@@ -423,21 +465,34 @@ def parquet_source(src: str, label: Optional[str] = None,
     except OSError as exc:
         raise SourceError(f"cannot read {escape_path(src)}: {exc}", src) from None
     ignored: List[Skipped] = []
+    arrow = False
     if info.get("type") == "file":
         folder, name = location.url.rsplit("/", 1) if location.remote else os.path.split(location.url)
         location = Location(folder, storage_options, flat=False)
         listed = [(name, info)]
+        arrow = is_arrow_name(name)
     else:
+        refuse_dataset_dict(location, src)
+        entries = [(n, t, e) for n, t, e in _entries(location) if not is_ignored(n)]
+        arrow = looks_like_saved([n for n, t, _ in entries if t == "file"])
+        suffix = ARROW_SUFFIX if arrow else SUFFIX
         listed = []
-        for n, t, e in _entries(location):
-            if is_ignored(n):
-                continue
-            if t == "file" and n.lower().endswith(SUFFIX):
+        for n, t, e in entries:
+            if t == "file" and n.lower().endswith(suffix):
                 listed.append((n, e))
+            elif arrow and t == "file" and n in (INFO_NAME, STATE_NAME):
+                ignored.append(Skipped(escape_path(n), "save_to_disk metadata: read for the files' order and the "
+                                                       "features, not a sample"))
             else:
-                ignored.append(Skipped(escape_path(n), NOT_REGULAR if _not_regular(t) else "not a .parquet file"))
+                ignored.append(Skipped(escape_path(n), NOT_REGULAR if _not_regular(t) else f"not a {suffix} file"))
+        if arrow:
+            order, left = saved_files(location, [n for n, _ in listed])
+            by_name = dict(listed)
+            listed = [(n, by_name[n]) for n in order]
+            ignored.extend(Skipped(escape_path(n), why) for n, why in left)
+    what = "Arrow" if arrow else "Parquet"
     if not listed:
-        raise SourceError(f"no .parquet files in {escape_path(src)}", src)
+        raise SourceError(f"no {ARROW_SUFFIX if arrow else SUFFIX} files in {escape_path(src)}", src)
 
     skipped: List[Skipped] = []
     files: List[_File] = []
@@ -449,8 +504,7 @@ def parquet_source(src: str, label: Optional[str] = None,
     for name, e in listed:
         try:
             pf_info = _File(name, mtime_ns_of(e) if location.remote else os.stat(location.path(name)).st_mtime_ns)
-            with open_file(location, name) as f:
-                pf = pq.ParquetFile(f)
+            with open_table(location, name) as (_, pf):
                 meta, schema = pf.metadata, pf.schema_arrow
                 features = hf_features(schema)
                 if image is None:  # the first readable file decides the columns
@@ -511,7 +565,7 @@ def parquet_source(src: str, label: Optional[str] = None,
             raise
         except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a truncated footer...
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            skipped.append(Skipped(escape_path(name), f"not a readable Parquet file: {text[:200]}"))
+            skipped.append(Skipped(escape_path(name), f"not a readable {what} file: {text[:200]}"))
             continue
         files.append(pf_info)
     field = field or "jpg"
@@ -527,7 +581,7 @@ def parquet_source(src: str, label: Optional[str] = None,
     samples: List[Sample] = []
     seen: Dict[str, int] = {}
     for f in files:
-        stem = f.name[: -len(SUFFIX)] if f.name.lower().endswith(SUFFIX) else f.name
+        stem = _stem(f.name)
         shown = escape_path(f.name)
         runs = _Runs(shown, skipped)  # rows skipped for one reason, one after another: one entry
         base = 0
@@ -574,8 +628,8 @@ def parquet_source(src: str, label: Optional[str] = None,
                 samples.append(Sample(key, tuple(inputs), sample_label))
         runs.flush()
     if not samples and not skipped:
-        raise SourceError(f"no rows in the Parquet files of {escape_path(src)}", src)
-    return Source(location.url, "parquet", samples, classes, skipped, ignored, kind="parquet",
+        raise SourceError(f"no rows in the {what} files of {escape_path(src)}", src)
+    return Source(location.url, "arrow" if arrow else "parquet", samples, classes, skipped, ignored, kind="parquet",
                   labelled=not dicts, options={"label": label} if label is not None else {})
 
 
