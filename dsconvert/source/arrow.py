@@ -183,3 +183,42 @@ def saved_features(location: Location) -> Optional[Dict[str, Any]]:
 
 def is_arrow_name(name: str) -> bool:
     return bool(re.search(r"\.arrow$", name, re.IGNORECASE))
+
+
+def dataset_folder(ds: Any, out: str) -> str:
+    """The folder a ``datasets.Dataset`` object is converted from: the ``save_to_disk`` folder
+    it was loaded from (``load_from_disk``) where its rows and features are that folder's as
+    saved; otherwise (in memory, a selection or shuffle of rows, cast features, cache files of
+    ``map``) it is saved once with ``save_to_disk`` (images embedded) into
+    ``OUT.hf-FINGERPRINT`` beside a local output (under the temporary folder for a remote one)
+    and read from there: the same Dataset, converted again, reuses that copy, so a conversion
+    resumes."""
+    import tempfile
+
+    files = [str(c.get("filename", "")) for c in (getattr(ds, "cache_files", None) or []) if isinstance(c, dict)]
+    folders = {os.path.dirname(f) for f in files}
+    if files and len(folders) == 1 and getattr(ds, "_indices", None) is None:
+        folder = folders.pop()
+        location = Location(folder, flat=False)
+        state = _read_json(location, STATE_NAME)
+        listed = [e.get("filename") for e in state.get("_data_files", [])] if isinstance(state, dict) else []
+        try:
+            same_features = saved_features(location) == json.loads(json.dumps(ds.features.to_dict()))
+        except (TypeError, ValueError, AttributeError):
+            same_features = False
+        if listed == [os.path.basename(f) for f in files] and same_features:
+            return folder
+    fingerprint = re.sub(r"[^A-Za-z0-9]", "", str(getattr(ds, "_fingerprint", "")))[:32] or "dataset"
+    remote = "://" in out and not out.startswith("file://")
+    base = os.path.join(tempfile.gettempdir(), f"dsconvert-{fingerprint}") if remote else \
+        f"{os.path.abspath(out).rstrip(os.sep)}.hf-{fingerprint}"
+    if os.path.isfile(os.path.join(base, STATE_NAME)):
+        return base
+    staging = f"{base}.partial"
+    if os.path.isdir(staging):
+        import shutil
+
+        shutil.rmtree(staging)
+    ds.save_to_disk(staging)
+    os.replace(staging, base)
+    return base
