@@ -41,7 +41,7 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
     if container == "tars":
         return tar_source(src, label, storage_options)
     if container in ("parquet", "arrow"):  # Arrow files (save_to_disk folders) are read as Parquet files are
-        return parquet_source(src, label, storage_options)
+        return parquet_source(src, label, storage_options, arrow=container == "arrow")
     if container == "output":
         if label is not None:
             raise SourceError("--label is for tar shards and Parquet files: a dsconvert output keeps its labels", src)

@@ -450,11 +450,13 @@ class _Runs:
 
 
 def parquet_source(src: str, label: Optional[str] = None,
-                   storage_options: Optional[Dict[str, Any]] = None) -> Source:
+                   storage_options: Optional[Dict[str, Any]] = None, arrow: bool = False) -> Source:
     """The rows of a Parquet file, or of a folder's ``.parquet`` files (sorted by name), as a
     :class:`Source` of kind ``parquet``: see the module doc. Reads footers and the label
     column only. A file that is not readable Parquet (or lacks the columns the first readable
-    file has) is skipped whole; with no image column at all, a one-line SourceError."""
+    file has) is skipped whole; with no image column at all, a one-line SourceError. ``arrow``:
+    a folder's ``.arrow`` files are read (:mod:`.arrow`), as they are in a ``save_to_disk``
+    folder without asking."""
     import_pyarrow()
     location = Location(src, storage_options, flat=False)
     fs = location.fs
@@ -465,7 +467,6 @@ def parquet_source(src: str, label: Optional[str] = None,
     except OSError as exc:
         raise SourceError(f"cannot read {escape_path(src)}: {exc}", src) from None
     ignored: List[Skipped] = []
-    arrow = False
     if info.get("type") == "file":
         folder, name = location.url.rsplit("/", 1) if location.remote else os.path.split(location.url)
         location = Location(folder, storage_options, flat=False)
@@ -474,7 +475,7 @@ def parquet_source(src: str, label: Optional[str] = None,
     else:
         refuse_dataset_dict(location, src)
         entries = [(n, t, e) for n, t, e in _entries(location) if not is_ignored(n)]
-        arrow = looks_like_saved([n for n, t, _ in entries if t == "file"])
+        arrow = arrow or looks_like_saved([n for n, t, _ in entries if t == "file"])
         suffix = ARROW_SUFFIX if arrow else SUFFIX
         listed = []
         for n, t, e in entries:
@@ -643,8 +644,8 @@ def _left_out(schema: Any, image: str, label_col: Optional[str], label: Optional
         where = f"{shown}/column {escape_path(str(fld.name))}"
         if has_binary(fld.type):
             other = "another image column" if image_column_like(fld.type) else "binary data"
-            out.append(Skipped(where, f"not kept: it holds {other} ({fld.type}), and only the first image column "
-                                      f"({image!r}) is read; other columns go into the json field as JSON"))
+            out.append(Skipped(where, f"not kept: it holds {other} ({fld.type}); one image column is read "
+                                      f"({image!r}), and the json field holds JSON only"))
         elif not dicts:
             out.append(Skipped(where, f"not kept: label={label!r} makes (image, label) samples; leave the label out "
                                       "to keep every column (dict samples: the image, cls and json)"))
@@ -654,4 +655,4 @@ def _left_out(schema: Any, image: str, label_col: Optional[str], label: Optional
 def image_column_like(t: Any) -> bool:
     import pyarrow as pa
 
-    return is_binary(t) or (pa.types.is_struct(t) and any(t.field(i).name == "bytes" for i in range(t.num_fields)))
+    return pa.types.is_struct(t) and any(t.field(i).name == "bytes" for i in range(t.num_fields))
