@@ -124,6 +124,9 @@ def test_a_dataset_object_converts(tmp_path, monkeypatch):
     assert result.manifest.source["url"] == str(tmp_path / "saved")
     assert_all_kept(str(tmp_path / "out2"), folder, 60, "data-00000-of-00001")
 
+    head = loaded.select(range(10))  # a contiguous select: the same files, sliced, no indices mapping
+    assert dsconvert.convert(head, str(tmp_path / "out-head"), workers=1).manifest.num_samples == 10
+
     picked = loaded.select([5, 2])  # rows through an indices mapping: saved as selected
     result = dsconvert.convert(picked, str(tmp_path / "out3"), workers=1)
     got = members(str(tmp_path / "out3"))

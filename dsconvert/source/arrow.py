@@ -188,7 +188,7 @@ def is_arrow_name(name: str) -> bool:
 def dataset_folder(ds: Any, out: str) -> str:
     """The folder a ``datasets.Dataset`` object is converted from: the ``save_to_disk`` folder
     it was loaded from (``load_from_disk``) where its rows and features are that folder's as
-    saved; otherwise (in memory, a selection or shuffle of rows, cast features, cache files of
+    saved (the same files, features and number of rows); otherwise (in memory, a selection or shuffle of rows, cast features, cache files of
     ``map``) it is saved once with ``save_to_disk`` (images embedded) into
     ``OUT.hf-FINGERPRINT`` beside a local output (under the temporary folder for a remote one)
     and read from there: the same Dataset, converted again, reuses that copy, so a conversion
@@ -206,7 +206,8 @@ def dataset_folder(ds: Any, out: str) -> str:
             same_features = saved_features(location) == json.loads(json.dumps(ds.features.to_dict()))
         except (TypeError, ValueError, AttributeError):
             same_features = False
-        if listed == [os.path.basename(f) for f in files] and same_features:
+        same_rows = _rows_in(files) == getattr(ds, "num_rows", None)  # a contiguous select() slices the same files
+        if listed == [os.path.basename(f) for f in files] and same_features and same_rows:
             return folder
     fingerprint = re.sub(r"[^A-Za-z0-9]", "", str(getattr(ds, "_fingerprint", "")))[:32] or "dataset"
     remote = "://" in out and not out.startswith("file://")
@@ -222,3 +223,13 @@ def dataset_folder(ds: Any, out: str) -> str:
     ds.save_to_disk(staging)
     os.replace(staging, base)
     return base
+
+
+def _rows_in(files: List[str]) -> Optional[int]:
+    """The rows the Arrow files hold (None: one is not readable Arrow)."""
+    import pyarrow as pa
+
+    try:
+        return sum(ArrowFile(pa.memory_map(f)).metadata.num_rows for f in files)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
