@@ -181,6 +181,13 @@ def test_with_a_label_named_the_other_columns_are_listed_as_ignored(tmp_path, mo
     assert m["sample_type"] == "dict" and [e["path"] for e in m["ignored"]] == ["t.parquet/column thumb"]
 
 
+def write_hf_parquet(path: str, values: List[Dict[str, Any]]) -> None:
+    """A Parquet file with a Hugging Face Image column holding ``values`` as given, in one row group."""
+    table = pa.table({"image": pa.array(values, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))})
+    features = json.dumps({"info": {"features": {"image": {"_type": "Image"}}}})
+    pa.parquet.write_table(table.replace_schema_metadata({"huggingface": features}), path)
+
+
 def test_hostile_paths_are_read_only_as_regular_image_files(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()
@@ -192,10 +199,7 @@ def test_hostile_paths_are_read_only_as_regular_image_files(tmp_path):
     (tmp_path / "big.jpg").write_bytes(jpeg(2, size=64))
     rows = ["../outside.jpg", str(secret), str(tmp_path / "fifo"), "missing.jpg", str(tmp_path),
             "https://example.com/a.jpg", str(tmp_path / "big.jpg")]
-    table = pa.table({"image": pa.array([{"bytes": None, "path": p} for p in rows],
-                                        pa.struct([("bytes", pa.binary()), ("path", pa.string())]))})
-    features = json.dumps({"info": {"features": {"image": {"_type": "Image"}}}})
-    pa.parquet.write_table(table.replace_schema_metadata({"huggingface": features}), str(folder / "t.parquet"))
+    write_hf_parquet(str(folder / "t.parquet"), [{"bytes": None, "path": p} for p in rows])
     out = str(tmp_path / "out")
     big = len((tmp_path / "big.jpg").read_bytes())
     dsconvert.convert(str(folder / "t.parquet"), out, workers=1, max_sample_bytes=big - 1)
@@ -211,6 +215,25 @@ def test_hostile_paths_are_read_only_as_regular_image_files(tmp_path):
     assert m["num_samples"] == 1  # a row skipped at read lists its json input too
     assert {p[: -len("/json")] if p.endswith("/json") else p for p in reasons} == {f"t.parquet/row {i}"
                                                                                 for i in range(1, 7)}
+
+
+def test_paths_among_embedded_images_are_read_at_conversion(tmp_path):
+    """A row group holding embedded images is not read at scan: its path-only rows are found,
+    and read or skipped, while converting."""
+    big = [jpeg(i, size=48) for i in range(4)]
+    (tmp_path / "named.jpg").write_bytes(jpeg(9))
+    values = [{"bytes": big[0], "path": None}, {"bytes": None, "path": "named.jpg"},
+              {"bytes": big[1], "path": None}, {"bytes": None, "path": "gone.jpg"}]
+    write_hf_parquet(str(tmp_path / "m.parquet"), values)  # datasets' to_parquet would stat the paths itself
+    out = str(tmp_path / "out")
+    dsconvert.convert(str(tmp_path / "m.parquet"), out, workers=1)
+    got, m = members(out), manifest(out)
+    assert [got[f"m/{i:09d}.jpg"] for i in range(3)] == [big[0], jpeg(9), big[1]]
+    assert "does not exist" in {e["path"]: e["reason"] for e in m["skipped"]}["m.parquet/row 3"]
+    direct = dsconvert.open_dataset(str(tmp_path / "m.parquet"), decode="raw")
+    assert direct[1]["jpg"] == jpeg(9)
+    with pytest.raises(dsconvert.BadInputError, match="does not exist"):
+        direct[3]
 
 
 def test_hostile_save_to_disk_folders(tmp_path, monkeypatch):

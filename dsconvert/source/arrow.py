@@ -182,6 +182,7 @@ def saved_features(location: Location) -> Optional[Dict[str, Any]]:
 
 
 def is_arrow_name(name: str) -> bool:
+    """Whether a file name is an Arrow file's (``.arrow``): read as :class:`ArrowFile`."""
     return bool(re.search(r"\.arrow$", name, re.IGNORECASE))
 
 

@@ -653,6 +653,7 @@ def _left_out(schema: Any, image: str, label_col: Optional[str], label: Optional
 
 
 def image_column_like(t: Any) -> bool:
+    """Whether a column type is a struct with a ``bytes`` child (an image column's shape)."""
     import pyarrow as pa
 
     return pa.types.is_struct(t) and any(t.field(i).name == "bytes" for i in range(t.num_fields))
