@@ -1,7 +1,8 @@
 """The scanner: what the user already has, a folder or URL, scanned into an ordered list of
 samples (:class:`dsconvert.samples.Source`) without reading their contents. Folders and list
 files (:mod:`.folders`), and the samples of what another tool packed: tar shards
-(:mod:`.tars`), Parquet files (:mod:`.parquet`), a dsconvert output (:mod:`.outputs`).
+(:mod:`.tars`), Parquet files (:mod:`.parquet`) and Arrow files (Hugging Face ``save_to_disk``
+folders: :mod:`.arrow`, read as Parquet files are), a dsconvert output (:mod:`.outputs`).
 
 Reading the inputs a scan found is :mod:`dsconvert.inputs`' (for a conversion) and
 :mod:`dsconvert.readers`' (a source read in place, tars read directly)."""

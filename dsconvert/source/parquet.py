@@ -187,9 +187,8 @@ def image_path(location: Location, name: str, path: str) -> str:
     if not isinstance(path, str) or not path or "\x00" in path:
         raise BadInputError(f"{IMAGE_NOT_EMBEDDED} and its path {path!r} names no file")
     if "://" in path or path.startswith("hf:"):
-        raise BadInputError(f"{IMAGE_NOT_EMBEDDED}: its path {path[:200]!r} is a URL, not fetched (embed the images: "
-                            "datasets' Dataset.to_parquet after ds.cast_column('image', Image()) on loaded bytes, "
-                            "or save_to_disk)")
+        raise BadInputError(f"{IMAGE_NOT_EMBEDDED}: its path {path[:200]!r} is a URL, not fetched (download the files "
+                            "and name them by local path, or embed the images: datasets' save_to_disk embeds them)")
     if location.remote:
         raise BadInputError(f"{IMAGE_NOT_EMBEDDED}: its path {path[:200]!r} is not read from a remote Parquet file "
                             "(paths are read for local Parquet files only)")
