@@ -236,6 +236,21 @@ def test_paths_among_embedded_images_are_read_at_conversion(tmp_path):
         direct[3]
 
 
+def test_png_files_named_by_path_stay_png_in_place_and_converted(tmp_path):
+    pngs = []
+    for i in range(3):
+        buf = io.BytesIO()
+        PILImage.fromarray(np.full((4, 4, 3), i * 40, dtype=np.uint8)).save(buf, "PNG")
+        pngs.append(buf.getvalue())
+        (tmp_path / f"{i}.png").write_bytes(pngs[-1])
+    write_hf_parquet(str(tmp_path / "p.parquet"), [{"bytes": None, "path": f"{i}.png"} for i in range(3)])
+    out = str(tmp_path / "out")
+    dsconvert.convert(str(tmp_path / "p.parquet"), out, workers=1)
+    direct, converted = (dsconvert.open_dataset(p, decode="raw") for p in (str(tmp_path / "p.parquet"), out))
+    for i in range(3):
+        assert direct[i]["png"] == converted[i]["png"] == pngs[i]
+
+
 def test_hostile_save_to_disk_folders(tmp_path, monkeypatch):
     monkeypatch.chdir(str(tmp_path))
     saved = tmp_path / "saved"

@@ -389,6 +389,15 @@ def _first_format(batches: Iterator[Any]) -> Optional[str]:
     return None
 
 
+def _named_format(location: Location, name: str, path: str) -> Optional[str]:
+    """The field name the file a path-only image names calls for (its first bytes), or None."""
+    try:
+        with open_regular(image_path(location, name, path)) as f:
+            return format_of(f.read(12))
+    except (OSError, ValueError, BadInputError):
+        return None
+
+
 def format_of(data: bytes) -> Optional[str]:
     """The field name an image's bytes call for, from their magic (jpg, png, webp, gif);
     None for anything else."""
@@ -553,6 +562,8 @@ def parquet_source(src: str, label: Optional[str] = None,
                                       _column_bytes(rg, image) < MIN_IMAGE_BYTES * rg.num_rows else (None, {}))
                     pf_info.present.append(present)
                     pf_info.paths.append(paths)
+                    if field is None and paths:  # no embedded image named the field: the first named file does
+                        field = _named_format(location, name, paths[min(paths)])
                     if pf_info.present[-1] is not None and len(pf_info.present[-1]) != rg.num_rows:
                         raise ValueError(f"its footer declares {rg.num_rows} rows in row group {g}, its image column "
                                          f"holds {len(pf_info.present[-1])}")
