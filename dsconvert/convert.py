@@ -42,6 +42,7 @@ from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .inputs import read_samples
 from .samples import LAYOUTS, Skipped, Source
 from .source import scan
+from .source.arrow import dataset_folder
 from .io.location import Location, is_remote, local_form
 from .io.localfs import free_bytes, mount_of
 from .io.locks import file_lock
@@ -371,7 +372,7 @@ _NEARLY_FULL = 1 << 20  # free bytes below which a dead writer most likely met a
 
 
 def convert(
-    src: str,
+    src: Any,
     out: str,
     format: str = "wds",
     *,
@@ -432,7 +433,10 @@ def convert(
     ``src`` may also be what another tool packed, read in place: a folder (or brace pattern) of
     tar shards, Parquet files (Hugging Face ``datasets`` exports included), or a dsconvert
     output holding encoded images (re-conversion); ``label`` names where their class label is
-    (``cls``, ``json.label``, a Parquet column): see :mod:`dsconvert.source`.
+    (``cls``, ``json.label``, a Parquet column): see :mod:`dsconvert.source`. Hugging Face
+    exports: Parquet files (images embedded, or named by local paths), ``save_to_disk``
+    folders, and a ``datasets.Dataset`` object itself (read as its ``save_to_disk`` folder:
+    :func:`dsconvert.source.arrow.dataset_folder`).
 
     ``order``: the order the shards store the samples in. ``shuffled``: a seeded permutation of
     the source (``seed``; the same for any ``workers``), so that reading the shards in a stream
@@ -443,6 +447,8 @@ def convert(
     ``scanned``: a :class:`Source` of ``src`` already scanned (or a part of one: analyze
     converts its measured sample this way) to convert instead of scanning ``src`` again.
     """
+    if not isinstance(src, str) and hasattr(src, "save_to_disk") and hasattr(src, "features"):
+        src = dataset_folder(src, local_form(out))  # a datasets.Dataset: read as its save_to_disk folder
     src, out = local_form(src), local_form(out)  # file:// URLs as the paths they name
     if format not in FORMATS:
         raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")

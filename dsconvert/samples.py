@@ -13,8 +13,8 @@ from .errors import BadInputError
 __all__ = ["LAYOUTS", "CONTAINER_LAYOUTS", "CLASSIFICATION_LAYOUTS", "LABEL_MAX", "SourceFile", "Sample", "Skipped",
            "Source", "Fields", "Fetched"]
 
-LAYOUTS = ("auto", "imagefolder", "flat", "list", "tars", "parquet", "output")
-CONTAINER_LAYOUTS = ("tars", "parquet", "output")  # inputs inside files: see Source.kind
+LAYOUTS = ("auto", "imagefolder", "flat", "list", "tars", "parquet", "arrow", "output")
+CONTAINER_LAYOUTS = ("tars", "parquet", "arrow", "output")  # inputs inside files: see Source.kind
 CLASSIFICATION_LAYOUTS = ("imagefolder", "list")  # one image and a label per sample
 LABEL_MAX = 2**63 - 1  # labels are stored as int64 (hdf5, npy, torch tensors)
 

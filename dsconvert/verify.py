@@ -181,7 +181,7 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
                     unchecked += 1
                 else:
                     recorded[p] = tuple(stats[i][j])
-    rows = manifest.source.get("layout") == "parquet" or source.kind in ROW_KINDS
+    rows = manifest.source.get("layout") in ("parquet", "arrow") or source.kind in ROW_KINDS
     accounted, current = InputSet(rows), InputSet(rows)
     for p in recorded:
         accounted.add(p)

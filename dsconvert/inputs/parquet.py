@@ -12,14 +12,15 @@ from dataclasses import replace
 from itertools import groupby
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..codecs import is_image_field
+from ..codecs import encode_class, is_image_field
 from ..errors import BadInputError
+from ..io.localfs import open_regular
 from ..io.location import Location
 from ..keys import escape_path
-from ..plan import CHANGED_DURING, ShardSpec
+from ..plan import CHANGED_DURING, MAX_SAMPLE_BYTES, ShardSpec, over_limit, sample_bytes_limit
 from ..samples import Fetched, Sample, SourceFile
-from ..source.parquet import (IMAGE_NOT_EMBEDDED, format_of, hf_features, image_column, import_pyarrow, is_binary,
-                              open_file)
+from ..source.arrow import is_arrow_name
+from ..source.parquet import format_of, hf_features, image_column, image_path, kept_columns, open_table, path_reason
 from .check import Check, Contents
 
 __all__ = ["read_parquet_samples", "ParquetRows"]
@@ -50,22 +51,21 @@ def _json_bytes(row: Dict[str, Any]) -> bytes:
 
 def _json_columns(schema: Any, image: str) -> List[str]:
     """The columns that go into the json field: all but the image, and none holding binary."""
-    import pyarrow as pa
+    return kept_columns(schema, image, None)
 
-    def has_binary(t: Any) -> bool:
-        if is_binary(t):
-            return True
-        if pa.types.is_struct(t):
-            return any(has_binary(t.field(i).type) for i in range(t.num_fields))
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            return has_binary(t.value_type)
-        if pa.types.is_map(t):
-            return has_binary(t.key_type) or has_binary(t.item_type)
-        if pa.types.is_dictionary(t):
-            return has_binary(t.value_type)
-        return False
 
-    return [str(f.name) for f in schema if f.name != image and not has_binary(f.type)]
+def read_image_file(location: Location, name: str, path: str, limit: Optional[int]) -> bytes:
+    """The bytes of the file a path-only image of the Parquet file ``name`` names
+    (:func:`dsconvert.source.parquet.image_path`): a regular file only, refused unread when
+    its size is over ``limit``; BadInputError with the reason otherwise."""
+    try:
+        with open_regular(image_path(location, name, path)) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if limit is not None and size > limit:
+                raise BadInputError(over_limit(size, limit))
+            return fh.read(size + 1 if limit is None else min(size + 1, limit + 1))
+    except (OSError, ValueError) as exc:
+        raise BadInputError(path_reason(path, exc)) from None
 
 
 _last_group: Dict[str, Any] = {}  # this process's last row group read whole: {"key": ..., "table": ...}
@@ -140,11 +140,9 @@ def _read_file(location: Location, name: str, mtime_ns: int, dict_samples: bool,
                ) -> Iterator[Tuple[Any, ...]]:
     """("row", row, image bytes, image path, json bytes, unchanged) for rows first..last of one
     file, then ("error", reason) if reading it failed part way (or at once)."""
-    pq = import_pyarrow()
     try:
-        with open_file(location, name) as f:
+        with open_table(location, name) as (f, pf):
             unchanged = True if location.remote else os.fstat(f.fileno()).st_mtime_ns == mtime_ns
-            pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
             image = image_column(schema, hf_features(schema))
             if image is None:
@@ -156,7 +154,7 @@ def _read_file(location: Location, name: str, mtime_ns: int, dict_samples: bool,
                 yield ("row", row, data, img_path, js, unchanged)
     except Exception as exc:  # pyarrow's ArrowInvalid, OSError: the file changed or went
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        yield ("error", f"unreadable Parquet file: {text[:200]}")
+        yield ("error", f"unreadable {'Arrow' if is_arrow_name(name) else 'Parquet'} file: {text[:200]}")
 
 
 def read_parquet_samples(spec: ShardSpec, checked: Check) -> Iterator[Tuple[Sample, Fetched]]:
@@ -182,14 +180,20 @@ def read_parquet_samples(spec: ShardSpec, checked: Check) -> Iterator[Tuple[Samp
             done.add(row)
             img = sample.files[0]
             if data is None:
-                reason = f"{IMAGE_NOT_EMBEDDED} (path {img_path!r})" if img_path else "no image (null)"
-                yield sample, BadInputError(reason, img.path)
-                continue
+                if not img_path:
+                    yield sample, BadInputError("no image (null)", img.path)
+                    continue
+                try:  # an image named by path only: the file it names, as any input file
+                    data = read_image_file(location, name, img_path, sample_bytes_limit(spec))
+                except BadInputError as exc:
+                    yield sample, BadInputError(exc.reason, img.path)
+                    continue
             contents: Contents = {img.path: (data, unchanged)}
             files = [replace(img, size=len(data))]
-            if len(sample.files) > 1:
-                contents[sample.files[1].path] = (js or b"{}", unchanged)
-                files.append(replace(sample.files[1], size=len(js or b"{}")))
+            for other in sample.files[1:]:
+                value = encode_class(sample.label) if other.field == "cls" else js or b"{}"
+                contents[other.path] = (value, unchanged)
+                files.append(replace(other, size=len(value)))
             got = checked(spec, replace(sample, files=tuple(files)), contents)
             named = format_of(data)
             if isinstance(got, dict) and named and named != img.field and img.field in got and is_image_field(named):
@@ -220,9 +224,8 @@ class ParquetRows:
         self.table: Any = None
 
     def _open(self) -> None:
-        pq = import_pyarrow()
-        self.file = open_file(self.location, self.name)
-        self.pf = pq.ParquetFile(self.file)
+        self.opened = open_table(self.location, self.name)
+        self.file, self.pf = self.opened.__enter__()
         schema = self.pf.schema_arrow
         image = image_column(schema, hf_features(schema))
         if image is None:
@@ -254,11 +257,15 @@ class ParquetRows:
         value = self.table.column(self.image)[i].as_py()
         data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, None)
         if data is None:
-            raise BadInputError(f"{IMAGE_NOT_EMBEDDED} (path {path!r})" if path else "no image (null)",
-                                escape_path(f.path))
+            if not path:
+                raise BadInputError("no image (null)", escape_path(f.path))
+            try:  # an image named by path only: the file it names, as a conversion reads it
+                return read_image_file(self.location, self.name, path, MAX_SAMPLE_BYTES)
+            except BadInputError as exc:
+                raise BadInputError(exc.reason, escape_path(f.path)) from None
         return data
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
+            self.opened.__exit__(None, None, None)
             self.file = self.pf = None

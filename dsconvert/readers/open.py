@@ -12,6 +12,7 @@ from ..io.shard_cache import ShardAccess
 from ..errors import OptionError
 from ..manifest import MANIFEST_NAME, Manifest
 from ..source import scan
+from ..source.parquet import looks_like_arrow, looks_like_parquet
 from ..source.tars import looks_like_tars
 from .offline import load_manifest
 from .tars import open_tars
@@ -38,6 +39,11 @@ def open_dataset(
     bytes) or ``"fused"`` (``transform``'s leading crop and resize folded into decoding:
     :mod:`dsconvert.fused`). For ImageFolder and list sources a sample is ``(image, label)``; for other
     sources a dict of decoded fields with ``__key__``.
+
+    ``path`` may also be Parquet (a file or a folder of them) or Arrow (a Hugging Face
+    ``save_to_disk`` folder) without a manifest: read in place, map-style, sample i being the
+    sample i a conversion of it would hold (:class:`dsconvert.readers.source.SourceDataset`;
+    ``label=`` as for :func:`dsconvert.convert`).
 
     Local outputs open **map-style** by default (``len``, ``ds[i]``, ``__getitems__``): the drop-in
     for ``ImageFolder`` with ``DataLoader(ds, batch_size=B, shuffle=True, num_workers=W)``,
@@ -87,6 +93,16 @@ def open_dataset(
 
     label = options.pop("label", None)
     index_dir = options.pop("index_dir", None)
+    if _in_place_table(path, storage_options):
+        if stream or cache_dir is not None or index_dir is not None or options:
+            given = sorted([*options, *(["stream"] if stream else []), *(["cache_dir"] if cache_dir else []),
+                            *(["index_dir"] if index_dir is not None else [])])
+            raise OptionError(f"{path} is Parquet or Arrow read in place, map-style (sample i is the conversion's "
+                              f"sample i): {', '.join(given)} apply to dsconvert outputs and tar shards")
+        from .source import SourceDataset  # here, not at the top: the Dataset modules import torch
+
+        return SourceDataset(scan(path, storage_options=storage_options, label=label), transform=transform,
+                             target_transform=target_transform, decode=decode, storage_options=storage_options)
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
     # a remote output's manifest is kept in the cache, and read from there when the remote is out of reach
     kept = load_manifest(access) if access.cache is not None and access.remote else None
@@ -107,6 +123,18 @@ def open_dataset(
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,
                    decode=decode, access=access, **options)
+
+
+def _in_place_table(path: str, storage_options: Optional[Dict[str, Any]]) -> bool:
+    """Whether ``path`` is Parquet or Arrow (a Hugging Face export) without a dsconvert manifest."""
+    from ..io.location import Location
+
+    try:
+        if Location(path, storage_options, flat=False).exists(MANIFEST_NAME):
+            return False
+    except (OSError, ValueError):
+        return False
+    return looks_like_parquet(path, storage_options) or looks_like_arrow(path, storage_options)
 
 
 def open_source(src: str, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,

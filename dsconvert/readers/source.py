@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ..codecs import decode_field
+from ..codecs import decode_field, encode_class
 from ..io.location import Location
 from ..processes import settle_worker
 from ..inputs.outputs import OutputShards
@@ -93,5 +93,7 @@ class SourceDataset(Transforms, TorchDataset):
             return self._finish(self._image(self._read(sample.files[0])), sample.label)
         out: Dict[str, Any] = {"__key__": sample.key}
         for file in sample.files:
-            out[file.field] = decode_field(file.field, self._read(file), self.decode)
+            data = (encode_class(sample.label) if file.field == "cls" and self.source.kind == "parquet" else
+                    self._read(file))
+            out[file.field] = decode_field(file.field, data, self.decode)
         return self._finish_dict(out)

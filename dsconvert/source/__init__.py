@@ -1,7 +1,8 @@
 """The scanner: what the user already has, a folder or URL, scanned into an ordered list of
 samples (:class:`dsconvert.samples.Source`) without reading their contents. Folders and list
 files (:mod:`.folders`), and the samples of what another tool packed: tar shards
-(:mod:`.tars`), Parquet files (:mod:`.parquet`), a dsconvert output (:mod:`.outputs`).
+(:mod:`.tars`), Parquet files (:mod:`.parquet`) and Arrow files (Hugging Face ``save_to_disk``
+folders: :mod:`.arrow`, read as Parquet files are), a dsconvert output (:mod:`.outputs`).
 
 Reading the inputs a scan found is :mod:`dsconvert.inputs`' (for a conversion) and
 :mod:`dsconvert.readers`' (a source read in place, tars read directly)."""
@@ -17,7 +18,7 @@ from ..manifest import MANIFEST_NAME
 from ..samples import CONTAINER_LAYOUTS, LAYOUTS, Sample, Skipped, Source, SourceFile
 from .folders import FolderListing, ProgressFn, is_ignored, looks_like_image_folder, scan_files
 from .outputs import output_source
-from .parquet import looks_like_parquet, parquet_source
+from .parquet import looks_like_arrow, looks_like_parquet, parquet_source
 from .tars import looks_like_tars, tar_source
 
 __all__ = ["scan", "container_layout", "LAYOUTS", "SourceFile", "Sample", "Skipped", "Source", "FolderListing",
@@ -40,8 +41,8 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
                  container_layout(src, storage_options) if layout == "auto" else None)
     if container == "tars":
         return tar_source(src, label, storage_options)
-    if container == "parquet":
-        return parquet_source(src, label, storage_options)
+    if container in ("parquet", "arrow"):  # Arrow files (save_to_disk folders) are read as Parquet files are
+        return parquet_source(src, label, storage_options, arrow=container == "arrow")
     if container == "output":
         if label is not None:
             raise SourceError("--label is for tar shards and Parquet files: a dsconvert output keeps its labels", src)
@@ -53,7 +54,8 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
 
 
 def container_layout(src: str, storage_options: Optional[Dict[str, Any]] = None) -> Optional[str]:
-    """``output`` (a dsconvert output), ``parquet``, ``tars``, or None for files and lists."""
+    """``output`` (a dsconvert output), ``parquet``, ``arrow`` (Hugging Face ``save_to_disk``
+    folders), ``tars``, or None for files and lists."""
     if "{" not in src:
         try:
             if Location(src, storage_options, flat=False).exists(MANIFEST_NAME):
@@ -62,6 +64,8 @@ def container_layout(src: str, storage_options: Optional[Dict[str, Any]] = None)
             pass
     if looks_like_parquet(src, storage_options):
         return "parquet"
+    if looks_like_arrow(src, storage_options):
+        return "arrow"
     if looks_like_tars(src, storage_options):
         return "tars"
     return None

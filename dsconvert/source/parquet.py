@@ -23,25 +23,45 @@ of 256 rows, so memory is flat in the file's size (pyarrow decodes a row group's
 whole: a file of one huge row group costs about 3x that row group). A row group that a shard
 boundary cuts is read whole once and kept by the worker for the neighbouring shard (one group
 at a time), rather than read again from its start. A row whose image is null, or a Hugging Face image
-that only names an external ``path`` (bytes not embedded), is skipped with its reason.
+that only names a ``path`` it cannot read (below), is skipped with its reason.
+
+**Images named by path.** ``datasets`` writes an ``Image`` built from local files as
+``{"bytes": null, "path": ...}`` (``to_parquet`` does not embed them). Such a row's image is
+the file the path names, read as ``datasets`` reads it: an absolute path as it is, a relative
+one against the Parquet file's folder (``..`` included: paths outside that folder are allowed,
+as ``datasets`` allows them). Only a regular file is read, and its bytes pass the same checks
+and the per-sample byte bound as any input file; a missing file, a FIFO, a device, a URL, or a
+path in a remote Parquet file is a skipped row with its reason. Where the scan reads a row
+group's image column (groups of path-only rows are small), it stats each file: sizes are
+known before reading and a missing file is skipped at scan.
+
+**Columns.** Every column is accounted for. Without a label (or with the automatic
+``ClassLabel`` label and other columns beside it) the samples are dicts: the image, ``cls``
+(the label, where there is one) and ``json`` (every other column). With ``label`` named, the
+samples are ``(image, label)`` and each other column is listed in the source's ``ignored``
+with the reason; so is a column holding binary data (not JSON), in either case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..errors import SourceError
-from ..io.localfs import open_regular
+from ..errors import BadInputError, NotRegularFileError, SourceError
+from ..io.localfs import open_regular, regular_size
 from ..io.location import Location, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path
 from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
 from ..skips import row_run
+from .arrow import (ARROW_SUFFIX, INFO_NAME, STATE_NAME, is_arrow_name, looks_like_saved, open_arrow,
+                    refuse_dataset_dict, saved_files, saved_features)
 from .folders import is_ignored
 
-__all__ = ["looks_like_parquet", "parquet_source", "format_of", "import_pyarrow", "open_file", "image_column",
-           "hf_features", "is_binary", "IMAGE_NOT_EMBEDDED"]
+__all__ = ["looks_like_parquet", "looks_like_arrow", "parquet_source", "format_of", "import_pyarrow", "open_file",
+           "open_table", "image_column",
+           "hf_features", "is_binary", "has_binary", "IMAGE_NOT_EMBEDDED", "image_path", "path_reason", "kept_columns"]
 
 SUFFIX = ".parquet"
 LABEL_BATCH_ROWS = 1 << 16
@@ -99,6 +119,23 @@ def looks_like_parquet(src: str, storage_options: Optional[Dict[str, Any]] = Non
     return bool(names) and all(t == "file" and n.lower().endswith(SUFFIX) for n, t in names)
 
 
+def looks_like_arrow(src: str, storage_options: Optional[Dict[str, Any]] = None) -> bool:
+    """Whether ``src`` is an ``.arrow`` file, a ``save_to_disk`` folder (``.arrow`` files beside
+    ``dataset_info.json`` or ``state.json``) or a ``DatasetDict`` one (``dataset_dict.json``).
+    Lists only; False on any error."""
+    if "{" in src and ".." in src:
+        return False
+    try:
+        location = Location(src, storage_options, flat=False)
+        info = location.fs.info(location.path())
+        if info.get("type") == "file":
+            return is_arrow_name(location.path())
+        names = [n for n, t, _ in _entries(location) if t in ("file", "directory")]
+    except Exception:  # an unreachable store, a bad URL: not Arrow, and scan() says why
+        return False
+    return looks_like_saved(names) or "dataset_dict.json" in names
+
+
 # --- the schema: which column is the image, which the label ----------------------------------
 
 
@@ -119,6 +156,57 @@ def is_binary(t: Any) -> bool:
 
     is_view = getattr(pa.types, "is_binary_view", None)  # pyarrow >= 16
     return pa.types.is_binary(t) or pa.types.is_large_binary(t) or bool(is_view and is_view(t))
+
+
+def has_binary(t: Any) -> bool:
+    """Whether a column type holds binary data anywhere (not JSON-able)."""
+    import pyarrow as pa
+
+    if is_binary(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(has_binary(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return has_binary(t.value_type)
+    if pa.types.is_map(t):
+        return has_binary(t.key_type) or has_binary(t.item_type)
+    if pa.types.is_dictionary(t):
+        return has_binary(t.value_type)
+    return False
+
+
+def kept_columns(schema: Any, image: str, label: Optional[str]) -> List[str]:
+    """The columns a dict sample's ``json`` field holds: all but the image and the label, and
+    none holding binary data."""
+    return [str(f.name) for f in schema if f.name not in (image, label) and not has_binary(f.type)]
+
+
+def image_path(location: Location, name: str, path: str) -> str:
+    """The local file a path-only image of the Parquet file ``name`` names (see the module
+    doc), or BadInputError with the reason it is not read."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise BadInputError(f"{IMAGE_NOT_EMBEDDED} and its path {path!r} names no file")
+    if "://" in path or path.startswith("hf:"):
+        raise BadInputError(f"{IMAGE_NOT_EMBEDDED}: its path {path[:200]!r} is a URL, not fetched (download the files "
+                            "and name them by local path, or embed the images: datasets' save_to_disk embeds them)")
+    if location.remote:
+        raise BadInputError(f"{IMAGE_NOT_EMBEDDED}: its path {path[:200]!r} is not read from a remote Parquet file "
+                            "(paths are read for local Parquet files only)")
+    return os.path.normpath(os.path.join(os.path.dirname(location.path(name)), path))
+
+
+def path_reason(path: str, exc: BaseException) -> str:
+    """Why the file a path-only image names cannot be read."""
+    shown = escape_path(path)[:200]
+    if isinstance(exc, FileNotFoundError):
+        return f"{IMAGE_NOT_EMBEDDED} and the file its path names does not exist: {shown}"
+    if isinstance(exc, BadInputError):
+        return exc.reason
+    if isinstance(exc, NotRegularFileError):
+        return f"{IMAGE_NOT_EMBEDDED} and its path names no regular file (a device, FIFO, socket or folder): {shown}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{IMAGE_NOT_EMBEDDED} and the file its path names cannot be read ({exc.strerror}): {shown}"
+    return f"{IMAGE_NOT_EMBEDDED} and the file its path names cannot be read ({type(exc).__name__}): {shown}"
 
 
 def image_column(schema: Any, features: Dict[str, Any]) -> Optional[str]:
@@ -183,6 +271,7 @@ class _File:
         self.group_rows: List[int] = []
         self.empty: List[bool] = []  # per row group: its statistics count every image null
         self.present: List[Any] = []  # per row group: which rows hold an image (read when cheap), or None
+        self.paths: List[Dict[int, str]] = []  # per row group: rows naming their image by path only (when read)
         self.labels: Optional[List[Any]] = None
 
 
@@ -190,6 +279,27 @@ def open_file(location: Location, name: str) -> Any:
     if location.remote:
         return location.fs.open(location.path(name), "rb", block_size=4 << 20, cache_type="readahead")
     return open_regular(location.path(name))
+
+
+@contextlib.contextmanager
+def open_table(location: Location, name: str) -> Iterator[Tuple[Any, Any]]:
+    """(the open file, its table) for a Parquet file (``pyarrow.parquet.ParquetFile``) or an
+    Arrow IPC file (:class:`.arrow.ArrowFile`, with the features of the folder's
+    ``dataset_info.json`` where it has them)."""
+    pq = import_pyarrow()
+    with open_file(location, name) as f:
+        if is_arrow_name(name):
+            yield f, open_arrow(location, name, f, saved_features(location))
+        else:
+            yield f, pq.ParquetFile(f)
+
+
+def _stem(name: str) -> str:
+    """A file's name without its .parquet or .arrow suffix."""
+    for suffix in (SUFFIX, ARROW_SUFFIX):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _column_bytes(rg: Any, image: str) -> int:
@@ -221,9 +331,10 @@ def _all_null(rg: Any, image: str) -> bool:
 MIN_IMAGE_BYTES = 32  # below any JPEG, PNG or WebP file: a group holding less a row cannot hold one in each
 
 
-def _present(pf: Any, g: int, image: str) -> Any:
+def _present(pf: Any, g: int, image: str) -> Tuple[Any, Dict[int, str]]:
     """Which rows of row group ``g`` hold an image (bytes, or a path naming one), as a numpy
-    bool array. Read at scan only where the group's image data is too small to hold an image a
+    bool array, and the paths of the rows that name their image only by path (row in the group
+    -> path). Read at scan only where the group's image data is too small to hold an image a
     row (``MIN_IMAGE_BYTES``): then reading it costs little, and the null rows become one
     skipped run instead of millions of planned samples."""
     import numpy as np
@@ -231,14 +342,21 @@ def _present(pf: Any, g: int, image: str) -> Any:
     import pyarrow.compute as pc
 
     col = pf.read_row_group(g, columns=[image], use_threads=False).column(0)
+    paths: Dict[int, str] = {}
     if pa.types.is_struct(col.type):
-        has = pc.is_valid(pc.struct_field(col, "bytes"))
+        data = pc.is_valid(pc.struct_field(col, "bytes"))
+        has = data
         if col.type.get_field_index("path") >= 0:
-            has = pc.or_(has, pc.is_valid(pc.struct_field(col, "path")))
+            path_col = pc.struct_field(col, "path")
+            only = pc.and_(pc.and_(pc.invert(data), pc.is_valid(path_col)), pc.is_valid(col))
+            if pc.any(only).as_py():
+                named = path_col.to_pylist()
+                paths = {int(i): named[i] for i in np.flatnonzero(np.asarray(only.to_numpy(zero_copy_only=False)))}
+            has = pc.or_(has, pc.is_valid(path_col))
         has = pc.and_(has, pc.is_valid(col))
     else:
         has = pc.is_valid(col)
-    return np.asarray(has.to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(has.to_numpy(zero_copy_only=False), dtype=bool), paths
 
 
 SNIFF_GROUP_BYTES = 64 << 20  # the sniff reads the first row group whose image data is at most this
@@ -269,6 +387,15 @@ def _first_format(batches: Iterator[Any]) -> Optional[str]:
             if col[i].is_valid:
                 return format_of(col[i].as_py()[:12]) or "jpg"
     return None
+
+
+def _named_format(location: Location, name: str, path: str) -> Optional[str]:
+    """The field name the file a path-only image names calls for (its first bytes), or None."""
+    try:
+        with open_regular(image_path(location, name, path)) as f:
+            return format_of(f.read(12))
+    except (OSError, ValueError, BadInputError):
+        return None
 
 
 def format_of(data: bytes) -> Optional[str]:
@@ -331,12 +458,14 @@ class _Runs:
 
 
 def parquet_source(src: str, label: Optional[str] = None,
-                   storage_options: Optional[Dict[str, Any]] = None) -> Source:
+                   storage_options: Optional[Dict[str, Any]] = None, arrow: bool = False) -> Source:
     """The rows of a Parquet file, or of a folder's ``.parquet`` files (sorted by name), as a
     :class:`Source` of kind ``parquet``: see the module doc. Reads footers and the label
     column only. A file that is not readable Parquet (or lacks the columns the first readable
-    file has) is skipped whole; with no image column at all, a one-line SourceError."""
-    pq = import_pyarrow()
+    file has) is skipped whole; with no image column at all, a one-line SourceError. ``arrow``:
+    a folder's ``.arrow`` files are read (:mod:`.arrow`), as they are in a ``save_to_disk``
+    folder without asking."""
+    import_pyarrow()
     location = Location(src, storage_options, flat=False)
     fs = location.fs
     try:
@@ -350,17 +479,29 @@ def parquet_source(src: str, label: Optional[str] = None,
         folder, name = location.url.rsplit("/", 1) if location.remote else os.path.split(location.url)
         location = Location(folder, storage_options, flat=False)
         listed = [(name, info)]
+        arrow = is_arrow_name(name)
     else:
+        refuse_dataset_dict(location, src)
+        entries = [(n, t, e) for n, t, e in _entries(location) if not is_ignored(n)]
+        arrow = arrow or looks_like_saved([n for n, t, _ in entries if t == "file"])
+        suffix = ARROW_SUFFIX if arrow else SUFFIX
         listed = []
-        for n, t, e in _entries(location):
-            if is_ignored(n):
-                continue
-            if t == "file" and n.lower().endswith(SUFFIX):
+        for n, t, e in entries:
+            if t == "file" and n.lower().endswith(suffix):
                 listed.append((n, e))
+            elif arrow and t == "file" and n in (INFO_NAME, STATE_NAME):
+                ignored.append(Skipped(escape_path(n), "save_to_disk metadata: read for the files' order and the "
+                                                       "features, not a sample"))
             else:
-                ignored.append(Skipped(escape_path(n), NOT_REGULAR if _not_regular(t) else "not a .parquet file"))
+                ignored.append(Skipped(escape_path(n), NOT_REGULAR if _not_regular(t) else f"not a {suffix} file"))
+        if arrow:
+            order, left = saved_files(location, [n for n, _ in listed])
+            by_name = dict(listed)
+            listed = [(n, by_name[n]) for n in order]
+            ignored.extend(Skipped(escape_path(n), why) for n, why in left)
+    what = "Arrow" if arrow else "Parquet"
     if not listed:
-        raise SourceError(f"no .parquet files in {escape_path(src)}", src)
+        raise SourceError(f"no {ARROW_SUFFIX if arrow else SUFFIX} files in {escape_path(src)}", src)
 
     skipped: List[Skipped] = []
     files: List[_File] = []
@@ -368,11 +509,11 @@ def parquet_source(src: str, label: Optional[str] = None,
     field: Optional[str] = None
     label_col = label
     kind, names = "", None
+    dicts = True  # dict samples (image, cls where labelled, json), else (image, label)
     for name, e in listed:
         try:
             pf_info = _File(name, mtime_ns_of(e) if location.remote else os.stat(location.path(name)).st_mtime_ns)
-            with open_file(location, name) as f:
-                pf = pq.ParquetFile(f)
+            with open_table(location, name) as (_, pf):
                 meta, schema = pf.metadata, pf.schema_arrow
                 features = hf_features(schema)
                 if image is None:  # the first readable file decides the columns
@@ -390,6 +531,8 @@ def parquet_source(src: str, label: Optional[str] = None,
                         if label_col == image:
                             raise SourceError(f"--label {label_col} names the image column", src)
                         kind, names = _label_kind(schema, features, label_col, escape_path(name))
+                    dicts = label is None and (label_col is None or bool(kept_columns(schema, image, label_col)))
+                    ignored.extend(_left_out(schema, image, label_col, label, escape_path(name)))
                 missing = [c for c in (image, label_col) if c is not None and c not in schema.names]
                 if missing:
                     skipped.append(Skipped(escape_path(name), f"no column {missing[0]!r} (the first file has it)"))
@@ -415,8 +558,12 @@ def parquet_source(src: str, label: Optional[str] = None,
                     pf_info.group_rows.append(rg.num_rows)
                     pf_info.sizes.append(_column_bytes(rg, image) // max(1, rg.num_rows))
                     pf_info.empty.append(_all_null(rg, image))
-                    pf_info.present.append(_present(pf, g, image) if not pf_info.empty[-1] and
-                                           _column_bytes(rg, image) < MIN_IMAGE_BYTES * rg.num_rows else None)
+                    present, paths = (_present(pf, g, image) if not pf_info.empty[-1] and
+                                      _column_bytes(rg, image) < MIN_IMAGE_BYTES * rg.num_rows else (None, {}))
+                    pf_info.present.append(present)
+                    pf_info.paths.append(paths)
+                    if field is None and paths:  # no embedded image named the field: the first named file does
+                        field = _named_format(location, name, paths[min(paths)])
                     if pf_info.present[-1] is not None and len(pf_info.present[-1]) != rg.num_rows:
                         raise ValueError(f"its footer declares {rg.num_rows} rows in row group {g}, its image column "
                                          f"holds {len(pf_info.present[-1])}")
@@ -429,7 +576,7 @@ def parquet_source(src: str, label: Optional[str] = None,
             raise
         except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a truncated footer...
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            skipped.append(Skipped(escape_path(name), f"not a readable Parquet file: {text[:200]}"))
+            skipped.append(Skipped(escape_path(name), f"not a readable {what} file: {text[:200]}"))
             continue
         files.append(pf_info)
     field = field or "jpg"
@@ -445,7 +592,7 @@ def parquet_source(src: str, label: Optional[str] = None,
     samples: List[Sample] = []
     seen: Dict[str, int] = {}
     for f in files:
-        stem = f.name[: -len(SUFFIX)] if f.name.lower().endswith(SUFFIX) else f.name
+        stem = _stem(f.name)
         shown = escape_path(f.name)
         runs = _Runs(shown, skipped)  # rows skipped for one reason, one after another: one entry
         base = 0
@@ -455,11 +602,18 @@ def parquet_source(src: str, label: Optional[str] = None,
             if f.empty[g]:
                 runs.skip(base - nrows, "no image (null): the row group's statistics count every image null", nrows)
                 continue
-            present = f.present[g]
+            present, named = f.present[g], f.paths[g]
             for row in range(base - nrows, base):
                 if present is not None and not present[row - base + nrows]:
                     runs.skip(row, "no image (null)")
                     continue
+                row_size = size
+                if row - base + nrows in named:  # an image named by path only: the file's own size
+                    try:
+                        row_size = regular_size(image_path(location, f.name, named[row - base + nrows]))
+                    except (OSError, BadInputError, ValueError) as exc:
+                        runs.skip(row, path_reason(named[row - base + nrows], exc))
+                        continue
                 path = f"{shown}/row {row}"
                 sample_label = None
                 if f.labels is not None:
@@ -477,12 +631,39 @@ def parquet_source(src: str, label: Optional[str] = None,
                 seen[key] = count + 1
                 if count:
                     key = disambiguate(key, str(count))
-                inputs = [SourceFile(field, path, size, f.mtime_ns, f.name, row)]
-                if label_col is None:
+                inputs = [SourceFile(field, path, row_size, f.mtime_ns, f.name, row)]
+                if dicts and sample_label is not None:
+                    inputs.append(SourceFile("cls", f"{path}/cls", 0, f.mtime_ns, f.name, row))
+                if dicts:
                     inputs.append(SourceFile("json", f"{path}/json", 0, f.mtime_ns, f.name, row))
                 samples.append(Sample(key, tuple(inputs), sample_label))
         runs.flush()
     if not samples and not skipped:
-        raise SourceError(f"no rows in the Parquet files of {escape_path(src)}", src)
-    return Source(location.url, "parquet", samples, classes, skipped, ignored, kind="parquet",
-                  labelled=label_col is not None, options={"label": label} if label is not None else {})
+        raise SourceError(f"no rows in the {what} files of {escape_path(src)}", src)
+    return Source(location.url, "arrow" if arrow else "parquet", samples, classes, skipped, ignored, kind="parquet",
+                  labelled=not dicts, options={"label": label} if label is not None else {})
+
+
+def _left_out(schema: Any, image: str, label_col: Optional[str], label: Optional[str], shown: str) -> List[Skipped]:
+    """The columns the samples do not keep, each with the reason (see the module doc)."""
+    out = []
+    dicts = label is None and (label_col is None or bool(kept_columns(schema, image, label_col)))
+    for fld in schema:
+        if fld.name in (image, label_col):
+            continue
+        where = f"{shown}/column {escape_path(str(fld.name))}"
+        if has_binary(fld.type):
+            other = "another image column" if image_column_like(fld.type) else "binary data"
+            out.append(Skipped(where, f"not kept: it holds {other} ({fld.type}); one image column is read "
+                                      f"({image!r}), and the json field holds JSON only"))
+        elif not dicts:
+            out.append(Skipped(where, f"not kept: label={label!r} makes (image, label) samples; leave the label out "
+                                      "to keep every column (dict samples: the image, cls and json)"))
+    return out
+
+
+def image_column_like(t: Any) -> bool:
+    """Whether a column type is a struct with a ``bytes`` child (an image column's shape)."""
+    import pyarrow as pa
+
+    return pa.types.is_struct(t) and any(t.field(i).name == "bytes" for i in range(t.num_fields))
