@@ -104,7 +104,7 @@ def import_graph() -> Dict[str, Dict[str, int]]:
             ".".join(["dsconvert"] + module.split(".")[:-1])
         arrows: Dict[str, int] = {}
 
-        def arrow(target: Optional[str], line: int) -> None:
+        def arrow(target: Optional[str], line: int, module: str = module, arrows: Dict[str, int] = arrows) -> None:
             if target is not None and target != module:
                 arrows.setdefault(target, line)
 

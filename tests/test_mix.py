@@ -237,7 +237,8 @@ def test_the_arithmetic():
         positions = np.unique(np.r_[0:min(mixture.length, 60), mixture.length - 1])
         for round_ in (0, 1, 5):  # one position at a time (ds[i]) as in batches (__getitems__)
             source, sample = mixture.locate(round_, positions)
-            assert [mixture.locate_one(round_, int(p)) for p in positions] == list(zip(source.tolist(), sample.tolist()))
+            expect = list(zip(source.tolist(), sample.tolist()))
+            assert [mixture.locate_one(round_, int(p)) for p in positions] == expect
 
 
 def python_blocks():

@@ -134,7 +134,8 @@ def test_an_edited_or_partial_cache_is_not_trusted(server, tmp_path, photos):
     data = json.dumps(edited).encode()
     open(kept, "wb").write(data)
     open(kept + ".sha256", "w").write(hashlib.sha256(data).hexdigest())
-    with pytest.raises(ManifestError, match=f"1 of its files .* do not match its manifest .*{manifest['shards'][0]['name']}"):
+    first = manifest["shards"][0]["name"]
+    with pytest.raises(ManifestError, match=f"1 of its files .* do not match its manifest .*{first}"):
         read_all(url, server, cache)
 
     cache, _ = variant("damaged")  # a shard's copy changed, its verification lost
