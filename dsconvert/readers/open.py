@@ -132,8 +132,8 @@ def _in_place_table(path: str, storage_options: Optional[Dict[str, Any]]) -> boo
     try:
         if Location(path, storage_options, flat=False).exists(MANIFEST_NAME):
             return False
-    except (OSError, ValueError):
-        return False
+    except Exception:  # an unreachable store (botocore's errors are not OSErrors): not a table to read in place;
+        return False   # the output path below says why, or reads it from the cache
     return looks_like_parquet(path, storage_options) or looks_like_arrow(path, storage_options)
 
 
