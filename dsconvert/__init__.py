@@ -28,6 +28,7 @@ from .errors import (  # noqa: E402
 from .manifest import Manifest  # noqa: E402
 from .monitor import DataLoadingMonitor  # noqa: E402
 from .source import scan  # noqa: E402
+from .writer import Writer, optimize  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -36,6 +37,8 @@ __all__ = [
     "open_dataset",
     "open_source",
     "scan",
+    "Writer",
+    "optimize",
     "DataLoadingMonitor",
     "Manifest",
     "DsconvertError",
