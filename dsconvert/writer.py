@@ -54,12 +54,12 @@ from .manifest import MANIFEST_NAME, Manifest
 from .plan import MIN_SHARDS, ShardResult, ShardSpec, parse_size, spread_plan
 from .processes import available_cpus, process_pool
 from .progress import progress_bar
-from .reencode import DEFAULT_QUALITY
 from .samples import LABEL_MAX, Sample, Source, SourceFile
 
-__all__ = ["Writer", "optimize", "encode_fields", "SAMPLE_TYPES", "KEY_DIGITS"]
+__all__ = ["Writer", "optimize", "encode_fields", "SAMPLE_TYPES", "KEY_DIGITS", "QUALITY"]
 
 SAMPLE_TYPES = ("auto", "classification", "dict")
+QUALITY = 95  # JPEG and WebP quality for images given as pixels (webdataset's ShardWriter default too)
 KEY_DIGITS = 8  # a sample without __key__ is keyed by its index, zero-padded to this many digits
 _FIELD = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _RESERVED = re.compile(r"__.*__")  # webdataset's own (__key__, __url__, __local_path__)
@@ -158,7 +158,7 @@ def _classification_shaped(sample: Mapping[str, Any]) -> bool:
             and field_kind(next(n for n in names if n != "cls")) == "image")
 
 
-def encode_fields(sample: Any, default_key: str, quality: int = DEFAULT_QUALITY
+def encode_fields(sample: Any, default_key: str, quality: int = QUALITY
                   ) -> Tuple[str, Dict[str, bytes], Optional[int]]:
     """A sample dict as (key, fields as bytes, label): the label is the ``int`` ``cls`` of an
     (image, label)-shaped sample, else None. A BadInputError, in one line, for anything that
@@ -199,15 +199,12 @@ def _as_written(key: str, fields: Dict[str, bytes], label: Optional[int], sample
     return Sample(key, (SourceFile("input", path, size, 0),), label if sample_type == "classification" else None), fields
 
 
-def _kind_error(key: str, fields: Iterable[str], sample_type: str, requested: str) -> BadInputError:
-    names = sorted(fields)
-    if sample_type == "classification":
-        how = ("the samples before it were (image, cls) samples: give every sample one image field and an int cls, "
-               "or pass sample_type='dict'") if requested == "auto" else \
-            "sample_type='classification' needs one image field and an int cls in every sample"
-    else:
-        how = "the samples before it were dict samples: give every sample the same kind of fields"
-    return BadInputError(f"the sample has fields {names}, and {how}", key)
+def _kind_error(key: str, fields: Iterable[str], requested: str) -> BadInputError:
+    """A sample that is not (image, cls) in an (image, label) output."""
+    how = ("the samples before it were (image, cls) samples: give every sample one image field and an int cls, "
+           "or pass sample_type='dict'") if requested == "auto" else \
+        "sample_type='classification' needs one image field and an int cls in every sample"
+    return BadInputError(f"the sample has fields {sorted(fields)}, and {how}", key)
 
 
 # --- options shared by Writer and optimize ------------------------------------------------
@@ -369,7 +366,7 @@ class Writer:
 
     def __init__(self, out: str, format: str = "wds", *, samples_per_shard: int = 10000,
                  shard_size: Union[int, str] = "1GB", sample_type: str = "auto", classes: Optional[List[str]] = None,
-                 quality: int = DEFAULT_QUALITY, decode: bool = False, prefix: str = "shard", overwrite: bool = False,
+                 quality: int = QUALITY, decode: bool = False, prefix: str = "shard", overwrite: bool = False,
                  storage_options: Optional[Dict[str, Any]] = None):
         self.fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard)
         self.decoded, self.format_options = _format_options(self.fmt, decode, classes, quality, sample_type)
@@ -442,8 +439,8 @@ class Writer:
             self.sample_type = "classification" if shaped else "dict"
             if self.sample_type == "dict":
                 _format_options(self.fmt, False, None, self.quality, "dict")  # hdf5/npy: one clear error
-        if (self.sample_type == "classification") != shaped:
-            raise _kind_error(key, fields, self.sample_type, self.requested)
+        if self.sample_type == "classification" and not shaped:
+            raise _kind_error(key, fields, self.requested)
         self._keys.add(key)
         written, data = _as_written(key, fields, label, self.sample_type, key)
         size = sum(len(v) for v in data.values())
@@ -563,8 +560,8 @@ def _optimize_shard(spec: ShardSpec, fn: Callable[[Any], Any], chunk: Sequence[A
                 yield placeholder, got
                 continue
             key, fields, label = got
-            if (sample_type == "classification") != (label is not None):
-                raise _kind_error(key, fields, sample_type, requested)
+            if sample_type == "classification" and label is None:
+                raise _kind_error(key, fields, requested)
             yield _as_written(key, fields, label, sample_type, placeholder.files[0].path)
 
     return sample_type, fmt.write_shard(spec, samples())
@@ -573,7 +570,7 @@ def _optimize_shard(spec: ShardSpec, fn: Callable[[Any], Any], chunk: Sequence[A
 def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, format: str = "wds",
              workers: Optional[int] = None, executor: Optional[cf.Executor] = None, samples_per_shard: int = 10000,
              min_shards: int = MIN_SHARDS, sample_type: str = "auto", classes: Optional[List[str]] = None,
-             quality: int = DEFAULT_QUALITY, decode: bool = False, prefix: str = "shard", overwrite: bool = False,
+             quality: int = QUALITY, decode: bool = False, prefix: str = "shard", overwrite: bool = False,
              progress: bool = False, storage_options: Optional[Dict[str, Any]] = None) -> ConvertResult:
     """Run ``fn`` over ``inputs`` in parallel and write what it returns into one output at
     ``out``, as LitData's ``optimize`` does; see the module doc.
