@@ -216,6 +216,35 @@ def test_none_from_fn_is_a_listed_skip(tmp_path):
     assert m.accounting["files_seen"] == 10 and verify(str(tmp_path / "out"))["ok"]
 
 
+def test_a_dask_executor_gives_the_process_pools_bytes(tmp_path):
+    pytest.importorskip("distributed", reason="dask.distributed is not installed (pip install 'dsconvert[dask]')")
+    from dsconvert.cluster import cluster_executor
+
+    pool, dask = str(tmp_path / "pool"), str(tmp_path / "dask")
+    optimize(make_sample, range(24), pool, workers=2, samples_per_shard=8)
+    with cluster_executor("local:2") as executor:
+        r = optimize(make_sample, range(24), dask, executor=executor, samples_per_shard=8)
+    assert r.manifest.num_samples == 24 and _digests(dask) == _digests(pool)
+
+
+def fails_at_5(i):
+    if i == 5 and not os.environ.get("DSCONVERT_TEST_FIXED"):
+        raise ValueError("input 5 is bad")
+    return {"txt": str(i)}
+
+
+def test_an_error_in_fn_is_raised_as_it_is_and_a_rerun_finishes(tmp_path, monkeypatch):
+    out = str(tmp_path / "out")
+    with pytest.raises(ValueError, match="input 5 is bad"):
+        optimize(fails_at_5, range(12), out, workers=2, samples_per_shard=4)
+    assert not os.path.exists(os.path.join(out, "dsconvert.json"))
+    monkeypatch.setenv("DSCONVERT_TEST_FIXED", "1")  # forked workers inherit it
+    r = optimize(fails_at_5, range(12), out, workers=2, samples_per_shard=4)
+    assert r.manifest.num_samples == 12 and verify(out)["ok"]
+    assert sorted(os.listdir(out)) == sorted([".dsconvert.lock", ".dsconvert.owner", "dsconvert.json"]
+                                             + [f"shard-{i:06d}.{x}" for i in range(3) for x in ("tar", "index.json")])
+
+
 RESUME_JOB = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
