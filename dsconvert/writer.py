@@ -144,9 +144,9 @@ def _check_key(key: Any, where: str) -> str:
         safe = encode_key(key)
     except ValueError:
         safe = None
-    if safe != key or ".." in key.split("/") or "." in key.split("/"):
+    if safe != key or {"", ".", ".."} & set(key.split("/")):
         raise BadInputError(f"__key__ {key!r} is not tar- and webdataset-safe: use a relative path without dots in "
-                            "its last part, '.' or '..' parts, %, ~, backslashes or control characters", where)
+                            "its last part, empty, '.' or '..' parts, %, ~, backslashes or control characters", where)
     return key
 
 
@@ -158,11 +158,11 @@ def _classification_shaped(sample: Mapping[str, Any]) -> bool:
             and field_kind(next(n for n in names if n != "cls")) == "image")
 
 
-def encode_fields(sample: Any, default_key: str, quality: int = QUALITY
+def encode_fields(sample: Any, default_key: str, quality: int = QUALITY, num_classes: Optional[int] = None
                   ) -> Tuple[str, Dict[str, bytes], Optional[int]]:
     """A sample dict as (key, fields as bytes, label): the label is the ``int`` ``cls`` of an
     (image, label)-shaped sample, else None. A BadInputError, in one line, for anything that
-    cannot be stored (see the module doc)."""
+    cannot be stored (see the module doc), or a label past ``num_classes`` (the classes named)."""
     if not isinstance(sample, Mapping):
         raise BadInputError(f"a sample is a dict of fields, not a {type(sample).__name__}", default_key)
     key = _check_key(sample["__key__"], default_key) if "__key__" in sample else default_key
@@ -186,6 +186,8 @@ def encode_fields(sample: Any, default_key: str, quality: int = QUALITY
         label = sample["cls"]
         if not 0 <= label <= LABEL_MAX:
             raise BadInputError(f"cls {label} is outside 0..{LABEL_MAX}", key)
+        if num_classes is not None and label >= num_classes:
+            raise BadInputError(f"cls {label} is past the {num_classes} classes named (0..{num_classes - 1})", key)
     return key, fields, label
 
 
@@ -431,7 +433,8 @@ class Writer:
         if self._stack is None:
             self.open()
         index = len(self._inputs)
-        key, fields, label = encode_fields(sample, f"{index:0{KEY_DIGITS}d}", self.quality)
+        key, fields, label = encode_fields(sample, f"{index:0{KEY_DIGITS}d}", self.quality,
+                                           len(self.classes) if self.classes is not None else None)
         if key in self._keys:
             raise BadInputError(f"__key__ {key!r} is given twice: keys must be unique", key)
         shaped = label is not None
@@ -443,7 +446,9 @@ class Writer:
             raise _kind_error(key, fields, self.requested)
         self._keys.add(key)
         written, data = _as_written(key, fields, label, self.sample_type, key)
-        size = sum(len(v) for v in data.values())
+        # bytes in the shard, each field a member (a tar's headers and padding counted)
+        size = self.fmt.sample_bytes(Sample(key, tuple(SourceFile(n, "", len(v), 0) for n, v in data.items())),
+                                     self.sample_type == "classification")
         if self._shard is not None and (self._shard_count + 1 > self.samples_per_shard
                                         or self._shard_nbytes + size > max(1, self.shard_bytes - self.fmt.overhead)):
             self._results.append(self._shard.finish())
@@ -522,7 +527,7 @@ def _input_path(i: int) -> str:
 
 
 def _optimize_shard(spec: ShardSpec, fn: Callable[[Any], Any], chunk: Sequence[Any], first: int,
-                    requested: str) -> Tuple[str, ShardResult]:
+                    requested: str, num_classes: Optional[int] = None) -> Tuple[str, ShardResult]:
     """Run ``fn`` over one shard's inputs and write the shard (in a worker): returns the
     sample type it was written as, and its result."""
     fmt = get(spec.format)
@@ -534,7 +539,7 @@ def _optimize_shard(spec: ShardSpec, fn: Callable[[Any], Any], chunk: Sequence[A
         out = fn(chunk[j])
         if out is None:
             return BadInputError("fn returned None for this input: nothing written")
-        key, fields, label = encode_fields(out, f"{i:0{KEY_DIGITS}d}", quality)
+        key, fields, label = encode_fields(out, f"{i:0{KEY_DIGITS}d}", quality, num_classes)
         if key in keys:
             raise BadInputError(f"__key__ {key!r} is given twice: keys must be unique", key)
         keys.add(key)
@@ -619,8 +624,8 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
                                    dict(format_options, fn=name, inputs_sha256=digest), dict(storage_options or {}),
                                    "files", (), owned.token))
         with progress_bar(progress, f"writing {format}", total=len(items), unit=" inputs") as bar:
-            done = _run_optimize(fmt, specs, ranges, items, fn, sample_type, workers, executor, bar,
-                                 None if overwrite else owned)
+            done = _run_optimize(fmt, specs, ranges, items, fn, sample_type, len(classes) if classes is not None else None,
+                                 workers, executor, bar, None if overwrite else owned)
         types = {t for t, r in done if r.entry.num_samples}
         if len(types) > 1:
             raise BadInputError("some shards hold (image, cls) samples and others dict samples: give every sample one "
@@ -636,8 +641,8 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
 
 
 def _run_optimize(fmt: Type[Format], specs: List[ShardSpec], ranges: List[Tuple[int, int]], items: List[Any],
-                  fn: Callable[[Any], Any], requested: str, workers: int, executor: Optional[cf.Executor], bar,
-                  owned: Optional[Owned]) -> List[Tuple[str, ShardResult]]:
+                  fn: Callable[[Any], Any], requested: str, num_classes: Optional[int], workers: int,
+                  executor: Optional[cf.Executor], bar, owned: Optional[Owned]) -> List[Tuple[str, ShardResult]]:
     """Each shard: the finished one of an earlier run where its spec matches, else written by
     :func:`_optimize_shard`; the first error cancels the rest (as conversion's ``_run``)."""
     kinds = ("classification", "dict") if requested == "auto" else (requested,)
@@ -657,7 +662,7 @@ def _run_optimize(fmt: Type[Format], specs: List[ShardSpec], ranges: List[Tuple[
 
     def task(spec: ShardSpec) -> Tuple[Any, ...]:
         a, b = ranges[spec.index]
-        return (spec, fn, items[a:b], a, requested)
+        return (spec, fn, items[a:b], a, requested, num_classes)
 
     own_pool = None
     if executor is None and ((workers > 1 and len(todo) > 1) or (todo and fmt.write_in_child)):

@@ -190,6 +190,53 @@ def test_a_key_twice_is_an_error_in_writer_and_optimize(tmp_path):
     assert not os.path.exists(tmp_path / "o" / "dsconvert.json")
 
 
+def test_an_exception_in_the_with_block_leaves_no_manifest_and_the_next_writer_replaces_it(tmp_path):
+    out = str(tmp_path / "out")
+    with pytest.raises(KeyError):
+        with Writer(out, samples_per_shard=2) as w:
+            for i in range(5):
+                w.write({"txt": f"first {i}"})
+            raise KeyError("the user's own error")
+    left = sorted(os.listdir(out))
+    assert "dsconvert.json" not in left and not [n for n in left if n.endswith(".tmp")]
+    assert "shard-000000.tar" in left  # finished shards stay, unlisted
+    with Writer(out, samples_per_shard=4) as w:
+        for i in range(3):
+            w.write({"txt": f"second {i}"})
+    assert [s["txt"] for s in _all(open_dataset(out))] == [f"second {i}" for i in range(3)]
+    assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == \
+        ["dsconvert.json", "shard-000000.index.json", "shard-000000.tar"]  # the first run's shards are gone
+    assert verify(out)["ok"]
+    with pytest.raises(OutputExistsError, match="overwrite=True"):
+        with Writer(out) as w:
+            w.write({"txt": "third"})
+    with Writer(out, overwrite=True) as w:
+        w.write({"txt": "third"})
+    assert [s["txt"] for s in _all(open_dataset(out))] == ["third"]
+
+
+def test_a_label_past_the_classes_named_is_an_error(tmp_path):
+    with pytest.raises(BadInputError, match="cls 2 is past the 2 classes named"):
+        with Writer(str(tmp_path / "out"), classes=["cat", "dog"]) as w:
+            w.write({"jpg": _photo(0), "cls": 2})
+
+
+def test_a_writer_output_converts_like_any_output(tmp_path):
+    out, h5 = str(tmp_path / "out"), str(tmp_path / "h5")
+    with Writer(out, classes=["a", "b", "c"], samples_per_shard=4) as w:
+        for i in range(9):
+            w.write({"png": np.asarray(_photo(i)), "cls": i % 3})
+    r = dsconvert.convert(out, h5, format="hdf5", workers=1)
+    assert r.manifest.num_samples == 9 and r.manifest.classes == ["a", "b", "c"]
+    for i, (image, label) in enumerate(_all(open_dataset(h5))):
+        assert label == i % 3 and np.array_equal(np.asarray(image), np.asarray(_photo(i)))
+
+
+def test_no_inputs_make_an_empty_output(tmp_path):
+    r = optimize(make_sample, [], str(tmp_path / "out"), workers=2)
+    assert r.manifest.num_samples == 0 and r.manifest.shards == [] and verify(str(tmp_path / "out"))["ok"]
+
+
 def same_key(i):
     return {"__key__": f"k{i % 2}", "txt": str(i)}
 
