@@ -416,7 +416,6 @@ class Writer:
             _claim(self.location, self.overwrite)
             if not self.location.remote:
                 stack.enter_context(_output_lock(self.location.url))
-            stack.enter_context(_out_of_space_is_resumable(self.location))
             self.owned = Owned(self.location, owner_token(self.location))
             if self.location.exists(MANIFEST_NAME):  # a finished output is replaced, never extended
                 if not self.overwrite:
@@ -430,6 +429,8 @@ class Writer:
 
     def write(self, sample: Mapping[str, Any]) -> str:
         """Write one sample (a dict of fields, see the module doc); returns its key."""
+        if self.manifest is not None:
+            raise OptionError(f"this Writer is closed: {self.location.url} is finished; open a new Writer to write more")
         if self._stack is None:
             self.open()
         index = len(self._inputs)
