@@ -38,13 +38,35 @@ import queue
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 import numpy as np
 
 from .codecs import PICKLE_EXTENSIONS, field_kind, resolve_decoder
-from .convert import (ConvertResult, _build_manifest, _claim, _out_of_space_is_resumable, _output_lock, _raise_cause,
-                      _refuse_foreign, _remove_previous, _remove_stale)
+from .convert import (
+    ConvertResult,
+    build_manifest,
+    claim_output,
+    out_of_space_is_resumable,
+    output_lock,
+    raise_worker_cause,
+    refuse_foreign,
+    remove_previous,
+    remove_stale,
+)
 from .errors import BadInputError, OptionError, OutputExistsError
 from .formats import FORMATS, Format, get
 from .io.location import Location, local_form
@@ -97,7 +119,8 @@ def _image_bytes(value: Any, name: str, quality: int, where: str) -> bytes:
         else:
             image.save(buf, fmt)
     except (OSError, ValueError, KeyError) as exc:
-        raise BadInputError(f"field {name!r}: Pillow cannot encode a {image.mode} image as {fmt} ({exc})", where) from None
+        raise BadInputError(f"field {name!r}: Pillow cannot encode a {image.mode} image as {fmt} ({exc})",
+                            where) from None
     return buf.getvalue()
 
 
@@ -115,8 +138,8 @@ def _value_bytes(value: Any, name: str, quality: int, where: str) -> bytes:
         np.save(buf, value, allow_pickle=False)
         return buf.getvalue()
     if kind in ("image", "npy"):
-        raise BadInputError(f"field {name!r} takes bytes or {'a PIL image or a uint8 array' if kind == 'image' else 'a numpy array'}"
-                            f", not {type(value).__name__}", where)
+        takes = "a PIL image or a uint8 array" if kind == "image" else "a numpy array"
+        raise BadInputError(f"field {name!r} takes bytes or {takes}, not {type(value).__name__}", where)
     if isinstance(value, str):
         return value.encode("utf-8")
     if kind == "class" and type(value) is int:
@@ -198,7 +221,8 @@ def _as_written(key: str, fields: Dict[str, bytes], label: Optional[int], sample
     if sample_type == "classification":
         fields = {n: v for n, v in fields.items() if n != "cls"}
     size = sum(len(v) for v in fields.values())
-    return Sample(key, (SourceFile("input", path, size, 0),), label if sample_type == "classification" else None), fields
+    label = label if sample_type == "classification" else None
+    return Sample(key, (SourceFile("input", path, size, 0),), label), fields
 
 
 def _kind_error(key: str, fields: Iterable[str], requested: str) -> BadInputError:
@@ -249,7 +273,7 @@ def _open_output(location: Location, overwrite: bool, options: Dict[str, Any], u
     if location.exists(MANIFEST_NAME):
         previous = Manifest.load(location)
         if overwrite:
-            _remove_previous(location, previous)
+            remove_previous(location, previous)
         elif previous.options == options and previous.source.get("url") == url:
             return owned, previous
         else:
@@ -264,9 +288,9 @@ def _finish(location: Location, fmt: Type[Format], prefix: str, owned: Owned, ur
     """Remove what an earlier run left that this one did not write; then the manifest."""
     _check_unique_keys(location, fmt, results)
     keep = {name for r in results for name in fmt.files_of(r.entry)}
-    _remove_stale(location, prefix, keep, Owned(location, owned.token))
+    remove_stale(location, prefix, keep, Owned(location, owned.token))
     source = Source("", "auto", inputs, classes=classes, labelled=sample_type == "classification")
-    manifest = _build_manifest(url, source, fmt.id, results, options, decoded)
+    manifest = build_manifest(url, source, fmt.id, results, options, decoded)
     manifest.save(location)
     return manifest
 
@@ -295,7 +319,7 @@ class _ShardThread:
     format's loop pulls samples, and :meth:`Writer.write` pushes them."""
 
     def __init__(self, fmt: Type[Format], spec: ShardSpec):
-        self.queue: "queue.Queue[Any]" = queue.Queue(maxsize=16)
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)
         self.result: Optional[ShardResult] = None
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, args=(fmt, spec), daemon=True,
@@ -395,7 +419,7 @@ class Writer:
                          "shard_size": self.shard_bytes, "prefix": prefix, "sample_type": sample_type,
                          "quality": quality, "decode": self.decoded}
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         self.open()
         return self
 
@@ -413,15 +437,15 @@ class Writer:
         try:
             self.location = Location(self.out, self.storage_options)
             self.location.makedirs()
-            _claim(self.location, self.overwrite)
+            claim_output(self.location, self.overwrite)
             if not self.location.remote:
-                stack.enter_context(_output_lock(self.location.url))
+                stack.enter_context(output_lock(self.location.url))
             self.owned = Owned(self.location, owner_token(self.location))
             if self.location.exists(MANIFEST_NAME):  # a finished output is replaced, never extended
                 if not self.overwrite:
                     raise OutputExistsError(f"{self.location.url} already holds a finished output; pass overwrite=True "
                                             "to replace it", self.location.url)
-                _remove_previous(self.location, Manifest.load(self.location))
+                remove_previous(self.location, Manifest.load(self.location))
         except BaseException:
             stack.close()
             raise
@@ -430,7 +454,8 @@ class Writer:
     def write(self, sample: Mapping[str, Any]) -> str:
         """Write one sample (a dict of fields, see the module doc); returns its key."""
         if self.manifest is not None:
-            raise OptionError(f"this Writer is closed: {self.location.url} is finished; open a new Writer to write more")
+            raise OptionError(f"this Writer is closed: {self.location.url} is finished; open a new Writer to "
+                              "write more")
         if self._stack is None:
             self.open()
         index = len(self._inputs)
@@ -471,7 +496,7 @@ class Writer:
                          self.sample_type or "dict", self._shard_samples,  # type: ignore[arg-type]
                          False, None, False, self.format_options, self.storage_options, "files", (), self.owned.token)
         if not self.overwrite:  # a file where this shard goes must be one an earlier run of this output left
-            _refuse_foreign(self.location, self.fmt, [spec], self.owned)
+            refuse_foreign(self.location, self.fmt, [spec], self.owned)
         self._shard = _ShardThread(self.fmt, spec)
         self._shard_count = 0
         self._shard_nbytes = 0
@@ -605,14 +630,15 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
                "samples_per_shard": samples_per_shard, "min_shards": min_shards, "prefix": prefix,
                "sample_type": sample_type, "quality": quality, "decode": decoded}
     url = f"python:{name}"
-    placeholders = [Sample(f"{i:0{KEY_DIGITS}d}", (SourceFile("input", _input_path(i), 0, 0),)) for i in range(len(items))]
+    placeholders = [Sample(f"{i:0{KEY_DIGITS}d}", (SourceFile("input", _input_path(i), 0, 0),))
+                    for i in range(len(items))]
     ranges = spread_plan(placeholders, samples_per_shard, 1 << 62, min_shards, size_of=lambda s: 0)
     started = time.perf_counter()
     location = Location(local_form(out), storage_options)
     location.makedirs()
-    _claim(location, overwrite)
-    lock = contextlib.nullcontext() if location.remote else _output_lock(location.url)
-    with lock, _out_of_space_is_resumable(location):
+    claim_output(location, overwrite)
+    lock = contextlib.nullcontext() if location.remote else output_lock(location.url)
+    with lock, out_of_space_is_resumable(location):
         owned, previous = _open_output(location, overwrite, options, url)
         if previous is not None:
             return ConvertResult(previous, location.url, already_complete=True)
@@ -625,8 +651,9 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
                                    dict(format_options, fn=name, inputs_sha256=digest), dict(storage_options or {}),
                                    "files", (), owned.token))
         with progress_bar(progress, f"writing {format}", total=len(items), unit=" inputs") as bar:
-            done = _run_optimize(fmt, specs, ranges, items, fn, sample_type, len(classes) if classes is not None else None,
-                                 workers, executor, bar, None if overwrite else owned)
+            num_classes = len(classes) if classes is not None else None
+            done = _run_optimize(fmt, specs, ranges, items, fn, sample_type, num_classes, workers, executor, bar,
+                                 None if overwrite else owned)
         types = {t for t, r in done if r.entry.num_samples}
         if len(types) > 1:
             raise BadInputError("some shards hold (image, cls) samples and others dict samples: give every sample one "
@@ -659,7 +686,7 @@ def _run_optimize(fmt: Type[Format], specs: List[ShardSpec], ranges: List[Tuple[
         else:
             todo.append(spec)
     if owned is not None and todo:
-        _refuse_foreign(owned.out, fmt, todo, owned)
+        refuse_foreign(owned.out, fmt, todo, owned)
 
     def task(spec: ShardSpec) -> Tuple[Any, ...]:
         a, b = ranges[spec.index]
@@ -683,7 +710,7 @@ def _run_optimize(fmt: Type[Format], specs: List[ShardSpec], ranges: List[Tuple[
             except BaseException as exc:
                 for future in futures:
                     future.cancel()
-                _raise_cause(exc, futures, specs[0].out_dir)
+                raise_worker_cause(exc, futures, specs[0].out_dir)
                 raise
     finally:
         if own_pool is not None:
