@@ -1,5 +1,9 @@
 """dsconvert.Writer and dsconvert.optimize against the real readers: open_dataset, webdataset,
-verify, a real process pool and a real SIGKILL."""
+verify, a real process pool and a real SIGKILL.
+
+Tiers (integ's markers): the SIGKILL job, the Dask cluster and the docs blocks run processes of
+their own and take seconds (slow, system); the rest is the fast tier (the first import of
+webdataset, which imports torch, is most of its time)."""
 
 import glob
 import hashlib
@@ -263,6 +267,8 @@ def test_none_from_fn_is_a_listed_skip(tmp_path):
     assert m.accounting["files_seen"] == 10 and verify(str(tmp_path / "out"))["ok"]
 
 
+@pytest.mark.slow
+@pytest.mark.system
 def test_a_dask_executor_gives_the_process_pools_bytes(tmp_path):
     pytest.importorskip("distributed", reason="dask.distributed is not installed (pip install 'dsconvert[dask]')")
     from dsconvert.cluster import cluster_executor
@@ -318,6 +324,8 @@ def _calls(log):
         return [int(x) for x in f.read().split()]
 
 
+@pytest.mark.slow
+@pytest.mark.system
 def test_a_sigkilled_optimize_resumes_without_recomputing_written_inputs(tmp_path):
     job = tmp_path / "job.py"
     job.write_text(RESUME_JOB.format(tests=HERE))
@@ -356,6 +364,8 @@ def _python_blocks(path):
     return [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "dsconvert" in b]
 
 
+@pytest.mark.slow
+@pytest.mark.system
 def test_the_dsconvert_blocks_of_docs_writer_md_run_as_written(tmp_path):
     """Each block runs as a script of its own (``python block.py``), as a reader would run it."""
     blocks = _python_blocks(os.path.join(ROOT, "docs", "writer.md"))
