@@ -8,10 +8,13 @@ own cost (serialising, hashing, shard files, index, manifest). The JPEG encode d
 differences are the writers' overheads (LitData's and dsconvert's process pools start their
 workers inside the timing).
 
-    python benchmarks/bench_writer.py --samples 2000 --workers 2 --rounds 3
+    python -m benchmarks writer --samples 2000 --workers 2 --rounds 3
+    python benchmarks/writer.py --samples 2000 --workers 2 --rounds 3   # the same, as a script
 
 Prints one line per writer and round, then the median of each (seconds, samples/s, output MB);
 ``--json FILE`` writes them. LitData and webdataset are skipped (said so) where not installed.
+A suite of ``python -m benchmarks`` (``add_arguments``, ``run``, ``QUICK``; no docs table: the
+figures are quoted in docs/writer.md).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
@@ -102,13 +105,14 @@ RUNS: Dict[str, Callable[[int, int, str], None]] = {
 NEEDS = {"litdata.optimize": "litdata", "webdataset.ShardWriter (1 process)": "webdataset"}
 
 
-def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samples", type=int, default=2000)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--json", help="write the results here")
-    args = ap.parse_args(argv)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--workers", type=int, default=2, help="processes of the optimize runs")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--json", help="write the results here")
+
+
+def run(args: argparse.Namespace) -> int:
     runs = {}
     for name, fn in RUNS.items():
         need = NEEDS.get(name)
@@ -150,5 +154,11 @@ def main(argv: List[str] | None = None) -> int:
     return 0
 
 
+QUICK = ["--samples", "40", "--rounds", "1"]
+TABLES: Dict[str, Any] = {}  # it prints; its figures are quoted in docs/writer.md
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))
