@@ -32,6 +32,7 @@ from .errors import (  # noqa: E402
 from .manifest import Manifest  # noqa: E402
 from .monitor import DataLoadingMonitor  # noqa: E402
 from .source import scan  # noqa: E402
+from .writer import Writer, optimize  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -42,6 +43,8 @@ __all__ = [
     "mix",
     "subsample",
     "scan",
+    "Writer",
+    "optimize",
     "DataLoadingMonitor",
     "Manifest",
     "DsconvertError",

@@ -48,7 +48,10 @@ from .io.localfs import free_bytes, mount_of
 from .io.locks import file_lock
 from .io.owner import OWNER_NAME, Owned, owner_token
 
-__all__ = ["convert", "ConvertResult", "write_shard", "EXIT_SKIPPED", "accepts"]
+__all__ = ["convert", "ConvertResult", "write_shard", "EXIT_SKIPPED", "accepts",
+           # the output handling dsconvert.writer shares
+           "output_lock", "claim_output", "remove_previous", "remove_stale", "refuse_foreign",
+           "out_of_space_is_resumable", "raise_worker_cause", "build_manifest"]
 
 EXIT_SKIPPED = 3  # the CLI's exit status when the conversion finished but skipped inputs
 LOCK_NAME = ".dsconvert.lock"
@@ -71,7 +74,7 @@ class ConvertResult:
 
 
 @contextlib.contextmanager
-def _output_lock(out_dir: str) -> Iterator[None]:
+def output_lock(out_dir: str) -> Iterator[None]:
     """An exclusive lock on OUT/.dsconvert.lock: two conversions never share an output. A
     process lock (:func:`dsconvert.io.locks.file_lock`), so a killed conversion's lock dies
     with its main process, whatever its pool workers do."""
@@ -82,7 +85,7 @@ def _output_lock(out_dir: str) -> Iterator[None]:
         yield
 
 
-def _claim(out: Location, overwrite: bool) -> None:
+def claim_output(out: Location, overwrite: bool) -> None:
     """Refuse to write into a folder that holds files dsconvert did not write, unless
     ``overwrite``; then mark the folder as a dsconvert output (the lock file, kept after the
     run). Without this, a user's ``shard-000007.tar`` (webdataset's own naming) would be
@@ -118,7 +121,8 @@ def _check_paths(src: str, out: str) -> None:
         raise DsconvertError(f"the output {out} is inside the source {src}; choose another folder", out)
 
 
-def _remove_previous(out: Location, manifest: Manifest) -> None:
+def remove_previous(out: Location, manifest: Manifest) -> None:
+    """Remove a finished output's manifest (first), order file and every shard file it lists."""
     out.remove(MANIFEST_NAME)  # first: the output is unfinished from here on
     if manifest.order is not None:
         out.remove(ORDER_NAME)
@@ -133,7 +137,7 @@ def _shard_files(prefix: str) -> str:
     return rf"{re.escape(prefix)}-\d{{6}}\.[a-z0-9.]+"
 
 
-def _remove_stale(out: Location, prefix: str, keep: set, owned: Owned) -> None:
+def remove_stale(out: Location, prefix: str, keep: set, owned: Owned) -> None:
     """Remove our shards and indexes that the current plan does not contain, and temp files
     left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.io.localfs.atomic_write`).
     Only files the owner journal proves ours: a user's file named like a shard stays."""
@@ -154,7 +158,7 @@ def _adopt(owned: Owned, manifest: Manifest) -> None:
             owned.add(name, part["bytes"], part["sha256"])
 
 
-def _refuse_foreign(out: Location, fmt: Type[Format], todo: List[ShardSpec], owned: Owned) -> None:
+def refuse_foreign(out: Location, fmt: Type[Format], todo: List[ShardSpec], owned: Owned) -> None:
     """Before any shard is written: a file already where a planned one goes must be one this
     output wrote (a kill's leftover), else the conversion stops rather than replace it."""
     present = set(out.listdir())
@@ -241,7 +245,7 @@ def _is_out_of_space(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def _out_of_space_is_resumable(out: Location) -> Iterator[None]:
+def out_of_space_is_resumable(out: Location) -> Iterator[None]:
     """A full disk mid-run is one clear error: what was written is complete (shards are
     renamed into place only when whole), and the same command resumes once there is room."""
     try:
@@ -274,7 +278,7 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
         else:
             todo.append(spec)
     if owned is not None and todo:
-        _refuse_foreign(owned.out, fmt, todo, owned)
+        refuse_foreign(owned.out, fmt, todo, owned)
     started = time.perf_counter()
     nbytes = 0
 
@@ -305,7 +309,7 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
             except BaseException as exc:
                 for future in futures:
                     future.cancel()
-                _raise_cause(exc, futures, specs[0].out_dir)
+                raise_worker_cause(exc, futures, specs[0].out_dir)
                 raise
     finally:
         if own_pool is not None:
@@ -338,7 +342,7 @@ def _write_shard(spec: ShardSpec) -> ShardResult:
     return write_shard(spec)
 
 
-def _raise_cause(exc: BaseException, futures: Dict[cf.Future, ShardSpec], out_dir: str) -> None:
+def raise_worker_cause(exc: BaseException, futures: Dict[cf.Future, ShardSpec], out_dir: str) -> None:
     """Raise what the user needs to know when a shard failed, if it is not ``exc`` itself.
 
     A worker that dies (SIGKILL, the OOM killer, a crash in a native library) breaks the
@@ -511,15 +515,15 @@ def convert(
     )
     started = time.perf_counter()
     location.makedirs()
-    _claim(location, overwrite)
-    lock = contextlib.nullcontext() if location.remote else _output_lock(out_dir)
-    with lock, _out_of_space_is_resumable(location):
+    claim_output(location, overwrite)
+    lock = contextlib.nullcontext() if location.remote else output_lock(out_dir)
+    with lock, out_of_space_is_resumable(location):
         owned = Owned(location, owner_token(location))
         if location.exists(MANIFEST_NAME):
             previous = Manifest.load(location)
             same = previous.options == options and previous.source.get("url") == src_abs
             if overwrite:
-                _remove_previous(location, previous)
+                remove_previous(location, previous)
             elif not same:
                 raise OutputExistsError(
                     f"{out_dir} already holds a finished conversion made with other options or "
@@ -572,8 +576,8 @@ def convert(
             results = _run(specs, workers, executor, bar, None if overwrite else owned)
 
         keep = {name for r in results for name in fmt.files_of(r.entry)}
-        _remove_stale(location, prefix, keep, Owned(location, owned.token))  # read again: the writers added
-        manifest = _build_manifest(src_abs, source, format, results, options, decode)
+        remove_stale(location, prefix, keep, Owned(location, owned.token))  # read again: the writers added
+        manifest = build_manifest(src_abs, source, format, results, options, decode)
         if shuffled or source.positions is not None:  # before the manifest, which names it: a kill in between
             # leaves no finished output
             manifest.order = _save_order(location, results)
@@ -620,8 +624,10 @@ def _skip_entry(path: str, s: Skipped) -> Dict[str, Any]:
     return {"path": path, "reason": s.reason, **({"count": s.count} if s.count != 1 else {})}
 
 
-def _build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult],
-                    options: Dict[str, Any], decoded: bool) -> Manifest:
+def build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult],
+                   options: Dict[str, Any], decoded: bool) -> Manifest:
+    """The manifest of the shards ``results`` written from ``source`` (at ``url``): every input
+    accounted for (written or skipped), or a RuntimeError."""
     listed = [_skip_entry(escape_path(s.path), s) for s in source.skipped]
     for r in results:
         listed.extend(_skip_entry(s.path, s) for s in r.skipped)

@@ -146,10 +146,10 @@ def test_second_writer_is_refused(tmp_path, image_folder):
 
 
 def test_one_process_cannot_take_its_own_output_twice(tmp_path, image_folder):
-    from dsconvert.convert import _output_lock
+    from dsconvert.convert import output_lock
 
     (tmp_path / "out").mkdir()
-    with _output_lock(str(tmp_path / "out")):
+    with output_lock(str(tmp_path / "out")):
         with pytest.raises(OutputLockedError):
             convert(image_folder, str(tmp_path / "out"), workers=1)
 

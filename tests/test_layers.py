@@ -45,7 +45,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
     # reading the inputs a scan found, for a conversion (and a source read in place)
     ("inputs", ["inputs"]),
     # conversion: scan, plan, read and write each shard, the manifest last
-    ("convert", ["convert"]),
+    ("convert", ["convert", "writer"]),
     # the Datasets over outputs, sources and tars, and their cache
     ("readers", ["readers", "data"]),
     # what runs over all of that: verify, bench, analyze, diagnose (and the fix commands they advise)
