@@ -42,4 +42,5 @@ SUITES = {
     "compare": "every suite on a git revision and on this checkout",
     "before_after": "the hot read and write paths of a revision against this checkout",
     "decode_checks": "the decode checks' cost against a revision's codecs",
+    "writer": "dsconvert.optimize and Writer against LitData's optimize and webdataset's ShardWriter",
 }
