@@ -34,15 +34,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import optional, schedstat
 from .codecs import DECODE_MODES, ENCODED_MODES
-from . import schedstat
 from .errors import OptionError, SourceError
+from .io.localfs import evict_page_cache
+from .io.location import Location, local_form
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
-from . import optional
 from .optional import require
-from .io.location import Location, local_form
-from .io.localfs import evict_page_cache
 from .transforms import CropToTensor, load_transform
 
 __all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA", "BENCH_VERSION",
@@ -117,8 +116,8 @@ def open_target(path: str, decode: str, transform: Optional[Callable], max_sampl
         per_sample = sum(s.bytes for s in manifest.shards) / max(1, n)
         kind, sample_type = "tars", manifest.sample_type
     else:
-        from .source import scan
         from .readers.source import SourceDataset
+        from .source import scan
 
         source = scan(path, storage_options=storage_options)
         _check_transform(path, source.sample_type, transform)

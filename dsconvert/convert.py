@@ -24,28 +24,43 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 from . import skips
-from .version import __version__
 from .codecs import pixel_limit, resolve_decoder, resolve_resampler
-from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
-                     OutputExistsError, OutputLockedError, SourceError)
+from .errors import (
+    BadInputError,
+    DsconvertError,
+    InsufficientSpaceError,
+    OptionError,
+    OutputExistsError,
+    OutputLockedError,
+    SourceError,
+)
 from .formats import FORMATS, Format, get
 from .formats.base import part_of
+from .inputs import read_samples
+from .io.localfs import free_bytes, mount_of
+from .io.location import Location, is_remote, local_form
+from .io.locks import file_lock
+from .io.owner import OWNER_NAME, Owned, owner_token
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest
+from .plan import (
+    CHANGED_DURING,
+    MAX_SAMPLE_BYTES,
+    MIN_SHARDS,
+    ShardResult,
+    ShardSpec,
+    over_limit,
+    parse_size,
+    spread_plan,
+)
 from .processes import available_cpus, process_pool
 from .progress import progress_bar
 from .reencode import DEFAULT_QUALITY
-from .plan import (CHANGED_DURING, MAX_SAMPLE_BYTES, MIN_SHARDS, ShardResult, ShardSpec, over_limit, parse_size,
-                   spread_plan)
+from .samples import LAYOUTS, Skipped, Source
 from .shuffle import ORDERS, order_bytes, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
-from .inputs import read_samples
-from .samples import LAYOUTS, Skipped, Source
 from .source import scan
-from .io.location import Location, is_remote, local_form
-from .io.localfs import free_bytes, mount_of
-from .io.locks import file_lock
-from .io.owner import OWNER_NAME, Owned, owner_token
+from .version import __version__
 
 __all__ = ["convert", "ConvertResult", "write_shard", "EXIT_SKIPPED", "accepts"]
 

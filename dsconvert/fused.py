@@ -50,10 +50,22 @@ import numpy as np
 from PIL import Image
 
 from . import optional, resample
-from .codecs import (JPEG_MAGIC, FastJpeg, Region, bilinear, check_pixels, fast_decode, jpeg_decoders, nchw_view,
-                     pil_open, pil_rgb, refuse_unverifiable, region_decode)
-from .geometry import resized_size
+from .codecs import (
+    JPEG_MAGIC,
+    FastJpeg,
+    Region,
+    bilinear,
+    check_pixels,
+    fast_decode,
+    jpeg_decoders,
+    nchw_view,
+    pil_open,
+    pil_rgb,
+    refuse_unverifiable,
+    region_decode,
+)
 from .errors import BadInputError
+from .geometry import resized_size
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box"]
 
@@ -147,7 +159,7 @@ def _geometry(ops: List[Any]) -> Tuple[Optional[Geometry], int]:
     return None, 0
 
 
-def fuse(transform: Optional[Callable]) -> "FusedTransform":
+def fuse(transform: Optional[Callable]) -> FusedTransform:
     """The fused form of ``transform`` (see the module doc); ``fused.geometry`` is None when
     nothing could be fused, and the transform then runs as given after a full decode. The first
     call in a process says, in one line, which of dsconvert's C extensions did not build."""

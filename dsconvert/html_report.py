@@ -17,9 +17,9 @@ import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .version import __version__
 from .optional import require
 from .sizing import format_size
+from .version import __version__
 
 __all__ = ["analyze_html", "bench_html", "write", "numbers_in"]
 

@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from .errors import DsconvertError, ManifestError
-from .keys import escape_path, unescape_path
 from .io.location import Location, is_remote
+from .keys import escape_path, unescape_path
 from .samples import LAYOUTS
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ORDER_NAME", "ShardEntry", "Manifest", "expect",
@@ -114,7 +114,7 @@ class Manifest:
         return {"schema_version": d.pop("schema_version"), **d}
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "manifest") -> "Manifest":
+    def from_dict(cls, d: Any, where: str = "manifest") -> Manifest:
         """Build from parsed JSON, naming the offending field when anything is off: a manifest
         is data from disk (hand-edited, truncated, hostile), and every field a reader or the
         CLI uses is checked here, so nothing downstream meets a list where it wants a string."""
@@ -203,7 +203,7 @@ class Manifest:
         return loc.url_of(MANIFEST_NAME)
 
     @classmethod
-    def load(cls, path: Union[str, Location], storage_options: Optional[Dict[str, Any]] = None) -> "Manifest":
+    def load(cls, path: Union[str, Location], storage_options: Optional[Dict[str, Any]] = None) -> Manifest:
         """Load ``path``: the manifest file, or the output folder (path, URL or Location)
         holding it."""
         if isinstance(path, Location):

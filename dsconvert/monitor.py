@@ -220,7 +220,7 @@ class DataLoadingMonitor:
         if self.gpu is not None:
             self.gpu.stop()
 
-    def __enter__(self) -> "DataLoadingMonitor":
+    def __enter__(self) -> DataLoadingMonitor:
         return self
 
     def __exit__(self, *exc: object) -> None:

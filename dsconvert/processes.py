@@ -91,7 +91,7 @@ class ProcessLocal(dict):
         return (ProcessLocal, ())
 
 
-_process_locals: "weakref.WeakSet[ProcessLocal]" = weakref.WeakSet()
+_process_locals: weakref.WeakSet[ProcessLocal] = weakref.WeakSet()
 
 
 def _forked_child() -> None:

@@ -30,7 +30,7 @@ __all__ = ["FILTERS", "available", "state", "span", "resize_window"]
 FILTERS = {"bilinear": 0, "bicubic": 1}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def state() -> str:
     """``runs``, ``not built`` (no compiler at install) or ``no AVX2`` (this CPU; the kernel's
     plain C loops give the same pixels, but slower than torch's: they are kept for the tests and

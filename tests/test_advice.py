@@ -74,7 +74,7 @@ def test_analyze_and_diagnose_suggest_the_same_command_for_the_same_situation():
 
 def test_every_fix_record_is_a_known_category_with_a_text_that_formats():
     from dsconvert.diagnose.classify import DATA_CATEGORIES
-    from dsconvert.diagnose.fixes import FIXES, Fixes, FixContext, apply_fixes
+    from dsconvert.diagnose.fixes import FIXES, FixContext, Fixes, apply_fixes
 
     ctx = FixContext(top="JPEG (Pillow)", fast_decoder="turbojpeg", pillow=True, wds_out="/data/train-wds")
     for category, fixes in FIXES.items():

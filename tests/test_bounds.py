@@ -16,8 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from PIL import Image
 
 import dsconvert

@@ -17,11 +17,17 @@ import numpy as np
 import pytest
 
 from dsconvert import convert
+from dsconvert.analyze.detect import (
+    KINDS,
+    Detected,
+    classify as detect_classify,
+    crc32c,
+    detect,
+    limits as detect_limits,
+    masked_crc32c,
+    walk as detect_walk,
+)
 from dsconvert.optional import optional_import
-from dsconvert.analyze.detect import classify as detect_classify
-from dsconvert.analyze.detect import limits as detect_limits
-from dsconvert.analyze.detect import walk as detect_walk
-from dsconvert.analyze.detect import KINDS, Detected, crc32c, detect, masked_crc32c
 
 from conftest import make_image_folder, write
 

@@ -16,22 +16,31 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import resample
 from ..codecs import field_kind, jpeg_decoders
 from ..errors import DsconvertError, OptionError
-from ..io.location import Location
+from ..io.localfs import free_bytes, storage_kind
+from ..io.location import Location, filesystem, is_remote, local_form, protocol_of
 from ..manifest import MANIFEST_NAME, Manifest
 from ..optional import jpeg_region, require
 from ..processes import available_cpus
-from .. import resample
 from ..progress import progress_bar
-from ..io.location import filesystem, is_remote, local_form, protocol_of
 from ..samples import CLASSIFICATION_LAYOUTS
-from ..io.localfs import free_bytes, storage_kind
-from .detect import Detected
-from .detect import detect as what_is  # the name detect stays the module's
+from .detect import (
+    Detected,
+    detect as what_is,  # the name detect stays the module's
+)
 from .inventory import Inventory, take_inventory
-from .measure import (LOCAL, Reader, concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
-                      memory_bandwidth, read_pass)
+from .measure import (
+    LOCAL,
+    Reader,
+    concurrency_sweep,
+    decode_costs,
+    fit_fixed_cost,
+    image_geometry,
+    memory_bandwidth,
+    read_pass,
+)
 from .sampling import stratified_sample
 from .verdict import SOURCE, Measurements, Verdict, decide
 
@@ -136,8 +145,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         # a list file: the files it names are the data, measured in place of the list itself
         import random
 
-        from ..source import scan
         from ..readers.source import SourceDataset
+        from ..source import scan
 
         listed = scan(src, storage_options=storage_options)
         listed_total = len(listed.samples)

@@ -13,7 +13,7 @@ from .common import check_report_path, stderr_log, write_report
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "bench", help="measure DataLoader throughput of sources and converted outputs",
         description="Read each PATH (a source tree, read file by file as ImageFolder does, or a "

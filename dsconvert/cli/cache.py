@@ -13,7 +13,7 @@ from .common import local_folder, stderr_log
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "cache", help="copy a remote output's shards to local SSD, verified",
         description="Fetch every shard (and index) of the dsconvert output at URL into CACHE_DIR and verify "

@@ -12,7 +12,7 @@ from .common import existing_output, stderr_log
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "verify", help="check an output against its manifest (and its source)",
         description="Check every shard of OUT against the manifest (size, sha256, shard record, the "

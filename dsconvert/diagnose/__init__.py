@@ -89,8 +89,8 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
              log: Optional[Callable[[str], None]] = None, tracer: str = "auto") -> Dict[str, Any]:
     """Sample process ``pid`` (a training job) and its subprocesses; return the report."""
     from ..codecs import jpeg_decoders
-    from ..processes import available_cpus
     from ..io.localfs import storage_kind
+    from ..processes import available_cpus
 
     say = log or (lambda msg: None)
     if duration <= 0 or rate < 1:

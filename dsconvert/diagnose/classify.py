@@ -72,8 +72,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .fixes import Fixes, apply_fixes, worker_fixes
 from .pyspy import Frame, Stack
-from .rules import (COMPUTE_LIBRARIES, COMPUTE_LINES, COMPUTE_RULES, FRAME_RULES, LINE_RULES, FrameRule,
-                    LineRule)
+from .rules import (
+    COMPUTE_LIBRARIES,
+    COMPUTE_LINES,
+    COMPUTE_RULES,
+    FRAME_RULES,
+    LINE_RULES,
+    FrameRule,
+    LineRule,
+)
 from .verdicts import INPUT_BOUND_SHARE, NO_WORKERS_SHARE, Measured, decide
 
 __all__ = ["classify_stack", "diagnose_stacks", "Diagnosis", "INPUT_BOUND_SHARE", "NO_WORKERS_SHARE", "IPC_SHARE",

@@ -107,7 +107,7 @@ class FileWatcher:
                 refreshed = time.monotonic()
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "FileWatcher":
+    def __enter__(self) -> FileWatcher:
         self._thread.start()
         return self
 

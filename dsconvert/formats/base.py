@@ -48,7 +48,15 @@ from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
 from ..io.owner import note
 from ..keys import escape_path
-from ..manifest import Manifest, ShardEntry, expect, is_int, is_int_list, is_list_of_lists, is_str_list
+from ..manifest import (
+    Manifest,
+    ShardEntry,
+    expect,
+    is_int,
+    is_int_list,
+    is_list_of_lists,
+    is_str_list,
+)
 from ..plan import ShardResult, ShardSpec
 from ..samples import Fetched, Fields, Sample, Skipped
 
@@ -99,7 +107,7 @@ class ShardRecord:
     @classmethod
     def build(cls, fmt: str, spec: ShardSpec, keys: List[str], labels: Optional[List[int]],
               sources: List[List[str]], stats: List[List[List[int]]], nbytes: int, sha256: str,
-              skipped: List[Skipped], fields: Dict[str, str], extra: Dict[str, Any]) -> "ShardRecord":
+              skipped: List[Skipped], fields: Dict[str, str], extra: Dict[str, Any]) -> ShardRecord:
         d: Dict[str, Any] = {
             "schema_version": RECORD_SCHEMA, "format": fmt, "shard": spec.name,
             "spec_sha256": spec.digest(), "bytes": nbytes, "sha256": sha256,
@@ -118,7 +126,7 @@ class ShardRecord:
         return part_of(data)
 
     @classmethod
-    def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> "ShardRecord":
+    def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> ShardRecord:
         """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere)."""
         try:
             if data is None:
@@ -249,7 +257,7 @@ class SpansNotSupported(NotImplementedError):
     ``image``, ``images`` or ``fields``. Only formats read as streams (``Format.iterable``)
     have spans; the readers ask for them only there."""
 
-    def __init__(self, reader: "ShardReader", what: str):
+    def __init__(self, reader: ShardReader, what: str):
         super().__init__(f"{type(reader).__name__} ({reader.name}) has no byte spans of its samples: {what} is "
                          "for formats read as streams (Format.iterable)")
 
@@ -441,13 +449,13 @@ class Format(ABC):
     # --- records and checks -------------------------------------------------------------
 
     @classmethod
-    def load_record(cls, path: str, data: Optional[bytes] = None) -> "ShardRecord":
+    def load_record(cls, path: str, data: Optional[bytes] = None) -> ShardRecord:
         """A shard record of this format from ``path`` (or ``data``, its bytes), every column
         a reader uses checked."""
         return ShardRecord.load(path, cls.id, data)
 
     @classmethod
-    def structure_problems(cls, out: Location, entry: ShardEntry, record: "ShardRecord",
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord,
                            parts: Dict[str, bytes]) -> List[Problem]:
         """What ``verify`` finds wrong in the shard's own structure, beyond its checksum.
         ``parts``: the shard's other files that verify already read (name -> bytes)."""

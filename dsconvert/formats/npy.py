@@ -40,8 +40,18 @@ from ..io.location import Location
 from ..manifest import Manifest, ShardEntry
 from ..plan import ShardSpec
 from ..samples import Sample
-from .base import (Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, part_of,
-                   pixels_for, write_owned)
+from .base import (
+    Format,
+    Problem,
+    ShardReader,
+    ShardRecord,
+    Sink,
+    image_field,
+    manifest_image_field,
+    part_of,
+    pixels_for,
+    write_owned,
+)
 
 __all__ = ["Npy", "FORMAT", "SAMPLE_DTYPE", "load_rows", "rows_problem", "pixels_extent", "open_pixels"]
 

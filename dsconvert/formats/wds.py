@@ -45,7 +45,14 @@ from ..codecs import encode_class
 from ..errors import ManifestError
 from ..io.localfs import SizeBoundedFile, regular_size
 from ..io.location import Location
-from ..io.ranges import MappedBytes, PrefetchedBytes, PreadBytes, ScatteredBytes, local_fill, remote_fill
+from ..io.ranges import (
+    MappedBytes,
+    PreadBytes,
+    PrefetchedBytes,
+    ScatteredBytes,
+    local_fill,
+    remote_fill,
+)
 from ..manifest import Manifest, ShardEntry, expect, is_int_list
 from ..plan import ShardSpec
 from ..samples import Sample

@@ -18,8 +18,15 @@ from ..io.location import Location
 from ..keys import escape_path
 from ..plan import CHANGED_DURING, ShardSpec
 from ..samples import Fetched, Sample, SourceFile
-from ..source.parquet import (IMAGE_NOT_EMBEDDED, format_of, hf_features, image_column, import_pyarrow, is_binary,
-                              open_file)
+from ..source.parquet import (
+    IMAGE_NOT_EMBEDDED,
+    format_of,
+    hf_features,
+    image_column,
+    import_pyarrow,
+    is_binary,
+    open_file,
+)
 from .check import Check, Contents
 
 __all__ = ["read_parquet_samples", "ParquetRows"]

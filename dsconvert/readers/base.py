@@ -17,11 +17,11 @@ import numpy as np
 from PIL import Image
 
 from ..codecs import DECODE_MODES, decode_image
-from ..fused import fuse
+from ..errors import FusedFallbackWarning
 from ..formats import Format, get
+from ..fused import fuse
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
-from ..errors import FusedFallbackWarning
 from ..optional import optional_import
 
 __all__ = ["TorchDataset", "TorchIterableDataset", "Transforms", "ShardDataset", "locate"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Union
 
+from ..errors import OptionError
 from ..formats import FORMATS, get
 from ..io.localfs import is_latency_bound
 from ..io.location import local_form
 from ..io.shard_cache import ShardAccess
-from ..errors import OptionError
 from ..manifest import MANIFEST_NAME, Manifest
 from ..source import scan
 from ..source.tars import looks_like_tars
@@ -96,7 +96,8 @@ def open_dataset(
     if manifest.format not in FORMATS:
         raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")
     if _streams(get(manifest.format).iterable, access, stream, options, root):
-        from .stream import StreamDataset as dataset  # here, not at the top: the Dataset modules import torch
+        # here, not at the top: the Dataset modules import torch
+        from .stream import StreamDataset as dataset
     else:
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,

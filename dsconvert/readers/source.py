@@ -16,10 +16,10 @@ import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ..codecs import decode_field
-from ..io.location import Location
-from ..processes import settle_worker
 from ..inputs.outputs import OutputShards
 from ..inputs.parquet import ParquetRows
+from ..io.location import Location
+from ..processes import settle_worker
 from ..samples import Source, SourceFile
 from .base import TorchDataset, Transforms
 

@@ -321,7 +321,7 @@ class _OpenShards:
     """The shards one iteration reads, opened on first use and kept while the order moves
     between the few a shuffle window spans (closing the least recently used past ``limit``)."""
 
-    def __init__(self, ds: "StreamDataset", prepare: bool, views: bool, limit: int = 16):
+    def __init__(self, ds: StreamDataset, prepare: bool, views: bool, limit: int = 16):
         self.ds, self.prepare, self.views, self.limit = ds, prepare, views, limit
         self.open: Dict[int, ShardReader] = {}
 

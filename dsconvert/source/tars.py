@@ -35,11 +35,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..codecs import field_kind, is_image_field
 from ..errors import BadInputError, ManifestError, SourceError
+from ..formats.base import part_of
+from ..formats.wds import Wds
 from ..io.localfs import SizeBoundedFile, atomic_write, open_regular
 from ..io.location import Location, json_bytes, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
-from ..formats.base import part_of
-from ..formats.wds import Wds
 from ..samples import Sample, Skipped, Source, SourceFile
 
 __all__ = ["TarShards", "list_tars", "looks_like_tars", "tar_source", "parse_label", "label_index",

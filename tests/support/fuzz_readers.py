@@ -25,7 +25,7 @@ with atheris.instrument_imports():
     from dsconvert.io.shard_cache import ShardAccess
 
 
-def _value(fdp: "atheris.FuzzedDataProvider", depth: int = 0):
+def _value(fdp: atheris.FuzzedDataProvider, depth: int = 0):
     kind = fdp.ConsumeIntInRange(0, 7 if depth < 3 else 4)
     if kind == 0:
         return None
@@ -42,7 +42,7 @@ def _value(fdp: "atheris.FuzzedDataProvider", depth: int = 0):
     return {fdp.ConsumeUnicodeNoSurrogates(6): _value(fdp, depth + 1) for _ in range(fdp.ConsumeIntInRange(0, 4))}
 
 
-def mutate(fdp: "atheris.FuzzedDataProvider", doc):
+def mutate(fdp: atheris.FuzzedDataProvider, doc):
     """Replace (or delete) nodes of a real document, chosen by the fuzzer's bytes."""
     doc = json.loads(json.dumps(doc))
     for _ in range(fdp.ConsumeIntInRange(1, 3)):

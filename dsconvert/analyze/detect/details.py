@@ -3,12 +3,12 @@ metadata, TFRecord's first record; each bounded, each returning (details, why no
 
 from __future__ import annotations
 
+import contextlib
 import io
 import struct
 import tarfile
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
-import contextlib
 
 from ...optional import optional_import
 from . import limits
