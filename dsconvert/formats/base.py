@@ -282,7 +282,7 @@ class ShardReader(ABC):
     ranged: ClassVar[bool] = False  # samples are byte spans of one file (see the class doc)
     source: Any = None  # the byte source prepare() opened (ranged readers; see dsconvert.io.ranges)
 
-    def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
+    def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:  # noqa: B027 - optional hook
         """Samples [first, stop) are read next, in order (``prefetch``: read ahead concurrently;
         ``views``: they will be asked for as zero-copy views)."""
 
@@ -313,7 +313,7 @@ class ShardReader(ABC):
         :class:`dsconvert.io.ranges.ScatteredBytes` to ``close()`` when read (ranged readers)."""
         raise SpansNotSupported(self, "scattered")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for readers that hold nothing
         """Release file handles and maps (open views stay valid where the format allows)."""
 
 

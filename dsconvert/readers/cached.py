@@ -216,7 +216,8 @@ class CachedDataset(Transforms, TorchDataset):
             st.data_end += pixels.nbytes
         except OSError as exc:
             st.broken = True
-            warnings.warn(f"CachedDataset stops caching in this process: {exc}", RuntimeWarning)
+            warnings.warn(f"CachedDataset stops caching in this process: {exc}", RuntimeWarning,
+                          stacklevel=3)  # the code that indexed the dataset
 
     def _consolidate(self, st: _State) -> None:
         """Check every CRC once and write index.npy, unless it exists or another process is

@@ -184,7 +184,7 @@ def _classify_all(store: Store, entries: Sequence[Entry]) -> Tuple[Dict[str, str
             sniffs[e.rel] = sniff(store, e)
         budget -= len(pick)
     kinds: Dict[str, str] = {}
-    for ext, group in groups.items():
+    for group in groups.values():
         seen = Counter(sniffs[e.rel].kind for e in group if e.rel in sniffs)
         majority = seen.most_common(1)[0][0] if seen else None
         for e in group:  # past the budget, a file is what its name says
