@@ -50,7 +50,7 @@ def test_a_worker_sharing_its_cpu_has_its_wait_counted():
     """A busy child and a busy competitor pinned to one CPU share it: the child's run-queue
     wait is a large part of its life, and the unloaded rate is about twice the wall rate."""
     cpu = sorted(os.sched_getaffinity(0))[0]
-    busy = "import os, time\nos.sched_setaffinity(0, {%d})\nt = time.time()\nwhile time.time() - t < 3: pass\n" % cpu
+    busy = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nt = time.time()\nwhile time.time() - t < 3: pass\n"
     competitor = subprocess.Popen([sys.executable, "-c", busy])
     child = subprocess.Popen([sys.executable, "-c", busy])
     try:

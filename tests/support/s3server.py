@@ -54,7 +54,7 @@ def start(timeout: float = 30.0) -> Tuple[subprocess.Popen, str]:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
                 with open(proc.log_path, errors="replace") as f:  # type: ignore[attr-defined]
-                    raise RuntimeError(f"moto's S3 server did not start: {f.read()[-500:]}")
+                    raise RuntimeError(f"moto's S3 server did not start: {f.read()[-500:]}") from None
             time.sleep(0.1)
 
 

@@ -44,7 +44,7 @@ class SlowPassthrough(Operations):
         try:
             st = os.lstat(self._full(path))
         except OSError as exc:
-            raise FuseOSError(exc.errno)
+            raise FuseOSError(exc.errno) from exc
         return {k: getattr(st, k) for k in ("st_atime", "st_ctime", "st_gid", "st_mode", "st_mtime",
                                             "st_nlink", "st_size", "st_uid")}
 
