@@ -251,7 +251,8 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     workers = list(workers) if workers is not None else default_worker_counts()
     if any(w < 0 for w in workers) or any(b < 1 for b in batch_sizes) or max_samples < 1:
         raise OptionError("workers must be >= 0; batch sizes and max_samples >= 1")
-    spec = transform if isinstance(transform, str) or transform is None else getattr(transform, "__name__", repr(transform))
+    spec = (transform if isinstance(transform, str) or transform is None
+            else getattr(transform, "__name__", repr(transform)))
     if not size or decode in ENCODED_MODES:
         transform = None
     elif isinstance(transform, str) or transform is None:

@@ -431,8 +431,9 @@ def convert(
     DCT scale where that covers the output, then resizes with ``resampler`` (``auto``: torch's
     kernel where torch is installed, else Pillow's; the same bilinear filter:
     :func:`dsconvert.codecs.decode_resized`). Encoded outputs shrink images whose longer side
-    exceeds ``max_size`` (re-encoded once, JPEGs at ``quality``: :mod:`dsconvert.reencode`). Before writing, the output's size is estimated and a file system without room
-    for it refuses the conversion with :class:`InsufficientSpaceError` unless ``force``.
+    exceeds ``max_size`` (re-encoded once, JPEGs at ``quality``: :mod:`dsconvert.reencode`).
+    Before writing, the output's size is estimated and a file system without room for it refuses
+    the conversion with :class:`InsufficientSpaceError` unless ``force``.
 
     Shards hold at most ``samples_per_shard`` samples and ``shard_size`` bytes; a source those
     limits would pack into fewer than ``min_shards`` shards is spread over up to that many

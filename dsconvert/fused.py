@@ -185,8 +185,8 @@ def fuse(transform: Optional[Callable]) -> FusedTransform:
         unaliased = next((op for op in ops[1:3] if getattr(op, "antialias", True) is False), None)
         if unaliased is not None:
             return FusedTransform(None, None, "pil", [], transform,
-                                  f"{_name(unaliased)}(antialias=False) resizes without the antialiasing fused decoding "
-                                  "reproduces")
+                                  f"{_name(unaliased)}(antialias=False) resizes without the antialiasing "
+                                  "fused decoding reproduces")
         ops = ops[1:]
     geometry, used = _geometry(ops)
     if geometry is None:
@@ -450,7 +450,8 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
     if origin != (0, 0):  # only the kernel's region (_centre_region) starts elsewhere: a decode, which it takes
         raise RuntimeError(f"torch resizes from the image's origin; these pixels start at {origin}")
     rows, cols = _centre_reach(h, out_h, crop_h), _centre_reach(w, out_w, crop_w)
-    op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
+    op = (torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear"
+          else torch.ops.aten._upsample_bicubic2d_aa)
     # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;
     # torch skips an axis whose output is as long as its input whatever the scale, so such an
     # axis (only when enlarging) gets one more pixel, sliced off below

@@ -261,7 +261,8 @@ def _check_options(options: Dict[str, Any], where: str) -> None:
         ("decoder", options.get("decoder") is None or isinstance(options["decoder"], str), "null or a string"),
         ("resize", options.get("resize") is None or (is_int(options["resize"]) and options["resize"] >= 1),
          "null or an integer >= 1"),
-        ("size", size is None or (isinstance(size, list) and len(size) == 2 and all(is_int(v) and v >= 1 for v in size)),
+        ("size", size is None
+         or (isinstance(size, list) and len(size) == 2 and all(is_int(v) and v >= 1 for v in size)),
          "null or [height, width]"),
         ("max_size", options.get("max_size") is None or (is_int(options["max_size"]) and options["max_size"] >= 1),
          "null or an integer >= 1"),
@@ -276,7 +277,8 @@ def _shard_entry(s: Any, where: str, at: str) -> ShardEntry:
 
     expect(isinstance(s, dict), where, at, "an object")
     for name, kind in (("name", str), ("num_samples", int), ("bytes", int), ("sha256", str)):
-        expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}", kind.__name__)
+        expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}",
+               kind.__name__)
     parts = s.get("parts", {})
     expect(isinstance(parts, dict), where, f"{at}.parts", "an object of file name -> {bytes, sha256}")
     for label, name in [("name", s["name"]), ("index", s.get("index"))] + [("parts", p) for p in parts]:

@@ -269,7 +269,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         transform_ms=transform_ms, cores=cores, cache=cache, page_cache_bytes=cache_bytes, transform=spec,
         kind=found.kind, label=contained.options.get("label") if contained is not None else None,
         # the kernel caches local disks; on FUSE and network mounts it is measured (caching may be off)
-        page_cache_works=fs is None and (not storage.get("latency_bound") or warm["mb_per_s"] >= 1.5 * cold["mb_per_s"]),
+        page_cache_works=fs is None and (not storage.get("latency_bound")
+                                         or warm["mb_per_s"] >= 1.5 * cold["mb_per_s"]),
         convertible=convertible, numpy_decoder=jpeg_decoders()[0][0], suggested_resize=resize,
         region_decoder=jpeg_region() is not None, resize_kernel=resample.state(),
         free_bytes=free, output_dir=out_dir, target=target, remote=fs is not None,
@@ -282,7 +283,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         "storage": storage,
         "detected": _detected_dict(found),
         "inventory": inv.to_dict(),
-        "sample": {"files": len(paths), "images": len(images), "seed": seed, "strata": "top-level folder x size quartile"},
+        "sample": {"files": len(paths), "images": len(images), "seed": seed,
+                   "strata": "top-level folder x size quartile"},
         "read": {"cold_sequential": cold, "cold_random": cold_random, "warm": warm,
                  "fixed_ms_per_file": fixed_ms, "fit_bandwidth_mb_s": fit_mb_s},
         "sweep": sweep,
@@ -392,7 +394,8 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
     runs = [(SOURCE, ds, decode)]
     fast = jpeg_decoders()[0][0]
     if not stores_pixels and decode == "pil" and fast != "pil":  # the same shards, the fast JPEG decoder
-        runs.append((f"decode={fast}", open_target(path, "numpy", transform, sample, seed, storage_options)[0], "numpy"))
+        runs.append((f"decode={fast}", open_target(path, "numpy", transform, sample, seed, storage_options)[0],
+                     "numpy"))
     passes: Dict[str, Dict[str, Any]] = {}
     for name, dataset, mode in runs:
         row = run_passes(dataset, target, workers, collate, ("cold", "warm"), n, pass_seconds, batch_size,

@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared:
         "the workers' CPU use. Several PATHs are compared config by config: before and after "
         "conversion in one command.",
         parents=[json_option("the report", "dsconvert.bench/1"), shared.report, shared.quiet, shared.storage])
-    p.add_argument("paths", nargs="+", type=path_arg, metavar="PATH", help="source folders, list files or dsconvert outputs")
+    p.add_argument("paths", nargs="+", type=path_arg, metavar="PATH",
+                   help="source folders, list files or dsconvert outputs")
     p.add_argument("--workers", type=int_list(0), metavar="N,N,...",
                    help="DataLoader worker counts to sweep (default: 0,1,2,4,... up to the CPUs)")
     p.add_argument("--batch-size", type=int_list(1), default=[64], metavar="N,N,...",

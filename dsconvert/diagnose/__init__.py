@@ -210,8 +210,8 @@ def _syscall_evidence(trace: Dict[str, Any], evidence: List[str], notes: List[st
                             f"{block['read_bytes'] / 1e6:,.1f} MB against {file_bytes / 1e6:,.1f} MB read by the job: "
                             "the slow reads did not wait for a local disk (network storage or FUSE)")
         elif lat and lat["p99"] >= 10:
-            evidence.append(f"block layer: {block['read_requests']:,} read requests, p99 {lat['p99']:.1f} ms from issue "
-                            "to completion: the local disk itself is slow")
+            evidence.append(f"block layer: {block['read_requests']:,} read requests, p99 {lat['p99']:.1f} ms "
+                            "from issue to completion: the local disk itself is slow")
         else:
             evidence.append(f"block layer (system-wide): {block['read_requests']:,} read requests "
                             f"({block['read_bytes'] / 1e6:,.1f} MB)" + (f", p99 {lat['p99']:.2f} ms" if lat else "")

@@ -157,7 +157,8 @@ class ShardRecord:
             ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
             ("fields", isinstance(d.get("fields"), dict), "an object"),
             ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
-            ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n), f"null or a list of {n} integers"),
+            ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n),
+             f"null or a list of {n} integers"),
             ("sources", is_list_of_lists(d.get("sources"), n)
              and set(map(type, chain.from_iterable(d["sources"]))) <= {str}, f"a list of {n} lists of paths"),
             ("positions", "positions" not in d or is_int_list(d["positions"], n, 0),
@@ -179,7 +180,8 @@ class ShardRecord:
         {bytes, sha256}, with the other files' the record lists in ``parts``."""
         d = self.d
         parts = {index_name: index_part, **d.get("parts", {})}
-        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name, dict(sorted(parts.items())))
+        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name,
+                           dict(sorted(parts.items())))
         skipped = [Skipped(s["path"], s["reason"], skips.count_of(s)) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
         return ShardResult(entry, skipped, dict(d["fields"]), files, positions=d.get("positions"))

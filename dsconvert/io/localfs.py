@@ -17,7 +17,8 @@ from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
 
 from ..errors import ManifestError, NotRegularFileError
 
-__all__ = ["open_regular", "regular_size", "SizeBoundedFile", "check_name", "atomic_write", "stream_sha256", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
+__all__ = ["open_regular", "regular_size", "SizeBoundedFile", "check_name", "atomic_write", "stream_sha256",
+           "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
            "LATENCY_BOUND_FS"]
 
 

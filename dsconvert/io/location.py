@@ -32,8 +32,8 @@ from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from ..errors import MissingDependencyError, NotRegularFileError, OptionError
 from .localfs import atomic_write, check_name, open_regular
 
-__all__ = ["local_form", "json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location", "protocol_of",
-           "mtime_ns_of"]
+__all__ = ["local_form", "json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location",
+           "protocol_of", "mtime_ns_of"]
 
 LOCAL_PROTOCOLS = ("file", "local")
 

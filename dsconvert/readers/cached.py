@@ -204,8 +204,9 @@ class CachedDataset(Transforms, TorchDataset):
             if st.data_fd is None:
                 tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 st.data_name = f"data-{tag}.bin"
-                st.data_fd = os.open(os.path.join(self.cache_dir, st.data_name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                st.log_fd = os.open(os.path.join(self.cache_dir, f"log-{tag}.bin"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                st.data_fd = os.open(os.path.join(self.cache_dir, st.data_name), flags, 0o644)
+                st.log_fd = os.open(os.path.join(self.cache_dir, f"log-{tag}.bin"), flags, 0o644)
                 st.data_end = 0
             _write_all(st.data_fd, memoryview(pixels).cast("B"))
             h, w = pixels.shape[:2]

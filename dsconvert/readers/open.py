@@ -56,10 +56,11 @@ def open_dataset(
 
     Streaming options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
     ``even`` (``"pad"``, the default: every rank takes as many samples, the last ones
-    repeating the epoch's first, as ``DistributedSampler`` does; ``"drop"``; None: split exactly), ``prefetch``, ``batch_size`` (whole batches built in the
-    worker, for ``DataLoader(ds, batch_size=None)``; with ``collate=False`` the samples one by
-    one, dealt in whole batches, for ``DataLoader(ds, batch_size=...)``), ``allow_pickle`` (default False: pickled
-    fields stay bytes, since loading them runs code from the data); see
+    repeating the epoch's first, as ``DistributedSampler`` does; ``"drop"``; None: split exactly),
+    ``prefetch``, ``batch_size`` (whole batches built in the worker, for
+    ``DataLoader(ds, batch_size=None)``; with ``collate=False`` the samples one by one, dealt in
+    whole batches, for ``DataLoader(ds, batch_size=...)``), ``allow_pickle`` (default False:
+    pickled fields stay bytes, since loading them runs code from the data); see
     :class:`dsconvert.readers.stream.StreamDataset`. The wds reader's position is state:
     ``state_dict``/``load_state_dict`` (torchdata's StatefulDataLoader saves and restores it;
     ``load_state_dict({"epoch": e, "samples_seen": n})`` continues on any number of ranks and

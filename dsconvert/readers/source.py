@@ -83,7 +83,8 @@ class SourceDataset(Transforms, TorchDataset):
             if kind == "output":
                 reader = self._containers.setdefault("", OutputShards(self.source.root, self.location.storage_options))
             else:
-                reader = self._containers[f.container] = ParquetRows(self.location, f.container, not self.classification)
+                reader = self._containers[f.container] = ParquetRows(self.location, f.container,
+                                                                     not self.classification)
         return reader.read(f)
 
     def __getitem__(self, index: int) -> Any:

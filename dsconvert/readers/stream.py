@@ -186,7 +186,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         else:
             (epoch, seen), skip = self._epoch.begin(rank, wid, nworkers), 0
         deal = self._deal(seen, wid, nworkers)
-        self._state = {"epoch": epoch, "samples_seen": seen, "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
+        self._state = {"epoch": epoch, "samples_seen": seen,
+                       "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
         self._yielded = skip
         return epoch, seen, deal, skip
 

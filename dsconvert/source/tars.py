@@ -161,7 +161,8 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
             continue
         ext = ext.lower()
         why = ("member name is not valid UTF-8" if not is_utf8(mname)
-               else "unsafe member name (absolute or '..')" if mname.startswith("/") or ".." in re.split(r"[/\\]", mname)
+               else "unsafe member name (absolute or '..')"
+               if mname.startswith("/") or ".." in re.split(r"[/\\]", mname)
                else "a sparse member (its data is not stored in one piece): not read" if m.issparse()
                else f"a negative size ({m.size})" if m.size < 0
                else f"truncated: its {m.size:,} bytes run past the end of the tar" if m.offset_data + m.size > size
