@@ -229,7 +229,7 @@ class Location:
         staging = tempfile.mkdtemp(prefix="dsconvert-upload-")
         try:
             local = os.path.join(staging, name)
-            with open(local, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            with open(local, mode, encoding=None if "b" in mode else "utf-8") as f:
                 yield f
             self.fs.put_file(local, self.path(name))  # one PUT (or a multipart upload): whole or nothing
         finally:
