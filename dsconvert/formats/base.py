@@ -148,7 +148,7 @@ class ShardRecord:
     def check(d: Dict[str, Any], path: str) -> None:
         """Every column of a record that a reader uses, of the right kind and length, or a
         ManifestError naming the field: a record is data from disk, and may be hostile."""
-        n = d.get("num_samples")
+        n: Any = d.get("num_samples")  # unchecked JSON until expect() passes
         expect(is_int(n) and n >= 0, path, "num_samples", "an integer >= 0")
         for name, ok, what in (
             ("shard", isinstance(d.get("shard"), str), "a string"),
@@ -412,6 +412,7 @@ class Format(ABC):
                 if spec.positions:
                     positions.append(place[id(sample)])
                 if classification:
+                    assert sample.label is not None  # a classification source labels every sample
                     labels.append(int(sample.label))
                 sources.append([escape_path(file.path) for file in sample.files])
                 stats.append([[file.size, file.mtime_ns] for file in sample.files])

@@ -78,6 +78,7 @@ class _HdfSink(Sink):
             item: Any = pixels_for(self.spec, data[name])
         else:
             item = np.frombuffer(data[name], dtype=np.uint8)
+        assert sample.label is not None  # a classification source labels every sample
         self.batch.append((item, int(sample.label), sample.key))
         if len(self.batch) >= BATCH:
             self._flush()

@@ -85,6 +85,7 @@ class _PixelSink(Sink):
         pixels = pixels_for(self.spec, data[name])
         h, w, c = pixels.shape
         self.file.write(pixels.data)
+        assert sample.label is not None  # a classification source labels every sample
         self.rows.append((self.length, h, w, c, int(sample.label)))
         self.length += pixels.nbytes
         return {name: data[name]}

@@ -289,7 +289,7 @@ def _stat_local(base: str, rels: Sequence[str]) -> List[Union[Tuple[int, int], s
         try:
             st = os.stat(rel if os.path.isabs(rel) else os.path.join(base, rel))
         except OSError as exc:
-            out.append(exc.strerror.lower())
+            out.append((exc.strerror or str(exc)).lower())
             continue
         out.append((st.st_size, st.st_mtime_ns) if stat_mod.S_ISREG(st.st_mode) else "not a regular file")
     return out

@@ -129,7 +129,8 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
 
     bounded = SizeBoundedFile(f, size)
     try:
-        tf = tarfile.open(fileobj=bounded, mode="r:")
+        # typeshed's _Fileobj wants write() too; reading, tarfile calls read/seek/tell only
+        tf = tarfile.open(fileobj=bounded, mode="r:")  # type: ignore[call-overload]
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         if size == 0:
             return _record(name, [], [], skipped, None)
@@ -261,8 +262,8 @@ def list_tars(src: str, storage_options: Optional[Dict[str, Any]] = None
         folder = folders.pop()
         names = [p.rsplit("/", 1)[1] for p in paths]
         location = Location(folder, storage_options, flat=False)
-        listed = set(location.listdir())
-        missing = [n for n in names if n not in listed]
+        present = set(location.listdir())
+        missing = [n for n in names if n not in present]
         if missing:
             raise SourceError(f"{len(missing)} tar(s) of the pattern are not there: {', '.join(missing[:3])}", src)
         others: List[str] = []
