@@ -599,13 +599,14 @@ def _drop_over_limit(source: Source, limit: Optional[int]) -> Source:
     if not limit or not any(f.size > limit for s in source.samples for f in s.files):
         return source
     kept, skipped = [], list(source.skipped)
-    positions = [] if source.positions is not None else None
+    given = source.positions
+    positions: Optional[List[int]] = [] if given is not None else None
     for i, sample in enumerate(source.samples):
         big = next((f for f in sample.files if f.size > limit), None)
         if big is None:
             kept.append(sample)
-            if positions is not None:
-                positions.append(source.positions[i])
+            if positions is not None and given is not None:
+                positions.append(given[i])
             continue
         reason = over_limit(big.size, limit)
         if source.kind == "parquet":

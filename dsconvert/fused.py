@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 from PIL import Image
@@ -168,8 +168,10 @@ def fuse(transform: Optional[Callable]) -> FusedTransform:
     optional.warn_missing_extensions()
 
     if isinstance(transform, RandomResizedCropToTensor):
+        # the transform's (lo, hi) pairs, as tuples
         return FusedTransform(Geometry("random_resized_crop", size=(transform.size, transform.size),
-                                       scale=tuple(transform.scale), ratio=tuple(transform.ratio)),
+                                       scale=cast(Tuple[float, float], tuple(transform.scale)),
+                                       ratio=cast(Tuple[float, float], tuple(transform.ratio))),
                               flip=transform.flip, output="uint8", rest=[], original=transform)
     if isinstance(transform, CropToTensor):
         return FusedTransform(Geometry("resize", resize=transform.resize, crop=(transform.size, transform.size)),
@@ -261,8 +263,8 @@ def rrc_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[flo
         w = int(round(math.sqrt(target_area * aspect_ratio)))
         h = int(round(math.sqrt(target_area / aspect_ratio)))
         if 0 < w <= width and 0 < h <= height:
-            i = torch.randint(0, height - h + 1, size=(1,)).item()
-            j = torch.randint(0, width - w + 1, size=(1,)).item()
+            i = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,)).item())
             return i, j, h, w
     in_ratio = float(width) / float(height)
     if in_ratio < min(ratio):
@@ -520,20 +522,22 @@ class FusedTransform:
         if g is None:
             return self._unfused(pil_rgb(bytes(data) if not isinstance(data, bytes) else data))
         if g.kind == "random_resized_crop":
+            size = g.size
+            assert size is not None  # a random_resized_crop always has one
             box: List[Tuple[int, int, int, int]] = []
 
             def need(height: int, width: int) -> Tuple[float, float]:
                 if not box:  # drawn once, though a refused region decode asks again
                     box.append(rrc_box(height, width, g.scale, g.ratio))
                 # reduce only while the box stays DCT_MARGIN times the output size
-                return g.size[0] * height / box[0][2], g.size[1] * width / box[0][3]
+                return size[0] * height / box[0][2], size[1] * width / box[0][3]
 
             def region(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
                 top, left, h, w = box[0]
                 if k == 1:  # the crop is sliced out, then resized
                     return top, top + h, left, left + w
                 # Pillow reads the filter's reach around the box (_crop_resize)
-                ry, rx = _reach(h, k, g.size[0]), _reach(w, k, g.size[1])  # type: ignore[index]
+                ry, rx = _reach(h, k, size[0]), _reach(w, k, size[1])
                 return (top // k - ry) * k, (-(-(top + h) // k) + ry) * k, (left // k - rx) * k, \
                     (-(-(left + w) // k) + rx) * k
 
@@ -587,8 +591,8 @@ class FusedTransform:
         else:
             import torch
 
-            top = torch.randint(0, height - ch + 1, size=(1,)).item() if height != ch else 0
-            left = torch.randint(0, width - cw + 1, size=(1,)).item() if width != cw else 0
+            top = int(torch.randint(0, height - ch + 1, size=(1,)).item()) if height != ch else 0
+            left = int(torch.randint(0, width - cw + 1, size=(1,)).item()) if width != cw else 0
         return self._finish(pixels[top:top + ch, left:left + cw])
 
     # --- steps -------------------------------------------------------------------------

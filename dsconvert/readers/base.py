@@ -27,6 +27,9 @@ from ..optional import optional_import
 __all__ = ["TorchDataset", "TorchIterableDataset", "Transforms", "ShardDataset", "locate"]
 
 _torch_data = optional_import("torch.utils.data")
+# Any to the type checker, as sampler.py's _Sampler: torch's classes, or the stand-ins below
+TorchDataset: Any
+TorchIterableDataset: Any
 if _torch_data is not None:
     TorchDataset = _torch_data.Dataset
     TorchIterableDataset = _torch_data.IterableDataset

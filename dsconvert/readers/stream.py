@@ -16,7 +16,7 @@ steps; ``None`` splits exactly, ranks differing by one sample.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -216,6 +216,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         image_only = self.classification
         shards = _OpenShards(self, prepare=not fetch, views=views)
         pread, fd = os.pread, -1
+        data: Union[bytes, np.ndarray]
         pieces: Iterator[Tuple[List[int], List[int], Dict[int, Any]]] = (
             (ks, js, {}) for ks, js in self._pieces(epoch, seen, deal, first))
         if fetch:
@@ -230,7 +231,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                             shard = shards.get(k)
                             source = sources.get(k) or shard.source
                             get = source.get
-                            spans = shard.image_spans() if image_only else None
+                            spans = shard.image_spans() if image_only else []
                             whole = (np.frombuffer(source.mm, dtype=np.uint8)
                                      if views and getattr(source, "mm", None) is not None else None)
                             labels = shard.labels
