@@ -131,7 +131,7 @@ def open_target(path: str, decode: str, transform: Optional[Callable], max_sampl
         order = np.random.default_rng(seed).permutation(n)[:max_samples].tolist()
         ds = Subset(ds, order)
     if kind == "source":
-        base = ds.dataset if isinstance(ds, Subset) else ds
+        base: Any = ds.dataset if isinstance(ds, Subset) else ds  # a SourceDataset
         picked = ds.indices if isinstance(ds, Subset) else range(len(base))
         files = [] if location.remote else [p for i in picked for p in base.paths(i)]
     return ds, BenchTarget(path, kind, sample_type, n, per_sample, iterable, files)

@@ -198,7 +198,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
 
     fps = _files_per_sample(inv)
     num_samples = int(inv.estimated_files / fps) if fps else 0
-    data_bytes = inv.estimated_bytes
+    data_bytes: float = inv.estimated_bytes
     if listed is not None:
         num_samples = listed_total
         data_bytes = listed.nbytes / max(1, len(listed.samples)) * listed_total
@@ -398,8 +398,11 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
                      "numpy"))
     passes: Dict[str, Dict[str, Any]] = {}
     for name, dataset, mode in runs:
+        def log(m: str, name: str = name) -> None:
+            say(f"{target.label} ({name}), {m}")
+
         row = run_passes(dataset, target, workers, collate, ("cold", "warm"), n, pass_seconds, batch_size,
-                         log=lambda m, name=name: say(f"{target.label} ({name}), {m}"))
+                         log=log)
         row.update(bytes_per_sample=target.bytes_per_sample, format=target.kind, decode=mode)
         if name != SOURCE:
             row["same_data"] = True
@@ -427,8 +430,11 @@ def _in_place_passes(src: str, source: Any, transform: Any, fusable: bool, worke
         except (DsconvertError, OSError, ValueError) as exc:
             say(f"{name}: not measured ({exc})")
             continue
+        def log(m: str, name: str = name) -> None:
+            say(f"{name}, {m}")
+
         row = run_passes(ds, target, workers, collate, ("cold", "warm"), min(sample, target.num_samples),
-                         pass_seconds, batch_size, log=lambda m, name=name: say(f"{name}, {m}"))
+                         pass_seconds, batch_size, log=log)
         row.update(bytes_per_sample=target.bytes_per_sample, format="wds", decode=mode, same_data=True,
                    label=label)
         passes[name] = row

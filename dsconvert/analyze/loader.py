@@ -149,7 +149,7 @@ class DropNone:
         return self.collate([b for b in batch if b is not None])
 
 
-def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Callable],
+def loader_passes(source: Source, out_dir: str, transform: Optional[Callable],
                   options: Sequence[Candidate], workers: int, max_seconds: float, batch_size: int = 64,
                   storage_options: Optional[Dict[str, Any]] = None,
                   log: Callable[[str], None] = lambda m: None) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:

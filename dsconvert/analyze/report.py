@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..units import format_size
 
@@ -51,7 +51,7 @@ def _style(text: str, code: str, tty: bool) -> str:
     return f"\033[{code}m{text}\033[0m" if tty else text
 
 
-def render_text(report: Dict[str, Any], tty: bool = None) -> str:
+def render_text(report: Dict[str, Any], tty: Optional[bool] = None) -> str:
     if tty is None:
         tty = sys.stdout.isatty()
     v = report["verdict"]

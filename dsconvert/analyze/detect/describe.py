@@ -65,9 +65,10 @@ def describe(store: Store, root: str, kind: str, mine: List[Entry], sniffs: Dict
     elif kind == "lmdb":
         data = [(e, s) for e, s in good if e.name == "data.mdb"]
         entries = [s.info.get("entries") for _, s in data]
+        counts = [x for x in entries if isinstance(x, int)]
         envs = len(data)
-        if envs and all(isinstance(x, int) for x in entries):
-            d.num_samples = sum(entries)
+        if envs and len(counts) == len(entries):
+            d.num_samples = sum(counts)
         d.files = [e.path for e, _ in data] or files
         has_lock = any(e.name == "lock.mdb" for e in mine)
         d.description = (f"LMDB: {envs or 'no'} environment{'s' if envs != 1 else ''} (data.mdb"
@@ -230,12 +231,13 @@ def _describe_table(store: Store, d: Detected, mine: List[Entry], good: List[Tup
     desc = f"{name}: {nfiles}"
     if metas:
         rows = [m.get("rows") for m in metas]
-        if all(isinstance(r, int) for r in rows):
+        counts = [r for r in rows if isinstance(r, int)]
+        if len(counts) == len(rows):
             if len(metas) == len(mine):
-                d.num_samples = sum(rows)
+                d.num_samples = sum(counts)
                 desc += f", {d.num_samples:,} rows"
             else:
-                d.estimated_samples = sum(rows) * len(mine) // len(metas)
+                d.estimated_samples = sum(counts) * len(mine) // len(metas)
                 desc += f", ~{d.estimated_samples:,} rows"
         else:
             desc += ", rows unknown from the header"

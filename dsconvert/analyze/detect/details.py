@@ -112,7 +112,8 @@ def tar_keys(store: Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
                 m = tf.next()
                 if m is None:
                     break
-                tf.members = []  # headers only: no member list kept
+                # headers only: no member list kept (an attribute typeshed's TarFile leaves out)
+                tf.members = []  # type: ignore[attr-defined]
                 members += 1
                 if m.isfile():
                     key, field_ = _wds_key(m.name)
