@@ -115,7 +115,9 @@ def render(names: List[str], bench_dir: str = BENCH, docs: str = DOCS) -> List[s
         if page is None:
             missing.append(name)
             continue
-        pages[page] = pattern.sub(lambda _: f"{begin}\n{block}{end}", pages[page])
+        # a function, not a replacement string: the block's backslashes stay as they are
+        new = f"{begin}\n{block}{end}"
+        pages[page] = pattern.sub(lambda _, new=new: new, pages[page])
     for path, text in pages.items():
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)

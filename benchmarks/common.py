@@ -116,7 +116,7 @@ def self_command(suite: str, *args: str, python: Optional[str] = None) -> List[s
     return [python or sys.executable, "-m", "benchmarks", suite, *args]
 
 
-def run_self(suite: str, args: List[str], python: Optional[str] = None, **kw: Any) -> "subprocess.CompletedProcess":
+def run_self(suite: str, args: List[str], python: Optional[str] = None, **kw: Any) -> subprocess.CompletedProcess:
     """``self_command`` run from the repository root (where ``benchmarks`` and ``dsconvert``
     import), its output captured as text unless ``kw`` says otherwise."""
     kw.setdefault("cwd", ROOT)
@@ -170,7 +170,7 @@ def job_data(root: str, per_class: int = 8) -> str:
     return root
 
 
-def start_job(data: str, workers: int) -> "subprocess.Popen":
+def start_job(data: str, workers: int) -> subprocess.Popen:
     """tests/support/train_job.py on ``data`` printing its steps per second, in its own session
     (end it with ``os.killpg(job.pid, signal.SIGKILL)``)."""
     from tests.support import TRAIN_JOB
@@ -183,7 +183,7 @@ def start_job(data: str, workers: int) -> "subprocess.Popen":
 class RateReader(threading.Thread):
     """Collects the job's "rate N" lines with the time they arrived."""
 
-    def __init__(self, proc: "subprocess.Popen"):
+    def __init__(self, proc: subprocess.Popen):
         super().__init__(daemon=True)
         self.proc, self.rates = proc, []  # type: ignore[var-annotated]
 

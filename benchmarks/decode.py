@@ -98,7 +98,8 @@ def render(data: Dict[str, Any]) -> str:
              "the per-round ratio to Pillow, median [range].", "",
              "| scale | decoder | images/s | vs Pillow |", "| --- | --- | --- | --- |"]
     for r in data["rows"]:
-        lines.append(f"| {r['scale']} | {r['decoder']} | {fmt_range(r['median_per_s'], r['min_per_s'], r['max_per_s'])} "
+        lines.append(f"| {r['scale']} | {r['decoder']} "
+                     f"| {fmt_range(r['median_per_s'], r['min_per_s'], r['max_per_s'])} "
                      f"| {fmt_range(r['vs_pillow'], r['vs_pillow_min'], r['vs_pillow_max'], '{:.2f}x')} |")
     return "\n".join(lines) + "\n"
 

@@ -200,8 +200,8 @@ def run(args: argparse.Namespace) -> None:
 
 def render(data: Dict[str, Any]) -> str:
     meta = data["meta"]
-    lines = [f"{meta['photos']:,} photos ({meta['bytes'] / 1e6:.0f} MB) in tar shards by webdataset's ShardWriter and in "
-             f"one Parquet file by Hugging Face datasets; {meta['workers']} DataLoader workers, batches of "
+    lines = [f"{meta['photos']:,} photos ({meta['bytes'] / 1e6:.0f} MB) in tar shards by webdataset's ShardWriter "
+             f"and in one Parquet file by Hugging Face datasets; {meta['workers']} DataLoader workers, batches of "
              f"{meta['batch']}, {meta['rounds']} interleaved rounds, median [range]; the ratio is the median of the "
              f"per-round ratios. Indexing the tars on first open: {meta['index_s']:.2f} s.", "",
              "| reading the same tars | samples/s | vs webdataset |"]

@@ -94,7 +94,8 @@ def imagenet_modes(seed: int) -> Dict[str, np.ndarray]:
     stored = np.asarray(shuffled_order(n, seed)) // per_class
     sizes = [shard] * (n // shard) + ([n % shard] if n % shard else [])
     starts = np.cumsum([0] + sizes[:-1])
-    out: Dict[str, np.ndarray] = {"RandomSampler": np.random.default_rng(seed).permutation(np.repeat(np.arange(classes), per_class))}
+    out: Dict[str, np.ndarray] = {
+        "RandomSampler": np.random.default_rng(seed).permutation(np.repeat(np.arange(classes), per_class))}
     for shuffle in (False, True):
         k, j = epoch_order(sizes, shuffle, 1000, seed, 0).locate(np.arange(n, dtype=np.int64))
         name = "shuffle=True" if shuffle else "stored order"
@@ -128,7 +129,8 @@ def run(a: argparse.Namespace) -> None:
 
         seconds = common.interleaved({k: converter(k) for k in outs}, a.rounds)
         n = a.classes * a.per_class
-        real = {mode: scores(labels, a.batch) for mode, labels in real_modes(outs["shuffled"], outs["source"], a.seed).items()}
+        real = {mode: scores(labels, a.batch)
+                for mode, labels in real_modes(outs["shuffled"], outs["source"], a.seed).items()}
         big = {mode: scores(labels.tolist(), a.batch) for mode, labels in imagenet_modes(a.seed).items()}
         order_bytes = os.path.getsize(os.path.join(outs["shuffled"], "dsconvert.order.npy"))
     finally:
@@ -159,7 +161,8 @@ def render(data: Dict[str, Any]) -> str:
     lines.append("Conversion of the same source (samples/s, median [range] over interleaved rounds): "
                  + "; ".join(f"`--order {k}` {v['median']:,.0f} [{v['min']:,.0f}-{v['max']:,.0f}]"
                              for k, v in conv.items())
-                 + f". Order file: {data['order_file_bytes']:,} bytes ({data['order_file_bytes'] / (data['classes'] * data['per_class']):.1f} per sample).")
+                 + f". Order file: {data['order_file_bytes']:,} bytes "
+                 f"({data['order_file_bytes'] / (data['classes'] * data['per_class']):.1f} per sample).")
     return "\n".join(lines) + "\n"
 
 

@@ -11,8 +11,8 @@ checkout, ``--decoder pil``: Pillow's full decode, then its bilinear resize), ``
 checkout's fast decoder with the DCT scaling switched off: what the code did before it) and
 ``scaled`` (this checkout's default: 1/2, 1/4 or 1/8 DCT scale where that covers the output 2.5
 times over, then the bilinear filter). Two sources: the demo photos (375-pixel short side: no
-scale covers 256 so, they decode in full) and large photos (2400x1800: 1/2). photos/s, median [range]; each ratio is the median of the same
-round's ratios to ``before``.
+scale covers 256 so, they decode in full) and large photos (2400x1800: 1/2). photos/s, median
+[range]; each ratio is the median of the same round's ratios to ``before``.
 """
 
 from __future__ import annotations

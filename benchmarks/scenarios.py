@@ -88,7 +88,8 @@ def analyze_scenarios(tmp: str) -> List[Tuple[str, Callable[[], Dict], Tuple[str
         return analyze(src, output_dir=os.path.join(tmp, "out"))
 
     def large():
-        return analyze(jpegs(os.path.join(tmp, "large"), 96, (2400, 1800)), sample=96, output_dir=os.path.join(tmp, "out"))
+        return analyze(jpegs(os.path.join(tmp, "large"), 96, (2400, 1800)), sample=96,
+                       output_dir=os.path.join(tmp, "out"))
 
     def fuse_latency():
         backing = jpegs(os.path.join(tmp, "lat-backing"), 300, (160, 120))
@@ -332,7 +333,8 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"meta": dict(meta(), load=args.load, load_nice=args.load_nice, rounds=args.rounds), "rows": table}, f, indent=1)
+            json.dump({"meta": dict(meta(), load=args.load, load_nice=args.load_nice, rounds=args.rounds),
+                       "rows": table}, f, indent=1)
 
 
 

@@ -50,7 +50,8 @@ from typing import Any, Dict, List, Optional
 from benchmarks.common import ROOT, meta, self_command
 
 READERS = ("imagefolder", "dsconvert_pil", "dsconvert_numpy", "dsconvert_fused", "dsconvert_fused_stream",
-           "dsconvert_fused_batched", "dsconvert_npy", "dsconvert_npy_fused", "webdataset", "litdata", "mosaic", "ffcv", "dali")
+           "dsconvert_fused_batched", "dsconvert_npy", "dsconvert_npy_fused", "webdataset", "litdata", "mosaic",
+           "ffcv", "dali")
 PEER_PYTHON = {"ffcv": "ffcv", "dali": "dali", "litdata": "peers", "mosaic": "peers", "webdataset": "peers"}
 
 

@@ -9,8 +9,9 @@ shards through webdataset.WebDataset, and litdata's StreamingDataset over the sa
 written by litdata.optimize(); warm (page cache hot; each reader in its own process, best of
 5 runs after a warm-up, the readers taking turns for 3 rounds) and cold
 (every file's pages written back and evicted with posix_fadvise, then one run in a fresh
-process, median of 5 processes; a reader that keeps files mapped cannot fake a cold run). Then the same reads through a FUSE passthrough
-that sleeps --delay-ms in every open() and read(), as network storage would.
+process, median of 5 processes; a reader that keeps files mapped cannot fake a cold run). Then
+the same reads through a FUSE passthrough that sleeps --delay-ms in every open() and read(), as
+network storage would.
 
     python -m benchmarks wds --photos 4000 --json bench_wds.json
 """
@@ -348,7 +349,8 @@ def run(args: argparse.Namespace) -> None:
         results["convert"] = bench_convert(src, args.work, args.per_shard, args.workers, args.rounds)
     if args.no_read:
         for name, r in results["convert"].items():
-            print(f"convert    {name:44s} {r['per_s']:8.0f} /s ({r['min_per_s']:.0f}-{r['max_per_s']:.0f}), {r['cores']:.2f} cores, "
+            print(f"convert    {name:44s} {r['per_s']:8.0f} /s ({r['min_per_s']:.0f}-{r['max_per_s']:.0f}), "
+                  f"{r['cores']:.2f} cores, "
                   f"{r['vs_shardwriter']:.2f}x ShardWriter")
         if args.json:
             with open(args.json, "w") as f:

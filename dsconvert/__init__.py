@@ -10,10 +10,7 @@ Public API::
 
 from __future__ import annotations
 
-from .version import __version__
 from .convert import ConvertResult, convert  # noqa: E402
-from .readers.open import open_dataset, open_source  # noqa: E402
-from .readers.mixing import mix, subsample  # noqa: E402
 from .errors import (  # noqa: E402
     BadInputError,
     DsconvertError,
@@ -31,7 +28,10 @@ from .errors import (  # noqa: E402
 )
 from .manifest import Manifest  # noqa: E402
 from .monitor import DataLoadingMonitor  # noqa: E402
+from .readers.mixing import mix, subsample  # noqa: E402
+from .readers.open import open_dataset, open_source  # noqa: E402
 from .source import scan  # noqa: E402
+from .version import __version__
 from .writer import Writer, optimize  # noqa: E402
 
 __all__ = [

@@ -34,15 +34,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import optional, schedstat
 from .codecs import DECODE_MODES, ENCODED_MODES
-from . import schedstat
 from .errors import OptionError, SourceError
+from .io.localfs import evict_page_cache
+from .io.location import Location, local_form
 from .manifest import MANIFEST_NAME, Manifest
 from .monitor import DataLoadingMonitor
-from . import optional
 from .optional import require
-from .io.location import Location, local_form
-from .io.localfs import evict_page_cache
 from .transforms import CropToTensor, load_transform
 
 __all__ = ["bench", "BenchTarget", "CropToTensor", "render_text", "BENCH_SCHEMA", "BENCH_VERSION",
@@ -117,8 +116,8 @@ def open_target(path: str, decode: str, transform: Optional[Callable], max_sampl
         per_sample = sum(s.bytes for s in manifest.shards) / max(1, n)
         kind, sample_type = "tars", manifest.sample_type
     else:
-        from .source import scan
         from .readers.source import SourceDataset
+        from .source import scan
 
         source = scan(path, storage_options=storage_options)
         _check_transform(path, source.sample_type, transform)
@@ -132,7 +131,7 @@ def open_target(path: str, decode: str, transform: Optional[Callable], max_sampl
         order = np.random.default_rng(seed).permutation(n)[:max_samples].tolist()
         ds = Subset(ds, order)
     if kind == "source":
-        base = ds.dataset if isinstance(ds, Subset) else ds
+        base: Any = ds.dataset if isinstance(ds, Subset) else ds  # a SourceDataset
         picked = ds.indices if isinstance(ds, Subset) else range(len(base))
         files = [] if location.remote else [p for i in picked for p in base.paths(i)]
     return ds, BenchTarget(path, kind, sample_type, n, per_sample, iterable, files)
@@ -252,7 +251,8 @@ def bench(paths: Sequence[str], workers: Optional[Sequence[int]] = None, batch_s
     workers = list(workers) if workers is not None else default_worker_counts()
     if any(w < 0 for w in workers) or any(b < 1 for b in batch_sizes) or max_samples < 1:
         raise OptionError("workers must be >= 0; batch sizes and max_samples >= 1")
-    spec = transform if isinstance(transform, str) or transform is None else getattr(transform, "__name__", repr(transform))
+    spec = (transform if isinstance(transform, str) or transform is None
+            else getattr(transform, "__name__", repr(transform)))
     if not size or decode in ENCODED_MODES:
         transform = None
     elif isinstance(transform, str) or transform is None:

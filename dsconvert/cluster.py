@@ -24,7 +24,7 @@ __all__ = ["cluster_executor"]
 
 
 @contextlib.contextmanager
-def cluster_executor(address: str) -> Iterator["object"]:
+def cluster_executor(address: str) -> Iterator[object]:
     """A ``concurrent.futures`` executor on the Dask cluster at ``address`` (or ``local:N``)."""
     distributed = require("distributed", "--cluster (Dask)")
     cluster = None

@@ -24,29 +24,44 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 from . import skips
-from .version import __version__
 from .codecs import pixel_limit, resolve_decoder, resolve_resampler
-from .errors import (BadInputError, DsconvertError, InsufficientSpaceError, OptionError,
-                     OutputExistsError, OutputLockedError, SourceError)
+from .errors import (
+    BadInputError,
+    DsconvertError,
+    InsufficientSpaceError,
+    OptionError,
+    OutputExistsError,
+    OutputLockedError,
+    SourceError,
+)
 from .formats import FORMATS, Format, get
 from .formats.base import part_of
+from .inputs import read_samples
+from .io.localfs import free_bytes, mount_of
+from .io.location import Location, is_remote, local_form
+from .io.locks import file_lock
+from .io.owner import OWNER_NAME, Owned, owner_token
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest
+from .plan import (
+    CHANGED_DURING,
+    MAX_SAMPLE_BYTES,
+    MIN_SHARDS,
+    ShardResult,
+    ShardSpec,
+    over_limit,
+    parse_size,
+    spread_plan,
+)
 from .processes import available_cpus, process_pool
 from .progress import progress_bar
 from .reencode import DEFAULT_QUALITY
-from .plan import (CHANGED_DURING, MAX_SAMPLE_BYTES, MIN_SHARDS, ShardResult, ShardSpec, over_limit, parse_size,
-                   spread_plan)
+from .samples import LAYOUTS, Skipped, Source
 from .shuffle import ORDERS, order_bytes, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
-from .inputs import read_samples
-from .samples import LAYOUTS, Skipped, Source
 from .source import scan
 from .source.arrow import dataset_folder
-from .io.location import Location, is_remote, local_form
-from .io.localfs import free_bytes, mount_of
-from .io.locks import file_lock
-from .io.owner import OWNER_NAME, Owned, owner_token
+from .version import __version__
 
 __all__ = ["convert", "ConvertResult", "write_shard", "EXIT_SKIPPED", "accepts",
            # the output handling dsconvert.writer shares
@@ -421,8 +436,9 @@ def convert(
     DCT scale where that covers the output, then resizes with ``resampler`` (``auto``: torch's
     kernel where torch is installed, else Pillow's; the same bilinear filter:
     :func:`dsconvert.codecs.decode_resized`). Encoded outputs shrink images whose longer side
-    exceeds ``max_size`` (re-encoded once, JPEGs at ``quality``: :mod:`dsconvert.reencode`). Before writing, the output's size is estimated and a file system without room
-    for it refuses the conversion with :class:`InsufficientSpaceError` unless ``force``.
+    exceeds ``max_size`` (re-encoded once, JPEGs at ``quality``: :mod:`dsconvert.reencode`).
+    Before writing, the output's size is estimated and a file system without room for it refuses
+    the conversion with :class:`InsufficientSpaceError` unless ``force``.
 
     Shards hold at most ``samples_per_shard`` samples and ``shard_size`` bytes; a source those
     limits would pack into fewer than ``min_shards`` shards is spread over up to that many
@@ -593,13 +609,14 @@ def _drop_over_limit(source: Source, limit: Optional[int]) -> Source:
     if not limit or not any(f.size > limit for s in source.samples for f in s.files):
         return source
     kept, skipped = [], list(source.skipped)
-    positions = [] if source.positions is not None else None
+    given = source.positions
+    positions: Optional[List[int]] = [] if given is not None else None
     for i, sample in enumerate(source.samples):
         big = next((f for f in sample.files if f.size > limit), None)
         if big is None:
             kept.append(sample)
-            if positions is not None:
-                positions.append(source.positions[i])
+            if positions is not None and given is not None:
+                positions.append(given[i])
             continue
         reason = over_limit(big.size, limit)
         if source.kind == "parquet":

@@ -6,8 +6,8 @@ until it makes a Dataset.
 """
 
 from .readers.cached import CachedDataset
-from .readers.open import open_dataset
 from .readers.map import MapDataset
+from .readers.open import open_dataset
 from .readers.sampler import ResumableSampler
 from .readers.stream import StreamDataset
 

@@ -44,16 +44,28 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 from PIL import Image
 
 from . import optional, resample
-from .codecs import (JPEG_MAGIC, FastJpeg, Region, bilinear, check_pixels, fast_decode, jpeg_decoders, nchw_view,
-                     pil_open, pil_rgb, refuse_unverifiable, region_decode)
-from .geometry import resized_size
+from .codecs import (
+    JPEG_MAGIC,
+    FastJpeg,
+    Region,
+    bilinear,
+    check_pixels,
+    fast_decode,
+    jpeg_decoders,
+    nchw_view,
+    pil_open,
+    pil_rgb,
+    refuse_unverifiable,
+    region_decode,
+)
 from .errors import BadInputError
+from .geometry import resized_size
 
 __all__ = ["Geometry", "FusedTransform", "fuse", "rrc_box"]
 
@@ -147,7 +159,7 @@ def _geometry(ops: List[Any]) -> Tuple[Optional[Geometry], int]:
     return None, 0
 
 
-def fuse(transform: Optional[Callable]) -> "FusedTransform":
+def fuse(transform: Optional[Callable]) -> FusedTransform:
     """The fused form of ``transform`` (see the module doc); ``fused.geometry`` is None when
     nothing could be fused, and the transform then runs as given after a full decode. The first
     call in a process says, in one line, which of dsconvert's C extensions did not build."""
@@ -156,8 +168,10 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
     optional.warn_missing_extensions()
 
     if isinstance(transform, RandomResizedCropToTensor):
+        # the transform's (lo, hi) pairs, as tuples
         return FusedTransform(Geometry("random_resized_crop", size=(transform.size, transform.size),
-                                       scale=tuple(transform.scale), ratio=tuple(transform.ratio)),
+                                       scale=cast(Tuple[float, float], tuple(transform.scale)),
+                                       ratio=cast(Tuple[float, float], tuple(transform.ratio))),
                               flip=transform.flip, output="uint8", rest=[], original=transform)
     if isinstance(transform, CropToTensor):
         return FusedTransform(Geometry("resize", resize=transform.resize, crop=(transform.size, transform.size)),
@@ -173,8 +187,8 @@ def fuse(transform: Optional[Callable]) -> "FusedTransform":
         unaliased = next((op for op in ops[1:3] if getattr(op, "antialias", True) is False), None)
         if unaliased is not None:
             return FusedTransform(None, None, "pil", [], transform,
-                                  f"{_name(unaliased)}(antialias=False) resizes without the antialiasing fused decoding "
-                                  "reproduces")
+                                  f"{_name(unaliased)}(antialias=False) resizes without the antialiasing "
+                                  "fused decoding reproduces")
         ops = ops[1:]
     geometry, used = _geometry(ops)
     if geometry is None:
@@ -249,8 +263,8 @@ def rrc_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[flo
         w = int(round(math.sqrt(target_area * aspect_ratio)))
         h = int(round(math.sqrt(target_area / aspect_ratio)))
         if 0 < w <= width and 0 < h <= height:
-            i = torch.randint(0, height - h + 1, size=(1,)).item()
-            j = torch.randint(0, width - w + 1, size=(1,)).item()
+            i = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,)).item())
             return i, j, h, w
     in_ratio = float(width) / float(height)
     if in_ratio < min(ratio):
@@ -438,7 +452,8 @@ def _resized_centre(pixels: np.ndarray, target: Tuple[int, int], crop: Tuple[int
     if origin != (0, 0):  # only the kernel's region (_centre_region) starts elsewhere: a decode, which it takes
         raise RuntimeError(f"torch resizes from the image's origin; these pixels start at {origin}")
     rows, cols = _centre_reach(h, out_h, crop_h), _centre_reach(w, out_w, crop_w)
-    op = torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
+    op = (torch.ops.aten._upsample_bilinear2d_aa if interpolation == "bilinear"
+          else torch.ops.aten._upsample_bicubic2d_aa)
     # the scales of the whole resize (out / in), for an output that stops at the crop's far edge;
     # torch skips an axis whose output is as long as its input whatever the scale, so such an
     # axis (only when enlarging) gets one more pixel, sliced off below
@@ -507,20 +522,22 @@ class FusedTransform:
         if g is None:
             return self._unfused(pil_rgb(bytes(data) if not isinstance(data, bytes) else data))
         if g.kind == "random_resized_crop":
+            size = g.size
+            assert size is not None  # a random_resized_crop always has one
             box: List[Tuple[int, int, int, int]] = []
 
             def need(height: int, width: int) -> Tuple[float, float]:
                 if not box:  # drawn once, though a refused region decode asks again
                     box.append(rrc_box(height, width, g.scale, g.ratio))
                 # reduce only while the box stays DCT_MARGIN times the output size
-                return g.size[0] * height / box[0][2], g.size[1] * width / box[0][3]
+                return size[0] * height / box[0][2], size[1] * width / box[0][3]
 
             def region(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
                 top, left, h, w = box[0]
                 if k == 1:  # the crop is sliced out, then resized
                     return top, top + h, left, left + w
                 # Pillow reads the filter's reach around the box (_crop_resize)
-                ry, rx = _reach(h, k, g.size[0]), _reach(w, k, g.size[1])  # type: ignore[index]
+                ry, rx = _reach(h, k, size[0]), _reach(w, k, size[1])
                 return (top // k - ry) * k, (-(-(top + h) // k) + ry) * k, (left // k - rx) * k, \
                     (-(-(left + w) // k) + rx) * k
 
@@ -574,8 +591,8 @@ class FusedTransform:
         else:
             import torch
 
-            top = torch.randint(0, height - ch + 1, size=(1,)).item() if height != ch else 0
-            left = torch.randint(0, width - cw + 1, size=(1,)).item() if width != cw else 0
+            top = int(torch.randint(0, height - ch + 1, size=(1,)).item()) if height != ch else 0
+            left = int(torch.randint(0, width - cw + 1, size=(1,)).item()) if width != cw else 0
         return self._finish(pixels[top:top + ch, left:left + cw])
 
     # --- steps -------------------------------------------------------------------------

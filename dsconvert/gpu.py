@@ -185,7 +185,7 @@ class GpuSampler:
 
     # -- control ----------------------------------------------------------------------------
 
-    def start(self) -> "GpuSampler":
+    def start(self) -> GpuSampler:
         """Start sampling (again: no-op while running). Never raises for a missing GPU."""
         if self._thread is not None:
             return self
@@ -249,7 +249,7 @@ class GpuSampler:
             self._nvml = None
         self._thread = None
 
-    def __enter__(self) -> "GpuSampler":
+    def __enter__(self) -> GpuSampler:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

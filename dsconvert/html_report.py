@@ -17,9 +17,9 @@ import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .version import __version__
 from .optional import require
 from .sizing import format_size
+from .version import __version__
 
 __all__ = ["analyze_html", "bench_html", "write", "numbers_in"]
 
@@ -363,7 +363,8 @@ def analyze_html(report: Dict[str, Any]) -> str:
                     "</figcaption></figure></section>")
     sizes_svg = _sizes_figure(report)
     if sizes_svg:
-        est = "" if inv["complete"] else f" (listing stopped at the time budget; about {inv['estimated_files']:,} in all)"
+        est = ("" if inv["complete"]
+               else f" (listing stopped at the time budget; about {inv['estimated_files']:,} in all)")
         body.append(f"<section><h2>File sizes</h2><figure>{sizes_svg}<figcaption>{inv['files']:,} files, "
                     f"{format_size(inv['bytes'])}{_esc(est)}; storage {_esc(report['storage']['kind'])} "
                     f"({_esc(report['storage']['fstype'])} at {_esc(report['storage']['mount'])}).</figcaption>"

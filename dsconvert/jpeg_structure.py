@@ -10,8 +10,8 @@ libjpeg warning, which Pillow ignores: it decodes such files, as before.
 :func:`whole` looks at what libjpeg will decode; what Pillow's own header parser refuses (a
 short JFIF/Adobe/ICC segment, a decompression bomb) is refused when the caller opens the file
 with Pillow first, as ``check_image`` does. Its claim: if Pillow opens the file and ``whole``
-is True, Pillow decodes it without error. It says True only for the common, fully checkable case: one Huffman-coded frame
-(baseline or extended sequential), one scan holding every component, integral chroma
+is True, Pillow decodes it without error. It says True only for the common, fully checkable
+case: one Huffman-coded frame (baseline or extended sequential), one scan holding every component, integral chroma
 sampling, every quantisation table the frame names defined, every Huffman table valid as
 libjpeg's ``jpeg_make_d_derived_tbl`` checks it, and the scan's entropy-coded data ending at
 a marker, then EOI. Anything else (progressive files, several scans, arithmetic coding,

@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from .errors import DsconvertError, ManifestError
-from .keys import escape_path, unescape_path
 from .io.location import Location, is_remote
+from .keys import escape_path, unescape_path
 from .samples import LAYOUTS
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "ORDER_NAME", "ShardEntry", "Manifest", "expect",
@@ -114,7 +114,7 @@ class Manifest:
         return {"schema_version": d.pop("schema_version"), **d}
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "manifest") -> "Manifest":
+    def from_dict(cls, d: Any, where: str = "manifest") -> Manifest:
         """Build from parsed JSON, naming the offending field when anything is off: a manifest
         is data from disk (hand-edited, truncated, hostile), and every field a reader or the
         CLI uses is checked here, so nothing downstream meets a list where it wants a string."""
@@ -203,7 +203,7 @@ class Manifest:
         return loc.url_of(MANIFEST_NAME)
 
     @classmethod
-    def load(cls, path: Union[str, Location], storage_options: Optional[Dict[str, Any]] = None) -> "Manifest":
+    def load(cls, path: Union[str, Location], storage_options: Optional[Dict[str, Any]] = None) -> Manifest:
         """Load ``path``: the manifest file, or the output folder (path, URL or Location)
         holding it."""
         if isinstance(path, Location):
@@ -229,7 +229,7 @@ class Manifest:
         return cls.from_bytes(raw, where)
 
     @classmethod
-    def from_bytes(cls, raw: bytes, where: str = "manifest") -> "Manifest":
+    def from_bytes(cls, raw: bytes, where: str = "manifest") -> Manifest:
         """Parse a manifest file's bytes (read from ``where``, named in errors)."""
         try:
             d = json.loads(raw)
@@ -266,7 +266,8 @@ def _check_options(options: Dict[str, Any], where: str) -> None:
         ("decoder", options.get("decoder") is None or isinstance(options["decoder"], str), "null or a string"),
         ("resize", options.get("resize") is None or (is_int(options["resize"]) and options["resize"] >= 1),
          "null or an integer >= 1"),
-        ("size", size is None or (isinstance(size, list) and len(size) == 2 and all(is_int(v) and v >= 1 for v in size)),
+        ("size", size is None
+         or (isinstance(size, list) and len(size) == 2 and all(is_int(v) and v >= 1 for v in size)),
          "null or [height, width]"),
         ("max_size", options.get("max_size") is None or (is_int(options["max_size"]) and options["max_size"] >= 1),
          "null or an integer >= 1"),
@@ -281,7 +282,8 @@ def _shard_entry(s: Any, where: str, at: str) -> ShardEntry:
 
     expect(isinstance(s, dict), where, at, "an object")
     for name, kind in (("name", str), ("num_samples", int), ("bytes", int), ("sha256", str)):
-        expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}", kind.__name__)
+        expect(isinstance(s.get(name), kind) and not isinstance(s.get(name), bool), where, f"{at}.{name}",
+               kind.__name__)
     parts = s.get("parts", {})
     expect(isinstance(parts, dict), where, f"{at}.parts", "an object of file name -> {bytes, sha256}")
     for label, name in [("name", s["name"]), ("index", s.get("index"))] + [("parts", p) for p in parts]:

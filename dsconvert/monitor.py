@@ -34,7 +34,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Generator, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -179,7 +179,8 @@ class DataLoadingMonitor:
         if self.on_alert is not None:
             self.on_alert(alert)
 
-    def wrap(self, iterable: Iterable[Any], progress: Any = None, refresh_every: int = 10) -> Iterator[Any]:
+    def wrap(self, iterable: Iterable[Any], progress: Any = None,
+             refresh_every: int = 10) -> Generator[Any, None, None]:
         """Yield ``iterable``'s items, timing each step.
 
         ``progress``: a tqdm bar (or ``True`` for a new one) that is advanced each step and
@@ -220,7 +221,7 @@ class DataLoadingMonitor:
         if self.gpu is not None:
             self.gpu.stop()
 
-    def __enter__(self) -> "DataLoadingMonitor":
+    def __enter__(self) -> DataLoadingMonitor:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -70,12 +70,12 @@ def turbojpeg() -> Optional[Any]:
     return _probed["turbojpeg"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def simplejpeg() -> Optional[ModuleType]:
     return optional_import("simplejpeg")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jpeg_region() -> Optional[ModuleType]:
     """dsconvert's C extension that decodes only a region of a JPEG through libjpeg's API
     (``dsconvert/_jpeg_region.c``), or None where it was not built (no compiler or no libjpeg
@@ -83,7 +83,7 @@ def jpeg_region() -> Optional[ModuleType]:
     return optional_import("dsconvert._jpeg_region")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resize_kernel() -> Optional[ModuleType]:
     """dsconvert's C kernel for torch's antialiased uint8 resize of an output window
     (``dsconvert/_resize.c``, :mod:`dsconvert.resample`), or None where it was not built (no

@@ -81,7 +81,8 @@ def available_cpus() -> int:
 class ProcessLocal(dict):
     """A dict of per-process state: empty again in a forked child, and pickled empty."""
 
-    __hash__ = object.__hash__  # identity: for the registry below
+    # identity: for the registry below (dict's stub types __hash__ as None, what this undoes)
+    __hash__ = object.__hash__  # type: ignore[assignment]
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,7 +92,7 @@ class ProcessLocal(dict):
         return (ProcessLocal, ())
 
 
-_process_locals: "weakref.WeakSet[ProcessLocal]" = weakref.WeakSet()
+_process_locals: weakref.WeakSet[ProcessLocal] = weakref.WeakSet()
 
 
 def _forked_child() -> None:

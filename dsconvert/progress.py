@@ -18,7 +18,7 @@ class _Silent:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "_Silent":
+    def __enter__(self) -> _Silent:
         return self
 
     def __exit__(self, *exc: Any) -> None:

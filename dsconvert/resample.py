@@ -19,6 +19,7 @@ consistent with itself there, and the kernel follows what nearly every x86 user 
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 from typing import Optional, Tuple
 
 import numpy as np
@@ -30,7 +31,7 @@ __all__ = ["FILTERS", "available", "state", "span", "resize_window"]
 FILTERS = {"bilinear": 0, "bicubic": 1}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def state() -> str:
     """``runs``, ``not built`` (no compiler at install) or ``no AVX2`` (this CPU; the kernel's
     plain C loops give the same pixels, but slower than torch's: they are kept for the tests and
@@ -58,10 +59,18 @@ def available(interpolation: str, in_shape: Optional[Tuple[int, int]] = None,
     return True
 
 
+def _kernel() -> ModuleType:
+    """The C kernel; callers check :func:`available` first."""
+    module = optional.resize_kernel()
+    if module is None:
+        raise RuntimeError("dsconvert's resize kernel (dsconvert._resize) was not built")
+    return module
+
+
 def span(in_size: int, out_size: int, start: int, count: int, interpolation: str) -> Tuple[int, int]:
     """The input pixels [lo, hi) along one axis that outputs [start, start + count) of a resize
     from ``in_size`` to ``out_size`` read."""
-    return optional.resize_kernel().span(in_size, out_size, start, count, FILTERS[interpolation])
+    return _kernel().span(in_size, out_size, start, count, FILTERS[interpolation])
 
 
 def resize_window(pixels: np.ndarray, origin: Tuple[int, int], in_shape: Tuple[int, int],
@@ -75,6 +84,6 @@ def resize_window(pixels: np.ndarray, origin: Tuple[int, int], in_shape: Tuple[i
     pixel the window reads."""
     top, left, height, width = window
     out = np.empty((3, height, width) if planar else (height, width, 3), np.uint8)
-    optional.resize_kernel().window(pixels, origin[0], origin[1], in_shape[0], in_shape[1], out_shape[0],
-                                    out_shape[1], top, left, out, FILTERS[interpolation], planar, simd)
+    _kernel().window(pixels, origin[0], origin[1], in_shape[0], in_shape[1], out_shape[0],
+                     out_shape[1], top, left, out, FILTERS[interpolation], planar, simd)
     return out.transpose(1, 2, 0) if planar else out

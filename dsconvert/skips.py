@@ -108,7 +108,7 @@ class InputSet:
             return path in self.plain
         return any(first <= rows[1] <= last for first, last in self._merged().get(rows[0], []))
 
-    def minus(self, other: "InputSet") -> List[str]:
+    def minus(self, other: InputSet) -> List[str]:
         """The paths (runs as runs) of this set that ``other`` lacks, sorted."""
         out = sorted(self.plain - other.plain)
         theirs = other._merged()

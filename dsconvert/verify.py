@@ -39,9 +39,9 @@ from .formats.base import Problem, ShardRecord, part_problems
 from .io.localfs import SizeBoundedFile, stream_sha256
 from .io.location import Location, is_remote, local_form
 from .keys import escape_path
-from .skips import ROW_KINDS, InputSet, count_of
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest, ShardEntry
 from .processes import available_cpus, process_pool
+from .skips import ROW_KINDS, InputSet, count_of
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
 

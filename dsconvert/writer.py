@@ -299,6 +299,8 @@ def _check_unique_keys(location: Location, fmt: Type[Format], results: List[Shar
     """Keys are unique across shards (each shard checked its own as it wrote)."""
     seen: Dict[str, str] = {}
     for r in results:
+        if r.entry.index is None:  # every format records its shards; a record-less entry has no keys to check
+            continue
         record = fmt.load_record(location.url_of(r.entry.index), location.read_bytes(r.entry.index))
         for key in record.keys:
             if key in seen:

@@ -104,7 +104,8 @@ def import_graph() -> Dict[str, Dict[str, int]]:
             ".".join(["dsconvert"] + module.split(".")[:-1])
         arrows: Dict[str, int] = {}
 
-        def arrow(target: Optional[str], line: int, module: str = module, arrows: Dict[str, int] = arrows) -> None:
+        def arrow(target: Optional[str], line: int, module: str = module,
+                  arrows: Dict[str, int] = arrows) -> None:  # this module's, bound now
             if target is not None and target != module:
                 arrows.setdefault(target, line)
 

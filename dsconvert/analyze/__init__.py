@@ -16,22 +16,31 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import resample
 from ..codecs import field_kind, jpeg_decoders
 from ..errors import DsconvertError, OptionError
-from ..io.location import Location
+from ..io.localfs import free_bytes, storage_kind
+from ..io.location import Location, filesystem, is_remote, local_form, protocol_of
 from ..manifest import MANIFEST_NAME, Manifest
 from ..optional import jpeg_region, require
 from ..processes import available_cpus
-from .. import resample
 from ..progress import progress_bar
-from ..io.location import filesystem, is_remote, local_form, protocol_of
 from ..samples import CLASSIFICATION_LAYOUTS
-from ..io.localfs import free_bytes, storage_kind
-from .detect import Detected
-from .detect import detect as what_is  # the name detect stays the module's
+from .detect import (
+    Detected,
+    detect as what_is,  # the name detect stays the module's
+)
 from .inventory import Inventory, take_inventory
-from .measure import (LOCAL, Reader, concurrency_sweep, decode_costs, fit_fixed_cost, image_geometry,
-                      memory_bandwidth, read_pass)
+from .measure import (
+    LOCAL,
+    Reader,
+    concurrency_sweep,
+    decode_costs,
+    fit_fixed_cost,
+    image_geometry,
+    memory_bandwidth,
+    read_pass,
+)
 from .sampling import stratified_sample
 from .verdict import SOURCE, Measurements, Verdict, decide
 
@@ -136,8 +145,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         # a list file: the files it names are the data, measured in place of the list itself
         import random
 
-        from ..source import scan
         from ..readers.source import SourceDataset
+        from ..source import scan
 
         listed = scan(src, storage_options=storage_options)
         listed_total = len(listed.samples)
@@ -189,7 +198,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
 
     fps = _files_per_sample(inv)
     num_samples = int(inv.estimated_files / fps) if fps else 0
-    data_bytes = inv.estimated_bytes
+    data_bytes: float = inv.estimated_bytes
     if listed is not None:
         num_samples = listed_total
         data_bytes = listed.nbytes / max(1, len(listed.samples)) * listed_total
@@ -260,7 +269,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         transform_ms=transform_ms, cores=cores, cache=cache, page_cache_bytes=cache_bytes, transform=spec,
         kind=found.kind, label=contained.options.get("label") if contained is not None else None,
         # the kernel caches local disks; on FUSE and network mounts it is measured (caching may be off)
-        page_cache_works=fs is None and (not storage.get("latency_bound") or warm["mb_per_s"] >= 1.5 * cold["mb_per_s"]),
+        page_cache_works=fs is None and (not storage.get("latency_bound")
+                                         or warm["mb_per_s"] >= 1.5 * cold["mb_per_s"]),
         convertible=convertible, numpy_decoder=jpeg_decoders()[0][0], suggested_resize=resize,
         region_decoder=jpeg_region() is not None, resize_kernel=resample.state(),
         free_bytes=free, output_dir=out_dir, target=target, remote=fs is not None,
@@ -273,7 +283,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         "storage": storage,
         "detected": _detected_dict(found),
         "inventory": inv.to_dict(),
-        "sample": {"files": len(paths), "images": len(images), "seed": seed, "strata": "top-level folder x size quartile"},
+        "sample": {"files": len(paths), "images": len(images), "seed": seed,
+                   "strata": "top-level folder x size quartile"},
         "read": {"cold_sequential": cold, "cold_random": cold_random, "warm": warm,
                  "fixed_ms_per_file": fixed_ms, "fit_bandwidth_mb_s": fit_mb_s},
         "sweep": sweep,
@@ -383,11 +394,15 @@ def _output_passes(path: str, transform: Any, workers: int, sample: int, seed: i
     runs = [(SOURCE, ds, decode)]
     fast = jpeg_decoders()[0][0]
     if not stores_pixels and decode == "pil" and fast != "pil":  # the same shards, the fast JPEG decoder
-        runs.append((f"decode={fast}", open_target(path, "numpy", transform, sample, seed, storage_options)[0], "numpy"))
+        runs.append((f"decode={fast}", open_target(path, "numpy", transform, sample, seed, storage_options)[0],
+                     "numpy"))
     passes: Dict[str, Dict[str, Any]] = {}
     for name, dataset, mode in runs:
+        def log(m: str, name: str = name) -> None:
+            say(f"{target.label} ({name}), {m}")
+
         row = run_passes(dataset, target, workers, collate, ("cold", "warm"), n, pass_seconds, batch_size,
-                         log=lambda m, name=name: say(f"{target.label} ({name}), {m}"))
+                         log=log)
         row.update(bytes_per_sample=target.bytes_per_sample, format=target.kind, decode=mode)
         if name != SOURCE:
             row["same_data"] = True
@@ -415,8 +430,11 @@ def _in_place_passes(src: str, source: Any, transform: Any, fusable: bool, worke
         except (DsconvertError, OSError, ValueError) as exc:
             say(f"{name}: not measured ({exc})")
             continue
+        def log(m: str, name: str = name) -> None:
+            say(f"{name}, {m}")
+
         row = run_passes(ds, target, workers, collate, ("cold", "warm"), min(sample, target.num_samples),
-                         pass_seconds, batch_size, log=lambda m, name=name: say(f"{name}, {m}"))
+                         pass_seconds, batch_size, log=log)
         row.update(bytes_per_sample=target.bytes_per_sample, format="wds", decode=mode, same_data=True,
                    label=label)
         passes[name] = row

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,7 +26,7 @@ __all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram"]
 LAYOUT_FOLDERS = 256
 
 
-def quantiles(values: List[float], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Dict[str, float]:
+def quantiles(values: Sequence[float], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Dict[str, float]:
     """Linearly interpolated quantiles (numpy's default method), keyed p0, p10, ... p100."""
     if not values:
         return {}

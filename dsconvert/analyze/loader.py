@@ -149,7 +149,7 @@ class DropNone:
         return self.collate([b for b in batch if b is not None])
 
 
-def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Callable],
+def loader_passes(source: Source, out_dir: str, transform: Optional[Callable],
                   options: Sequence[Candidate], workers: int, max_seconds: float, batch_size: int = 64,
                   storage_options: Optional[Dict[str, Any]] = None,
                   log: Callable[[str], None] = lambda m: None) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
@@ -185,7 +185,8 @@ def loader_passes(source: Source, out_dir: Optional[str], transform: Optional[Ca
     target = BenchTarget(source.root, "source", source.sample_type, n, per_sample, False, files)
     results[SOURCE] = measure(SOURCE, ds, target, ("cold", "warm"))
     results[MEMORY] = measure(MEMORY, Skipping(InMemory(source, transform, storage_options)),
-                              BenchTarget(source.root, "memory", source.sample_type, n, per_sample, False, []), ("warm",),
+                              BenchTarget(source.root, "memory", source.sample_type, n, per_sample, False, []),
+                              ("warm",),
                               hint=results[SOURCE].get("warm"))  # no cold pass of its own to size the batches
     if not options:
         return results, notes

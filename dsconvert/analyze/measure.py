@@ -69,7 +69,7 @@ def _read(path: str, reader: Reader = LOCAL) -> Tuple[int, float, float]:
     return n, took - waited, waited
 
 
-def _summary(results: List[Tuple[int, float, float]], wall: float, threads: int = 1) -> Dict[str, float]:
+def _summary(results: List[Tuple[int, float, float]], wall: float, threads: int = 1) -> Dict[str, Any]:
     """Latency quantiles and rates; the wall time less the readers' mean wait for a CPU."""
     wall = max(wall - sum(r[2] for r in results) / max(1, threads), wall * 0.05)
     lat = [r[1] * 1000 for r in results]
@@ -148,7 +148,7 @@ def _codec_of(path: str, head: bytes) -> str:
 
 
 def decode_costs(paths: Sequence[str], per_codec: int = 40, reader: Reader = LOCAL
-                 ) -> Tuple[Dict[str, Dict[str, Dict[str, float]]], Dict[str, float]]:
+                 ) -> Tuple[Dict[str, Dict[str, Dict[str, float]]], Dict[str, Any]]:
     """Per codec (by content, not extension) and per library that loads: ms per image and
     megapixels/s, decoding from memory; plus the cost of np.load for .npy files."""
     blobs: Dict[str, List[bytes]] = {}

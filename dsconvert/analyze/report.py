@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..units import format_size
 
@@ -51,7 +51,7 @@ def _style(text: str, code: str, tty: bool) -> str:
     return f"\033[{code}m{text}\033[0m" if tty else text
 
 
-def render_text(report: Dict[str, Any], tty: bool = None) -> str:
+def render_text(report: Dict[str, Any], tty: Optional[bool] = None) -> str:
     if tty is None:
         tty = sys.stdout.isatty()
     v = report["verdict"]
@@ -87,7 +87,8 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
     est = "" if inv["complete"] else f" (walk stopped at the time budget; about {inv['estimated_files']:,} in all)"
     add(bold("source"))
     add(f"  storage    {st['kind']} ({st['fstype']} at {st['mount']})")
-    add(f"  files      {inv['files']:,} in {inv['dirs']:,} folders, {format_size(inv['bytes'])}{est}; layout {inv['layout']}")
+    add(f"  files      {inv['files']:,} in {inv['dirs']:,} folders, {format_size(inv['bytes'])}{est}; "
+        f"layout {inv['layout']}")
     q = inv["size_quantiles"]
     if q:
         add("  sizes      " + "  ".join(f"{k} {format_size(q[k])}" for k in ("p10", "p50", "p90", "p99", "p100")))
@@ -106,7 +107,8 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
     fixed = rd["fixed_ms_per_file"]
     add(f"  per-file fixed cost {fixed:.3f} ms (cold; fitted latency = fixed + size / bandwidth)" if fixed is not None
         else "  per-file fixed cost not determined: the sampled files have about one size")
-    add("  concurrency (cold): " + ", ".join(f"{r['readers']} -> {r['files_per_s']:,.0f} files/s" for r in report["sweep"]))
+    add("  concurrency (cold): "
+        + ", ".join(f"{r['readers']} -> {r['files_per_s']:,.0f} files/s" for r in report["sweep"]))
     add("")
     dec = report["decode"]
     add(bold("decode cost (from memory)"))
@@ -131,8 +133,10 @@ def render_text(report: Dict[str, Any], tty: bool = None) -> str:
     passes = lo.get("passes") or {}
     if passes:
         pw = v["per_worker_ms"]
+        free = report["disk"]["free_bytes"]
         add(bold(f"DataLoader passes ({lo['workers']} workers, transform {lo['transform']}; predictions use the "
-                 f"{lo['cache']} passes; free at {report['disk']['output_dir']}: {format_size(report['disk']['free_bytes']) if report['disk']['free_bytes'] is not None else 'unknown'})"))
+                 f"{lo['cache']} passes; free at {report['disk']['output_dir']}: "
+                 f"{format_size(free) if free is not None else 'unknown'})"))
         add(f"  {'':36s}{'cold/s':>10s}{'warm/s':>10s}{'vs as is':>10s}{'full size':>12s}")
         base = v["loader_per_s"]
         for name, row in passes.items():

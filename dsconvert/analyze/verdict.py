@@ -240,11 +240,13 @@ def decide(m: Measurements) -> Verdict:
         evidence.append(f"cold reads scale {scaling:.1f}x from {m.sweep[0][0]} to {max(m.sweep)[0]} readers ({kind})")
     if capped:
         evidence.insert(1, f"the storage delivers at most {storage_samples_s:,.1f} samples/s cold "
-                           f"({m.bandwidth_mb_s:,.1f} MB/s at best over the sweep, {m.mean_sample_bytes / 1e6:,.2f} MB a "
-                           "sample): over an epoch the loader cannot go faster, whatever its start showed")
+                           f"({m.bandwidth_mb_s:,.1f} MB/s at best over the sweep, "
+                           f"{m.mean_sample_bytes / 1e6:,.2f} MB a sample): over an epoch the loader cannot go "
+                           "faster, whatever its start showed")
     fixed = (f"per-file fixed cost {m.fixed_ms:.2f} ms (fitted)" if m.fixed_ms is not None
              else "per-file fixed cost not determined (the sampled files have about one size)")
-    evidence.append(f"cold read {m.cold_latency_ms:.2f} ms per file (p50), {fixed}, up to {m.bandwidth_mb_s:,.0f} MB/s; "
+    evidence.append(f"cold read {m.cold_latency_ms:.2f} ms per file (p50), {fixed}, "
+                    f"up to {m.bandwidth_mb_s:,.0f} MB/s; "
                     f"{m.mean_file_bytes / 1e3:,.0f} kB per file; storage: {m.storage_kind}; "
                     f"the loader moves {loader_mb_s:,.1f} MB/s ({storage_use:.0%} of what the storage gave)")
 
@@ -322,7 +324,8 @@ def decide(m: Measurements) -> Verdict:
         notes.append("write the output to local SSD: the conversion is then also the pre-cache")
     if m.remote and m.convertible and bottleneck in ("storage-latency", "small-files") or (
             m.remote and m.convertible and bottleneck == "storage-bandwidth" and not large):
-        shards = output_for(src, "wds")  # shards kept in the store, beside the source, read through a local verified copy
+        # shards kept in the store, beside the source, read through a local verified copy
+        shards = output_for(src, "wds")
         local = posixpath.join(m.output_dir, "dsconvert-cache")
         alternative = [shard_command(src, "wds", shards, label=m.label),
                        f"dsconvert cache {q(shards)} {q(local)}   # then open_dataset({shards!r}, "
@@ -336,7 +339,8 @@ def decide(m: Measurements) -> Verdict:
     if any(row.get("decode") == "fused" for row in outputs.values()):  # measured, recommended or not
         notes.extend(_fused_extensions_note(m))
     if bottleneck == "decode" and m.numpy_decoder == "pil" and "pil" in m.decode_ms:
-        notes.append("no faster JPEG decoder loads here: apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
+        notes.append("no faster JPEG decoder loads here: "
+                     "apt-get install -y libturbojpeg0 && pip install 'PyTurboJPEG<2'")
     if bottleneck == "none" and m.target is None:
         notes.append("no output measured 1.3x faster than the data as it is: if training still waits for data, "
                      "the cause is in the training job (run dsconvert diagnose on it), or pass --target with its "

@@ -14,7 +14,15 @@ from typing import List, Optional
 from .. import __version__
 from . import analyze, bench, cache, diagnose, info, shard, verify
 from .args import Shared
-from .messages import errors_as_messages, exit_status, message, one_line, pipe_closed, silence, tolerant_streams
+from .messages import (
+    errors_as_messages,
+    exit_status,
+    message,
+    one_line,
+    pipe_closed,
+    silence,
+    tolerant_streams,
+)
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 

@@ -14,7 +14,7 @@ from .common import check_report_path, stderr_log, write_report
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "analyze", help="find why loading SRC is slow, and the command that fixes it",
         description="Say what SRC holds (a source of files, a dsconvert output, or another training "

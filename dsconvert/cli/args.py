@@ -139,7 +139,7 @@ class Shared:
     output: argparse.ArgumentParser
 
     @classmethod
-    def make(cls) -> "Shared":
+    def make(cls) -> Shared:
         return cls(
             quiet=quiet_option(),
             storage=storage_options(),

@@ -13,7 +13,7 @@ from .common import check_report_path, stderr_log, write_report
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "bench", help="measure DataLoader throughput of sources and converted outputs",
         description="Read each PATH (a source tree, read file by file as ImageFolder does, or a "
@@ -22,7 +22,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", share
         "the workers' CPU use. Several PATHs are compared config by config: before and after "
         "conversion in one command.",
         parents=[json_option("the report", "dsconvert.bench/1"), shared.report, shared.quiet, shared.storage])
-    p.add_argument("paths", nargs="+", type=path_arg, metavar="PATH", help="source folders, list files or dsconvert outputs")
+    p.add_argument("paths", nargs="+", type=path_arg, metavar="PATH",
+                   help="source folders, list files or dsconvert outputs")
     p.add_argument("--workers", type=int_list(0), metavar="N,N,...",
                    help="DataLoader worker counts to sweep (default: 0,1,2,4,... up to the CPUs)")
     p.add_argument("--batch-size", type=int_list(1), default=[64], metavar="N,N,...",

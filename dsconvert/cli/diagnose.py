@@ -10,7 +10,7 @@ from .common import stderr_log
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "diagnose", help="find why a running training job waits for data (py-spy)",
         usage="dsconvert diagnose (--pid PID | [--wait S] [--keep-running] -- COMMAND ...) [options]",

@@ -15,7 +15,7 @@ from .common import existing_output, skip_summary
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser("info", help="summarise a dsconvert output from its manifest",
                        description="Print what OUT/dsconvert.json records: format, samples, "
                        "shards, classes and every skipped input with its reason.",

@@ -12,15 +12,24 @@ from ..formats import FORMATS
 from ..io.location import parse_storage_options
 from ..plan import MAX_SAMPLE_BYTES, MIN_SHARDS, MIN_SPREAD_SAMPLES
 from ..shuffle import ORDERS
-from ..units import format_size
 from ..source import LAYOUTS
-from .args import Shared, byte_limit, byte_size, height_width, path_arg, positive_int, quality, quiet_option
+from ..units import format_size
+from .args import (
+    Shared,
+    byte_limit,
+    byte_size,
+    height_width,
+    path_arg,
+    positive_int,
+    quality,
+    quiet_option,
+)
 from .common import local_folder, skip_summary
 
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "shard",
         help="convert a dataset of many small files into shards",

@@ -12,7 +12,7 @@ from .common import existing_output, stderr_log
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", shared: Shared) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared: Shared) -> None:
     p = sub.add_parser(
         "verify", help="check an output against its manifest (and its source)",
         description="Check every shard of OUT against the manifest (size, sha256, shard record, the "
@@ -22,7 +22,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", share
         parents=[shared.output, json_option("the report", "dsconvert.verify/1"), shared.quiet, shared.storage])
     p.add_argument("--decode", action="store_true",
                    help="also read every sample through the reader and decode every image in full")
-    p.add_argument("--source", type=path_arg, metavar="SRC", help="also compare with the source: missing, extra, changed files")
+    p.add_argument("--source", type=path_arg, metavar="SRC",
+                   help="also compare with the source: missing, extra, changed files")
     p.add_argument("--workers", type=positive_int, metavar="N",
                    help="parallel hashing threads and decoding processes (default: the number of CPUs)")
     p.set_defaults(func=run)

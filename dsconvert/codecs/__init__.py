@@ -20,13 +20,47 @@ The submodules import each other, never this package; the size arithmetic lives 
 from __future__ import annotations
 
 from ..geometry import parse_hw, resized_shape, scaled_eighths
-from .checks import (ARITHMETIC_REASON, JPEG_MAGIC, check_field, check_image, check_pixels, pil_open, pil_rgb,
-                     pixel_limit, refuse_unverifiable)
-from .decode import PILLOW_DECODE_ERRORS, as_buffer, decode_errors_naming, decode_field, decode_image, image_size
-from .fields import (CLASS_EXTENSIONS, DECODE_MODES, ENCODED_MODES, IMAGE_EXTENSIONS, PICKLE_EXTENSIONS,
-                     TEXT_EXTENSIONS, encode_class, field_kind, is_image_field)
-from .jpeg import DECODERS, REGION_EDGE, FastJpeg, Region, decode_rgb, fast_decode, jpeg_decoders, region_decode, \
-    resolve_decoder
+from .checks import (
+    ARITHMETIC_REASON,
+    JPEG_MAGIC,
+    check_field,
+    check_image,
+    check_pixels,
+    pil_open,
+    pil_rgb,
+    pixel_limit,
+    refuse_unverifiable,
+)
+from .decode import (
+    PILLOW_DECODE_ERRORS,
+    as_buffer,
+    decode_errors_naming,
+    decode_field,
+    decode_image,
+    image_size,
+)
+from .fields import (
+    CLASS_EXTENSIONS,
+    DECODE_MODES,
+    ENCODED_MODES,
+    IMAGE_EXTENSIONS,
+    PICKLE_EXTENSIONS,
+    TEXT_EXTENSIONS,
+    encode_class,
+    field_kind,
+    is_image_field,
+)
+from .jpeg import (
+    DECODERS,
+    REGION_EDGE,
+    FastJpeg,
+    Region,
+    decode_rgb,
+    fast_decode,
+    jpeg_decoders,
+    region_decode,
+    resolve_decoder,
+)
 from .npy import NPY_HEADER_ERRORS, load_npy
 from .resize import RESAMPLERS, bilinear, decode_resized, nchw_view, resolve_resampler
 

@@ -14,8 +14,7 @@ from typing import Any, Iterator, Optional, Tuple
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import BadInputError
-from ..jpeg_structure import arithmetic
-from ..jpeg_structure import whole as jpeg_whole
+from ..jpeg_structure import arithmetic, whole as jpeg_whole
 from .fields import field_kind
 from .npy import load_npy
 

@@ -101,7 +101,7 @@ def decode_resized(data: bytes, decoder: str = "pil", resize: Optional[int] = No
                 header = fast.header(data)
             except Exception:
                 pass  # Pillow decides, below
-        if header is not None and not header[2] and header[0] > 0 and header[1] > 0:
+        if isinstance(fast, FastJpeg) and header is not None and not header[2] and header[0] > 0 and header[1] > 0:
             height, width, _ = header
             check_pixels(width, height)
             out_h, out_w = resized_shape(height, width, resize, size)

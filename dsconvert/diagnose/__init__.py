@@ -89,8 +89,8 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
              log: Optional[Callable[[str], None]] = None, tracer: str = "auto") -> Dict[str, Any]:
     """Sample process ``pid`` (a training job) and its subprocesses; return the report."""
     from ..codecs import jpeg_decoders
-    from ..processes import available_cpus
     from ..io.localfs import storage_kind
+    from ..processes import available_cpus
 
     say = log or (lambda msg: None)
     if duration <= 0 or rate < 1:
@@ -210,8 +210,8 @@ def _syscall_evidence(trace: Dict[str, Any], evidence: List[str], notes: List[st
                             f"{block['read_bytes'] / 1e6:,.1f} MB against {file_bytes / 1e6:,.1f} MB read by the job: "
                             "the slow reads did not wait for a local disk (network storage or FUSE)")
         elif lat and lat["p99"] >= 10:
-            evidence.append(f"block layer: {block['read_requests']:,} read requests, p99 {lat['p99']:.1f} ms from issue "
-                            "to completion: the local disk itself is slow")
+            evidence.append(f"block layer: {block['read_requests']:,} read requests, p99 {lat['p99']:.1f} ms "
+                            "from issue to completion: the local disk itself is slow")
         else:
             evidence.append(f"block layer (system-wide): {block['read_requests']:,} read requests "
                             f"({block['read_bytes'] / 1e6:,.1f} MB)" + (f", p99 {lat['p99']:.2f} ms" if lat else "")

@@ -72,8 +72,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .fixes import Fixes, apply_fixes, worker_fixes
 from .pyspy import Frame, Stack
-from .rules import (COMPUTE_LIBRARIES, COMPUTE_LINES, COMPUTE_RULES, FRAME_RULES, LINE_RULES, FrameRule,
-                    LineRule)
+from .rules import (
+    COMPUTE_LIBRARIES,
+    COMPUTE_LINES,
+    COMPUTE_RULES,
+    FRAME_RULES,
+    LINE_RULES,
+    FrameRule,
+    LineRule,
+)
 from .verdicts import INPUT_BOUND_SHARE, NO_WORKERS_SHARE, Measured, decide
 
 __all__ = ["classify_stack", "diagnose_stacks", "Diagnosis", "INPUT_BOUND_SHARE", "NO_WORKERS_SHARE", "IPC_SHARE",
@@ -415,13 +422,14 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     # what the main thread's own data work is, when it loads without workers
     bound_by: Optional[str] = max(own, key=own.__getitem__) if bottleneck == "no-workers" else None
     if verdict == "input-bound":
+        assert bottleneck is not None  # every input-bound rule of VERDICTS names one
         category = bound_by or bottleneck
         details: Dict[str, float] = {}
         for table in ((main,) if bound_by else (work, main)):
             for k in (receiving if category == "ipc" else (category,)):
                 for d, share in table.get(k, {}).get("details", {}).items():
                     details[d] = details.get(d, 0.0) + share
-        top_detail = max(details, key=details.get) if details else category
+        top_detail = max(details, key=details.__getitem__) if details else category
         if bound_by:
             summary = (f"input-bound: no DataLoader workers (num_workers=0 or no DataLoader), so loading runs in "
                        f"the training loop itself, {sum(own.values()):.0%} of its time, mostly "

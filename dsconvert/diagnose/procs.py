@@ -68,7 +68,7 @@ def cmdline(pid: int) -> str:
 
 def open_files(pid: int) -> List[str]:
     """Regular files ``pid`` has open that could be data (not libraries, devices, sources)."""
-    out = []
+    out: List[str] = []
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -107,7 +107,7 @@ class FileWatcher:
                 refreshed = time.monotonic()
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "FileWatcher":
+    def __enter__(self) -> FileWatcher:
         self._thread.start()
         return self
 

@@ -23,8 +23,8 @@ class FrameRule:
 
     category: str
     detail: str
-    file: "re.Pattern[str]"
-    func: Optional["re.Pattern[str]"] = None
+    file: re.Pattern[str]
+    func: Optional[re.Pattern[str]] = None
 
     def matches(self, file: str, func: str) -> bool:
         return bool(self.file.search(file)) and (self.func is None or bool(self.func.search(func)))
@@ -36,7 +36,7 @@ class LineRule:
 
     category: str
     detail: str
-    pattern: "re.Pattern[str]"
+    pattern: re.Pattern[str]
 
     def matches(self, line: str) -> bool:
         return bool(self.pattern.search(line))

@@ -48,7 +48,15 @@ from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
 from ..io.owner import note
 from ..keys import escape_path
-from ..manifest import Manifest, ShardEntry, expect, is_int, is_int_list, is_list_of_lists, is_str_list
+from ..manifest import (
+    Manifest,
+    ShardEntry,
+    expect,
+    is_int,
+    is_int_list,
+    is_list_of_lists,
+    is_str_list,
+)
 from ..plan import ShardResult, ShardSpec
 from ..samples import Fetched, Fields, Sample, Skipped
 
@@ -99,7 +107,7 @@ class ShardRecord:
     @classmethod
     def build(cls, fmt: str, spec: ShardSpec, keys: List[str], labels: Optional[List[int]],
               sources: List[List[str]], stats: List[List[List[int]]], nbytes: int, sha256: str,
-              skipped: List[Skipped], fields: Dict[str, str], extra: Dict[str, Any]) -> "ShardRecord":
+              skipped: List[Skipped], fields: Dict[str, str], extra: Dict[str, Any]) -> ShardRecord:
         d: Dict[str, Any] = {
             "schema_version": RECORD_SCHEMA, "format": fmt, "shard": spec.name,
             "spec_sha256": spec.digest(), "bytes": nbytes, "sha256": sha256,
@@ -118,7 +126,7 @@ class ShardRecord:
         return part_of(data)
 
     @classmethod
-    def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> "ShardRecord":
+    def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> ShardRecord:
         """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere)."""
         try:
             if data is None:
@@ -140,7 +148,7 @@ class ShardRecord:
     def check(d: Dict[str, Any], path: str) -> None:
         """Every column of a record that a reader uses, of the right kind and length, or a
         ManifestError naming the field: a record is data from disk, and may be hostile."""
-        n = d.get("num_samples")
+        n: Any = d.get("num_samples")  # unchecked JSON until expect() passes
         expect(is_int(n) and n >= 0, path, "num_samples", "an integer >= 0")
         for name, ok, what in (
             ("shard", isinstance(d.get("shard"), str), "a string"),
@@ -149,7 +157,8 @@ class ShardRecord:
             ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
             ("fields", isinstance(d.get("fields"), dict), "an object"),
             ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
-            ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n), f"null or a list of {n} integers"),
+            ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n),
+             f"null or a list of {n} integers"),
             ("sources", is_list_of_lists(d.get("sources"), n)
              and set(map(type, chain.from_iterable(d["sources"]))) <= {str}, f"a list of {n} lists of paths"),
             ("positions", "positions" not in d or is_int_list(d["positions"], n, 0),
@@ -171,7 +180,8 @@ class ShardRecord:
         {bytes, sha256}, with the other files' the record lists in ``parts``."""
         d = self.d
         parts = {index_name: index_part, **d.get("parts", {})}
-        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name, dict(sorted(parts.items())))
+        entry = ShardEntry(d["shard"], d["num_samples"], d["bytes"], d["sha256"], index_name,
+                           dict(sorted(parts.items())))
         skipped = [Skipped(s["path"], s["reason"], skips.count_of(s)) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
         return ShardResult(entry, skipped, dict(d["fields"]), files, positions=d.get("positions"))
@@ -249,7 +259,7 @@ class SpansNotSupported(NotImplementedError):
     ``image``, ``images`` or ``fields``. Only formats read as streams (``Format.iterable``)
     have spans; the readers ask for them only there."""
 
-    def __init__(self, reader: "ShardReader", what: str):
+    def __init__(self, reader: ShardReader, what: str):
         super().__init__(f"{type(reader).__name__} ({reader.name}) has no byte spans of its samples: {what} is "
                          "for formats read as streams (Format.iterable)")
 
@@ -274,7 +284,7 @@ class ShardReader(ABC):
     ranged: ClassVar[bool] = False  # samples are byte spans of one file (see the class doc)
     source: Any = None  # the byte source prepare() opened (ranged readers; see dsconvert.io.ranges)
 
-    def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
+    def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:  # noqa: B027 - optional hook
         """Samples [first, stop) are read next, in order (``prefetch``: read ahead concurrently;
         ``views``: they will be asked for as zero-copy views)."""
 
@@ -305,7 +315,7 @@ class ShardReader(ABC):
         :class:`dsconvert.io.ranges.ScatteredBytes` to ``close()`` when read (ranged readers)."""
         raise SpansNotSupported(self, "scattered")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for readers that hold nothing
         """Release file handles and maps (open views stay valid where the format allows)."""
 
 
@@ -402,6 +412,7 @@ class Format(ABC):
                 if spec.positions:
                     positions.append(place[id(sample)])
                 if classification:
+                    assert sample.label is not None  # a classification source labels every sample
                     labels.append(int(sample.label))
                 sources.append([escape_path(file.path) for file in sample.files])
                 stats.append([[file.size, file.mtime_ns] for file in sample.files])
@@ -441,13 +452,13 @@ class Format(ABC):
     # --- records and checks -------------------------------------------------------------
 
     @classmethod
-    def load_record(cls, path: str, data: Optional[bytes] = None) -> "ShardRecord":
+    def load_record(cls, path: str, data: Optional[bytes] = None) -> ShardRecord:
         """A shard record of this format from ``path`` (or ``data``, its bytes), every column
         a reader uses checked."""
         return ShardRecord.load(path, cls.id, data)
 
     @classmethod
-    def structure_problems(cls, out: Location, entry: ShardEntry, record: "ShardRecord",
+    def structure_problems(cls, out: Location, entry: ShardEntry, record: ShardRecord,
                            parts: Dict[str, bytes]) -> List[Problem]:
         """What ``verify`` finds wrong in the shard's own structure, beyond its checksum.
         ``parts``: the shard's other files that verify already read (name -> bytes)."""

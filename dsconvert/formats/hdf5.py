@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
-
 import h5py
+import numpy as np
 from h5py import h5d
 
 from ..errors import BadInputError, ManifestError
@@ -33,7 +32,16 @@ from ..io.location import Location
 from ..manifest import Manifest, ShardEntry
 from ..plan import ShardSpec
 from ..samples import Sample
-from .base import Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, pixels_for
+from .base import (
+    Format,
+    Problem,
+    ShardReader,
+    ShardRecord,
+    Sink,
+    image_field,
+    manifest_image_field,
+    pixels_for,
+)
 
 __all__ = ["Hdf5", "FORMAT", "layout_problems", "HDF5_ERRORS"]
 
@@ -70,6 +78,7 @@ class _HdfSink(Sink):
             item: Any = pixels_for(self.spec, data[name])
         else:
             item = np.frombuffer(data[name], dtype=np.uint8)
+        assert sample.label is not None  # a classification source labels every sample
         self.batch.append((item, int(sample.label), sample.key))
         if len(self.batch) >= BATCH:
             self._flush()

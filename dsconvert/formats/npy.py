@@ -40,8 +40,18 @@ from ..io.location import Location
 from ..manifest import Manifest, ShardEntry
 from ..plan import ShardSpec
 from ..samples import Sample
-from .base import (Format, Problem, ShardReader, ShardRecord, Sink, image_field, manifest_image_field, part_of,
-                   pixels_for, write_owned)
+from .base import (
+    Format,
+    Problem,
+    ShardReader,
+    ShardRecord,
+    Sink,
+    image_field,
+    manifest_image_field,
+    part_of,
+    pixels_for,
+    write_owned,
+)
 
 __all__ = ["Npy", "FORMAT", "SAMPLE_DTYPE", "load_rows", "rows_problem", "pixels_extent", "open_pixels"]
 
@@ -75,6 +85,7 @@ class _PixelSink(Sink):
         pixels = pixels_for(self.spec, data[name])
         h, w, c = pixels.shape
         self.file.write(pixels.data)
+        assert sample.label is not None  # a classification source labels every sample
         self.rows.append((self.length, h, w, c, int(sample.label)))
         self.length += pixels.nbytes
         return {name: data[name]}

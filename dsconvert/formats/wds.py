@@ -45,7 +45,14 @@ from ..codecs import encode_class
 from ..errors import ManifestError
 from ..io.localfs import SizeBoundedFile, regular_size
 from ..io.location import Location
-from ..io.ranges import MappedBytes, PrefetchedBytes, PreadBytes, ScatteredBytes, local_fill, remote_fill
+from ..io.ranges import (
+    MappedBytes,
+    PreadBytes,
+    PrefetchedBytes,
+    ScatteredBytes,
+    local_fill,
+    remote_fill,
+)
 from ..manifest import Manifest, ShardEntry, expect, is_int_list
 from ..plan import ShardSpec
 from ..samples import Sample
@@ -133,6 +140,7 @@ class _TarSink(Sink):
 
     def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
         if self.classification:
+            assert sample.label is not None  # a classification source labels every sample
             data["cls"] = encode_class(sample.label)
         for name in sorted(data):
             offset, size = _add_member(self.tf, f"{sample.key}.{name}", data[name])
@@ -169,7 +177,8 @@ def check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
     try:
         size = out.size(name)
         bounded = SizeBoundedFile(raw := out.open(name), size)
-        with raw, tarfile.open(fileobj=bounded, mode="r:") as tf:
+        # typeshed's _Fileobj wants write() too; reading, tarfile calls read/seek/tell only
+        with raw, tarfile.open(fileobj=bounded, mode="r:") as tf:  # type: ignore[call-overload]
             for m in tf:
                 if _unsafe_name(m.name):
                     problems.append(Problem("unsafe-member", name, f"member {m.name!r} has an unsafe path "
@@ -369,7 +378,7 @@ class Wds(Format):
         """The record, checked to have, per field, integer offset and size columns as long as
         the keys (-1: a field a sample lacks)."""
         record = ShardRecord.load(path, cls.id, data)
-        members = record.d.get("members")
+        members: Any = record.d.get("members")  # unchecked JSON until expect() passes
         n = len(record.keys)
         expect(isinstance(members, dict) and all(isinstance(k, str) for k in members), path, "members",
                "an object of per-field columns")

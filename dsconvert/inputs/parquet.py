@@ -20,7 +20,15 @@ from ..keys import escape_path
 from ..plan import CHANGED_DURING, MAX_SAMPLE_BYTES, ShardSpec, over_limit, sample_bytes_limit
 from ..samples import Fetched, Sample, SourceFile
 from ..source.arrow import is_arrow_name
-from ..source.parquet import format_of, hf_features, image_column, image_path, kept_columns, open_table, path_reason
+from ..source.parquet import (
+    format_of,
+    hf_features,
+    image_column,
+    image_path,
+    kept_columns,
+    open_table,
+    path_reason,
+)
 from .check import Check, Contents
 
 __all__ = ["read_parquet_samples", "ParquetRows"]
@@ -191,7 +199,8 @@ def read_parquet_samples(spec: ShardSpec, checked: Check) -> Iterator[Tuple[Samp
             contents: Contents = {img.path: (data, unchanged)}
             files = [replace(img, size=len(data))]
             for other in sample.files[1:]:
-                value = encode_class(sample.label) if other.field == "cls" else js or b"{}"
+                labelled = other.field == "cls" and sample.label is not None  # a cls field: the row's label
+                value = encode_class(sample.label) if labelled and sample.label is not None else js or b"{}"
                 contents[other.path] = (value, unchanged)
                 files.append(replace(other, size=len(value)))
             got = checked(spec, replace(sample, files=tuple(files)), contents)

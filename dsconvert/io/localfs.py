@@ -13,11 +13,12 @@ import hashlib
 import os
 import re
 import stat
-from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
+from typing import IO, Any, Dict, Iterable, Iterator, Optional, Protocol, Tuple
 
 from ..errors import ManifestError, NotRegularFileError
 
-__all__ = ["open_regular", "regular_size", "SizeBoundedFile", "check_name", "atomic_write", "stream_sha256", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
+__all__ = ["open_regular", "regular_size", "SizeBoundedFile", "check_name", "atomic_write", "stream_sha256",
+           "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
            "LATENCY_BOUND_FS"]
 
 
@@ -28,7 +29,7 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
     folder, base = os.path.split(path)
     tmp = os.path.join(folder, f".{base}.{os.getpid()}.tmp")
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
         os.replace(tmp, path)
     except BaseException:
@@ -100,7 +101,13 @@ def check_name(name: Any, where: str = "") -> str:
     return name
 
 
-def stream_sha256(f: IO[bytes], block: int = 1 << 20) -> str:
+class _Readable(Protocol):
+    """What stream_sha256 reads from: a binary file, or a :class:`SizeBoundedFile` over one."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
+def stream_sha256(f: _Readable, block: int = 1 << 20) -> str:
     """The sha256 of what a binary file object holds from here on, read in blocks (hashlib
     releases the GIL on large ones)."""
     h = hashlib.sha256()

@@ -32,8 +32,8 @@ from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from ..errors import MissingDependencyError, NotRegularFileError, OptionError
 from .localfs import atomic_write, check_name, open_regular
 
-__all__ = ["local_form", "json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location", "protocol_of",
-           "mtime_ns_of"]
+__all__ = ["local_form", "json_bytes", "is_remote", "join_url", "parse_storage_options", "filesystem", "Location",
+           "protocol_of", "mtime_ns_of"]
 
 LOCAL_PROTOCOLS = ("file", "local")
 
@@ -229,7 +229,7 @@ class Location:
         staging = tempfile.mkdtemp(prefix="dsconvert-upload-")
         try:
             local = os.path.join(staging, name)
-            with open(local, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            with open(local, mode, encoding=None if "b" in mode else "utf-8") as f:
                 yield f
             self.fs.put_file(local, self.path(name))  # one PUT (or a multipart upload): whole or nothing
         finally:

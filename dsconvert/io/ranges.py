@@ -141,12 +141,12 @@ class PrefetchedBytes:
         self._close()
 
     @classmethod
-    def local(cls, path: str, end: int, **kw: Any) -> "PrefetchedBytes":
+    def local(cls, path: str, end: int, **kw: Any) -> PrefetchedBytes:
         fill, close = local_fill(path)
         return cls(fill, end, close, **kw)
 
     @classmethod
-    def remote(cls, location: Location, name: str, end: int, **kw: Any) -> "PrefetchedBytes":
+    def remote(cls, location: Location, name: str, end: int, **kw: Any) -> PrefetchedBytes:
         """Object stores: 4 MB ranged GETs, 8 at a time (a request costs a round trip and
         some server work whatever its size; stores advise parts of several MB)."""
         kw.setdefault("piece", 4 << 20)

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from ..errors import ManifestError, OptionError
 from ..units import parse_size
-from .location import Location, filesystem, is_remote
 from .localfs import check_name, file_sha256, open_regular, regular_size
+from .location import Location, filesystem, is_remote
 from .locks import file_lock
 
 if TYPE_CHECKING:  # an entry is only read here (name, sha256, bytes): the manifest stands a floor above

@@ -17,16 +17,19 @@ import numpy as np
 from PIL import Image
 
 from ..codecs import DECODE_MODES, decode_image
-from ..fused import fuse
+from ..errors import FusedFallbackWarning
 from ..formats import Format, get
+from ..fused import fuse
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
-from ..errors import FusedFallbackWarning
 from ..optional import optional_import
 
 __all__ = ["TorchDataset", "TorchIterableDataset", "Transforms", "ShardDataset", "locate"]
 
 _torch_data = optional_import("torch.utils.data")
+# Any to the type checker, as sampler.py's _Sampler: torch's classes, or the stand-ins below
+TorchDataset: Any
+TorchIterableDataset: Any
 if _torch_data is not None:
     TorchDataset = _torch_data.Dataset
     TorchIterableDataset = _torch_data.IterableDataset

@@ -186,7 +186,7 @@ class CachedDataset(Transforms, TorchDataset):
             name, o, h, w, c, label, crc = entry
             nbytes = h * w * max(c, 1)
             flat = self._map(st, name, o + nbytes)[o: o + nbytes]
-            if crc is None or zlib.crc32(flat) == crc:
+            if crc is None or zlib.crc32(flat.data) == crc:
                 break
             spares = st.spares.get(i)
             if spares:
@@ -204,19 +204,22 @@ class CachedDataset(Transforms, TorchDataset):
             if st.data_fd is None:
                 tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 st.data_name = f"data-{tag}.bin"
-                st.data_fd = os.open(os.path.join(self.cache_dir, st.data_name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                st.log_fd = os.open(os.path.join(self.cache_dir, f"log-{tag}.bin"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                st.data_fd = os.open(os.path.join(self.cache_dir, st.data_name), flags, 0o644)
+                st.log_fd = os.open(os.path.join(self.cache_dir, f"log-{tag}.bin"), flags, 0o644)
                 st.data_end = 0
-            _write_all(st.data_fd, memoryview(pixels).cast("B"))
+            _write_all(st.data_fd, pixels.data.cast("B"))
             h, w = pixels.shape[:2]
             c = pixels.shape[2] if pixels.ndim == 3 else 0
-            record = RECORD.pack(i, st.data_end, h, w, c, label, zlib.crc32(pixels), MAGIC)
+            record = RECORD.pack(i, st.data_end, h, w, c, label, zlib.crc32(pixels.data), MAGIC)
+            assert st.log_fd is not None  # opened with data_fd (a failed open breaks the cache)
             _write_all(st.log_fd, record)  # only now is the sample visible to anyone
             st.entries[i] = (st.data_name, st.data_end, h, w, c, label, None)
             st.data_end += pixels.nbytes
         except OSError as exc:
             st.broken = True
-            warnings.warn(f"CachedDataset stops caching in this process: {exc}", RuntimeWarning)
+            warnings.warn(f"CachedDataset stops caching in this process: {exc}", RuntimeWarning,
+                          stacklevel=3)  # the code that indexed the dataset
 
     def _consolidate(self, st: _State) -> None:
         """Check every CRC once and write index.npy, unless it exists or another process is

@@ -142,7 +142,7 @@ class MapDataset(ShardDataset, TorchDataset):
         try:
             for k, js in wanted.items():
                 sources[k] = self.shard(k).scattered(js, self.classification)
-            out = []
+            out: List[Any] = []
             for k, j in places:
                 shard, source = self.shard(k), sources[k]
                 if not self.classification:

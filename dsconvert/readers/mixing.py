@@ -73,7 +73,8 @@ def mixture_of(datasets: Sequence[Any], weights: Optional[Sequence[float]] = Non
         raise OptionError("this mixture draws no sample: raise length, weights or epochs")
     if replacement and any(c and not n for c, n in zip(counts, sizes)):
         raise OptionError("an empty source cannot be drawn from")
-    return Mixture(sizes, counts, seed, replacement, identities=[_identity(ds) or str(n) for ds, n in zip(datasets, sizes)])
+    identities = [_identity(ds) or str(n) for ds, n in zip(datasets, sizes)]
+    return Mixture(sizes, counts, seed, replacement, identities=identities)
 
 
 def mix(datasets: Sequence[Any], weights: Optional[Sequence[float]] = None, *,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Union
 
+from ..errors import OptionError
 from ..formats import FORMATS, get
 from ..io.localfs import is_latency_bound
 from ..io.location import local_form
 from ..io.shard_cache import ShardAccess
-from ..errors import OptionError
 from ..manifest import MANIFEST_NAME, Manifest
 from ..source import scan
 from ..source.parquet import looks_like_arrow, looks_like_parquet
@@ -63,10 +63,11 @@ def open_dataset(
 
     Streaming options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
     ``even`` (``"pad"``, the default: every rank takes as many samples, the last ones
-    repeating the epoch's first, as ``DistributedSampler`` does; ``"drop"``; None: split exactly), ``prefetch``, ``batch_size`` (whole batches built in the
-    worker, for ``DataLoader(ds, batch_size=None)``; with ``collate=False`` the samples one by
-    one, dealt in whole batches, for ``DataLoader(ds, batch_size=...)``), ``allow_pickle`` (default False: pickled
-    fields stay bytes, since loading them runs code from the data); see
+    repeating the epoch's first, as ``DistributedSampler`` does; ``"drop"``; None: split exactly),
+    ``prefetch``, ``batch_size`` (whole batches built in the worker, for
+    ``DataLoader(ds, batch_size=None)``; with ``collate=False`` the samples one by one, dealt in
+    whole batches, for ``DataLoader(ds, batch_size=...)``), ``allow_pickle`` (default False:
+    pickled fields stay bytes, since loading them runs code from the data); see
     :class:`dsconvert.readers.stream.StreamDataset`. The wds reader's position is state:
     ``state_dict``/``load_state_dict`` (torchdata's StatefulDataLoader saves and restores it;
     ``load_state_dict({"epoch": e, "samples_seen": n})`` continues on any number of ranks and
@@ -118,7 +119,8 @@ def open_dataset(
     if manifest.format not in FORMATS:
         raise ValueError(f"{root}: format {manifest.format!r} is not one this dsconvert reads")
     if _streams(get(manifest.format).iterable, access, stream, options, root):
-        from .stream import StreamDataset as dataset  # here, not at the top: the Dataset modules import torch
+        # here, not at the top: the Dataset modules import torch
+        from .stream import StreamDataset as dataset
     else:
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,

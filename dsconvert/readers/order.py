@@ -35,7 +35,8 @@ _LIMIT = 1 << 62  # positions and epochs are stored as int64 (shared with worker
 def parse_position(state: Any) -> Tuple[int, int]:
     """(epoch, samples_seen) of a reading state, checked: non-negative ints (not bools)."""
     if not isinstance(state, dict) or "epoch" not in state:
-        raise ValueError(f"a dsconvert reading state is a dict with 'epoch' and 'samples_seen', not {reprlib.repr(state)}")
+        raise ValueError("a dsconvert reading state is a dict with 'epoch' and 'samples_seen', "
+                         f"not {reprlib.repr(state)}")
     epoch, seen = state["epoch"], state.get("samples_seen", 0)
     if type(epoch) is not int or type(seen) is not int or not 0 <= epoch < _LIMIT or not 0 <= seen < _LIMIT:
         raise ValueError(f"epoch and samples_seen must be non-negative ints, not {reprlib.repr(epoch)}, "

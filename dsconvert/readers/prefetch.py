@@ -51,4 +51,5 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
     files, nbytes = cache.usage()
     return {"url": access.location.url, "cache_dir": cache.dir, "shards": len(manifest.shards), "bytes": total,
             "downloaded": cache.downloads, "downloaded_bytes": cache.downloaded_bytes,
-            "already_cached": len(manifest.shards) - cache.downloads, "cache_files": files, "cache_bytes": nbytes, "seconds": time.perf_counter() - started}
+            "already_cached": len(manifest.shards) - cache.downloads, "cache_files": files, "cache_bytes": nbytes,
+            "seconds": time.perf_counter() - started}

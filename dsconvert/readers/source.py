@@ -16,10 +16,10 @@ import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ..codecs import decode_field, encode_class
-from ..io.location import Location
-from ..processes import settle_worker
 from ..inputs.outputs import OutputShards
 from ..inputs.parquet import ParquetRows
+from ..io.location import Location
+from ..processes import settle_worker
 from ..samples import Source, SourceFile
 from .base import TorchDataset, Transforms
 
@@ -83,7 +83,8 @@ class SourceDataset(Transforms, TorchDataset):
             if kind == "output":
                 reader = self._containers.setdefault("", OutputShards(self.source.root, self.location.storage_options))
             else:
-                reader = self._containers[f.container] = ParquetRows(self.location, f.container, not self.classification)
+                reader = self._containers[f.container] = ParquetRows(self.location, f.container,
+                                                                     not self.classification)
         return reader.read(f)
 
     def __getitem__(self, index: int) -> Any:
@@ -93,7 +94,7 @@ class SourceDataset(Transforms, TorchDataset):
             return self._finish(self._image(self._read(sample.files[0])), sample.label)
         out: Dict[str, Any] = {"__key__": sample.key}
         for file in sample.files:
-            data = (encode_class(sample.label) if file.field == "cls" and self.source.kind == "parquet" else
-                    self._read(file))
+            label = sample.label if file.field == "cls" and self.source.kind == "parquet" else None
+            data = encode_class(label) if label is not None else self._read(file)
             out[file.field] = decode_field(file.field, data, self.decode)
         return self._finish_dict(out)

@@ -16,7 +16,7 @@ steps; ``None`` splits exactly, ranks differing by one sample.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -186,7 +186,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         else:
             (epoch, seen), skip = self._epoch.begin(rank, wid, nworkers), 0
         deal = self._deal(seen, wid, nworkers)
-        self._state = {"epoch": epoch, "samples_seen": seen, "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
+        self._state = {"epoch": epoch, "samples_seen": seen,
+                       "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
         self._yielded = skip
         return epoch, seen, deal, skip
 
@@ -215,6 +216,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         image_only = self.classification
         shards = _OpenShards(self, prepare=not fetch, views=views)
         pread, fd = os.pread, -1
+        data: Union[bytes, np.ndarray]
         pieces: Iterator[Tuple[List[int], List[int], Dict[int, Any]]] = (
             (ks, js, {}) for ks, js in self._pieces(epoch, seen, deal, first))
         if fetch:
@@ -229,7 +231,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                             shard = shards.get(k)
                             source = sources.get(k) or shard.source
                             get = source.get
-                            spans = shard.image_spans() if image_only else None
+                            spans = shard.image_spans() if image_only else []
                             whole = (np.frombuffer(source.mm, dtype=np.uint8)
                                      if views and getattr(source, "mm", None) is not None else None)
                             labels = shard.labels
@@ -321,7 +323,7 @@ class _OpenShards:
     """The shards one iteration reads, opened on first use and kept while the order moves
     between the few a shuffle window spans (closing the least recently used past ``limit``)."""
 
-    def __init__(self, ds: "StreamDataset", prepare: bool, views: bool, limit: int = 16):
+    def __init__(self, ds: StreamDataset, prepare: bool, views: bool, limit: int = 16):
         self.ds, self.prepare, self.views, self.limit = ds, prepare, views, limit
         self.open: Dict[int, ShardReader] = {}
 

@@ -39,8 +39,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..codecs import IMAGE_EXTENSIONS, is_image_field
 from ..errors import SourceError
-from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..io.location import filesystem, is_remote, mtime_ns_of
+from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
 
 __all__ = ["scan_files", "FolderListing", "looks_like_image_folder", "is_ignored", "source_of_listings",
@@ -289,7 +289,7 @@ def _stat_local(base: str, rels: Sequence[str]) -> List[Union[Tuple[int, int], s
         try:
             st = os.stat(rel if os.path.isabs(rel) else os.path.join(base, rel))
         except OSError as exc:
-            out.append(exc.strerror.lower())
+            out.append((exc.strerror or str(exc)).lower())
             continue
         out.append((st.st_size, st.st_mtime_ns) if stat_mod.S_ISREG(st.st_mode) else "not a regular file")
     return out

@@ -24,8 +24,8 @@ from ..io.location import mtime_ns_of
 from ..io.shard_cache import ShardAccess
 from ..keys import escape_path
 from ..manifest import ORDER_NAME, Manifest
-from ..shuffle import load_order
 from ..samples import Sample, Source, SourceFile
+from ..shuffle import load_order
 
 __all__ = ["output_source"]
 

@@ -55,8 +55,17 @@ from ..io.location import Location, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path
 from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
 from ..skips import row_run
-from .arrow import (ARROW_SUFFIX, INFO_NAME, STATE_NAME, is_arrow_name, looks_like_saved, open_arrow,
-                    refuse_dataset_dict, saved_files, saved_features)
+from .arrow import (
+    ARROW_SUFFIX,
+    INFO_NAME,
+    STATE_NAME,
+    is_arrow_name,
+    looks_like_saved,
+    open_arrow,
+    refuse_dataset_dict,
+    saved_features,
+    saved_files,
+)
 from .folders import is_ignored
 
 __all__ = ["looks_like_parquet", "looks_like_arrow", "parquet_source", "format_of", "import_pyarrow", "open_file",

@@ -35,11 +35,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..codecs import field_kind, is_image_field
 from ..errors import BadInputError, ManifestError, SourceError
+from ..formats.base import part_of
+from ..formats.wds import Wds
 from ..io.localfs import SizeBoundedFile, atomic_write, open_regular
 from ..io.location import Location, json_bytes, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
-from ..formats.base import part_of
-from ..formats.wds import Wds
 from ..samples import Sample, Skipped, Source, SourceFile
 
 __all__ = ["TarShards", "list_tars", "looks_like_tars", "tar_source", "parse_label", "label_index",
@@ -129,7 +129,8 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
 
     bounded = SizeBoundedFile(f, size)
     try:
-        tf = tarfile.open(fileobj=bounded, mode="r:")
+        # typeshed's _Fileobj wants write() too; reading, tarfile calls read/seek/tell only
+        tf = tarfile.open(fileobj=bounded, mode="r:")  # type: ignore[call-overload]
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         if size == 0:
             return _record(name, [], [], skipped, None)
@@ -161,7 +162,8 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
             continue
         ext = ext.lower()
         why = ("member name is not valid UTF-8" if not is_utf8(mname)
-               else "unsafe member name (absolute or '..')" if mname.startswith("/") or ".." in re.split(r"[/\\]", mname)
+               else "unsafe member name (absolute or '..')"
+               if mname.startswith("/") or ".." in re.split(r"[/\\]", mname)
                else "a sparse member (its data is not stored in one piece): not read" if m.issparse()
                else f"a negative size ({m.size})" if m.size < 0
                else f"truncated: its {m.size:,} bytes run past the end of the tar" if m.offset_data + m.size > size
@@ -260,8 +262,8 @@ def list_tars(src: str, storage_options: Optional[Dict[str, Any]] = None
         folder = folders.pop()
         names = [p.rsplit("/", 1)[1] for p in paths]
         location = Location(folder, storage_options, flat=False)
-        listed = set(location.listdir())
-        missing = [n for n in names if n not in listed]
+        present = set(location.listdir())
+        missing = [n for n in names if n not in present]
         if missing:
             raise SourceError(f"{len(missing)} tar(s) of the pattern are not there: {', '.join(missing[:3])}", src)
         others: List[str] = []

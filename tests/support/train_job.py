@@ -165,7 +165,7 @@ def main():
     first = True
     steps, tick = 0, time.monotonic() + 1
     while True:
-        for _batch in loader:
+        for _images, _labels in loader:
             end = time.perf_counter() + args.compute_ms / 1000
             while time.perf_counter() < end:  # the "model": CPU-bound numpy work
                 weights = np.tanh(weights @ weights / 64)

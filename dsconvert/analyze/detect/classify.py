@@ -43,7 +43,8 @@ def detect(path: str, fs: Any = None) -> Detected:
             store.info(store.join(folder, MANIFEST_NAME))
         except Exception:
             return found
-        found.description += f"; one file of the dsconvert output in {folder} (read it whole with dsconvert.open_dataset)"
+        found.description += (f"; one file of the dsconvert output in {folder} "
+                              "(read it whole with dsconvert.open_dataset)")
         return found
     except Exception as exc:  # a bug's last line of defence: say so rather than crash analyze
         return Detected(path, "unknown", f"could not be recognised ({type(exc).__name__}: {short_error(exc)})")
@@ -113,7 +114,8 @@ def _dsconvert(store: Store, root: str, walk: Walk) -> Detected:
             m = Manifest.from_dict(json.loads(f.read(limits.MAX_MANIFEST + 1)), where=mpath)
     except Exception as exc:  # ManifestError, JSON errors, RecursionError...
         found = _detect_entries(store, root, [e for e in walk.entries if e.rel != MANIFEST_NAME], walk)
-        found.description = f"{found.description}; beside a {MANIFEST_NAME} that is not a valid manifest ({short_error(exc)})"
+        found.description = (f"{found.description}; beside a {MANIFEST_NAME} that is not a valid manifest "
+                             f"({short_error(exc)})")
         found.damaged.append(f"{MANIFEST_NAME}: {short_error(exc)}")
         return found
     names = {e.rel for e in walk.entries}
@@ -184,7 +186,7 @@ def _classify_all(store: Store, entries: Sequence[Entry]) -> Tuple[Dict[str, str
             sniffs[e.rel] = sniff(store, e)
         budget -= len(pick)
     kinds: Dict[str, str] = {}
-    for ext, group in groups.items():
+    for group in groups.values():
         seen = Counter(sniffs[e.rel].kind for e in group if e.rel in sniffs)
         majority = seen.most_common(1)[0][0] if seen else None
         for e in group:  # past the budget, a file is what its name says

@@ -49,9 +49,10 @@ def describe(store: Store, root: str, kind: str, mine: List[Entry], sniffs: Dict
         _describe_tar(store, d, mine, good, n)
     elif kind == "parquet":
         _describe_table(store, d, mine, good, nfiles, "Parquet", parquet_meta)
-        d.advice = ("columnar row groups: read with pyarrow.parquet (iter_batches) or datasets.load_dataset('parquet'); "
-                    "random access decodes a whole row group, so keep row groups small for shuffled reads; dsconvert "
-                    "shard takes Parquet with an image column as a source (--label names the label column)")
+        d.advice = ("columnar row groups: read with pyarrow.parquet (iter_batches) or "
+                    "datasets.load_dataset('parquet'); random access decodes a whole row group, so keep row groups "
+                    "small for shuffled reads; dsconvert shard takes Parquet with an image column as a source "
+                    "(--label names the label column)")
     elif kind == "arrow":
         ipc = {e.path: s.info.get("ipc", "file") for e, s in good}
         _describe_table(store, d, mine, good, nfiles, "Arrow IPC", lambda st, p: arrow_meta(st, p, ipc[p]))
@@ -64,9 +65,10 @@ def describe(store: Store, root: str, kind: str, mine: List[Entry], sniffs: Dict
     elif kind == "lmdb":
         data = [(e, s) for e, s in good if e.name == "data.mdb"]
         entries = [s.info.get("entries") for _, s in data]
+        counts = [x for x in entries if isinstance(x, int)]
         envs = len(data)
-        if envs and all(isinstance(x, int) for x in entries):
-            d.num_samples = sum(entries)
+        if envs and len(counts) == len(entries):
+            d.num_samples = sum(counts)
         d.files = [e.path for e, _ in data] or files
         has_lock = any(e.name == "lock.mdb" for e in mine)
         d.description = (f"LMDB: {envs or 'no'} environment{'s' if envs != 1 else ''} (data.mdb"
@@ -125,8 +127,8 @@ def _describe_npy(d: Detected, mine: List[Entry], good: List[Tuple[Entry, Sniff]
                           "(an unfinished conversion or copied shards)")
     if objects:
         d.description += "; holds pickled Python objects (dtype object)"
-        d.advice = ("object arrays are pickles (loading them runs code and is slow): store numeric arrays with np.save, "
-                    "read with np.load(mmap_mode='r')")
+        d.advice = ("object arrays are pickles (loading them runs code and is slow): store numeric arrays "
+                    "with np.save, read with np.load(mmap_mode='r')")
     else:
         d.advice = ("already decoded arrays: read with np.load(mmap_mode='r') in the workers; conversion would not "
                     "make reading faster")
@@ -218,8 +220,8 @@ def _describe_tar(store: Store, d: Detected, mine: List[Entry], good: List[Tuple
     d.advice = ("already sharded for sequential reads: read them in place with open_dataset(FOLDER) (indexed by their "
                 "headers on first open; label='cls' for (image, label) samples) or webdataset.WebDataset; dsconvert "
                 "shard takes them as a source (--label names the class field)" if not gz else
-                "gzip-compressed tars are read only as streams (webdataset.WebDataset): decompress them for dsconvert's "
-                "indexed reader and for dsconvert shard")
+                "gzip-compressed tars are read only as streams (webdataset.WebDataset): decompress them for "
+                "dsconvert's indexed reader and for dsconvert shard")
 
 
 def _describe_table(store: Store, d: Detected, mine: List[Entry], good: List[Tuple[Entry, Sniff]],
@@ -229,12 +231,13 @@ def _describe_table(store: Store, d: Detected, mine: List[Entry], good: List[Tup
     desc = f"{name}: {nfiles}"
     if metas:
         rows = [m.get("rows") for m in metas]
-        if all(isinstance(r, int) for r in rows):
+        counts = [r for r in rows if isinstance(r, int)]
+        if len(counts) == len(rows):
             if len(metas) == len(mine):
-                d.num_samples = sum(rows)
+                d.num_samples = sum(counts)
                 desc += f", {d.num_samples:,} rows"
             else:
-                d.estimated_samples = sum(rows) * len(mine) // len(metas)
+                d.estimated_samples = sum(counts) * len(mine) // len(metas)
                 desc += f", ~{d.estimated_samples:,} rows"
         else:
             desc += ", rows unknown from the header"

@@ -3,12 +3,12 @@ metadata, TFRecord's first record; each bounded, each returning (details, why no
 
 from __future__ import annotations
 
+import contextlib
 import io
 import struct
 import tarfile
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
-import contextlib
 
 from ...optional import optional_import
 from . import limits
@@ -112,7 +112,8 @@ def tar_keys(store: Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
                 m = tf.next()
                 if m is None:
                     break
-                tf.members = []  # headers only: no member list kept
+                # headers only: no member list kept (an attribute typeshed's TarFile leaves out)
+                tf.members = []  # type: ignore[attr-defined]
                 members += 1
                 if m.isfile():
                     key, field_ = _wds_key(m.name)

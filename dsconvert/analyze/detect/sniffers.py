@@ -265,7 +265,9 @@ def sniff_tfrecord(h: Head) -> Optional[Sniff]:
 
 def sniff_pickle(h: Head) -> Optional[Sniff]:
     head = h.head
-    if len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and chr(head[2]) in pickletools.code2op:
+    # code2op: pickletools' opcode table, a module global that typeshed leaves out
+    if (len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+            and chr(head[2]) in pickletools.code2op):  # type: ignore[attr-defined]
         return Sniff("pickle", _pickle_damage(head, h.size), info={"protocol": head[1]})
     return None
 
@@ -353,7 +355,7 @@ def _arrow_stream_ok(store: Store, path: str) -> bool:
         return False
     try:
         with store.open(path) as f:
-            pa.ipc.open_stream(f).schema
+            _ = pa.ipc.open_stream(f).schema  # reading the schema is the check
         return True
     except Exception:
         return False
