@@ -191,9 +191,9 @@ def dataset_folder(ds: Any, out: str) -> str:
     it was loaded from (``load_from_disk``) where its rows and features are that folder's as
     saved (the same files, features and number of rows); otherwise (in memory, a selection or
     shuffle of rows, cast features, cache files of ``map``) it is saved once with
-    ``save_to_disk`` (images embedded) into ``OUT.hf-FINGERPRINT`` beside a local output (under the temporary folder for a remote one)
-    and read from there: the same Dataset, converted again, reuses that copy, so a conversion
-    resumes."""
+    ``save_to_disk`` (images embedded) into ``OUT.hf-FINGERPRINT`` beside a local output
+    (under the temporary folder for a remote one) and read from there: the same Dataset,
+    converted again, reuses that copy, so a conversion resumes."""
     import tempfile
 
     files = [str(c.get("filename", "")) for c in (getattr(ds, "cache_files", None) or []) if isinstance(c, dict)]
