@@ -12,6 +12,9 @@ cannot run here; the comments are invisible on the rendered page:
   running job's PID, a fresh virtual environment); it is reported as skipped with REASON.
 * ``<!-- skip-page: REASON -->`` anywhere on a page: every block of the page is skipped with
   REASON (the benchmark pages: each block is a benchmark run).
+* ``<!-- run-by: tests/test_x.py -->`` anywhere on a page: its blocks need a setting of their
+  own (several datasets, a Hugging Face export) and are run as written by that test file, which
+  must read the page (``test_pages_run_by_another_test_are_run_there`` checks that it does).
 
 Python blocks run in this process (torch is imported once); shell blocks run under ``bash -e``
 with this interpreter's ``bin/`` first on PATH (``dsconvert`` and ``python`` are the
@@ -54,7 +57,7 @@ SYSTEM = re.compile(r"dsconvert (analyze|bench|diagnose)\b|lightning_resume|--cl
 
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 GENERATED = re.compile(r"<!-- bench_all:(\w+) begin -->.*?<!-- bench_all:\1 end -->", re.S)
-MARK = re.compile(r"<!--\s*(needs|skip-page|skip|continues)\s*:?\s*(.*?)\s*-->", re.S)
+MARK = re.compile(r"<!--\s*(needs|skip-page|skip|continues|run-by)\s*:?\s*(.*?)\s*-->", re.S)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Block:
     code: str
     needs: List[str] = field(default_factory=list)
     skip: Optional[str] = None
+    run_by: Optional[str] = None  # the test file that runs this page's blocks in their own setting
     continues: bool = False
     previous: Optional[Block] = None  # the page's previous Python block
 
@@ -96,15 +100,17 @@ def blocks() -> List[Block]:
     found = []
     for path in pages():
         page = os.path.relpath(path, ROOT)
-        page_skip = None
+        page_skip = run_by = None
         for kind, arg in MARK.findall(open(path, encoding="utf-8").read()):
             if kind == "skip-page":
                 page_skip = arg
+            elif kind == "run-by":
+                run_by = arg
         previous = None
         for line, lang, code, marks in fences(path):
             if lang not in RUN:
                 continue
-            b = Block(page, line, lang, code, skip=page_skip, previous=previous)
+            b = Block(page, line, lang, code, skip=page_skip, run_by=run_by, previous=previous)
             for kind, arg in marks:
                 if kind == "needs":
                     b.needs += arg.split()
@@ -249,6 +255,8 @@ def _params():
 def test_the_block_runs_as_written(block: Block, tmp_path, made, monkeypatch):
     if block.skip:
         pytest.skip(block.skip)
+    if block.run_by:
+        pytest.skip(f"run as written by {block.run_by}, in the setting the page describes")
     if block.lang == "python" or "torch" in block.code or "dsconvert " in block.code:
         pytest.importorskip("torchvision", reason="the docs' examples need torch and torchvision "
                             "(pip install -e '.[test]')")
@@ -302,6 +310,15 @@ def test_every_fence_names_its_language():
     unnamed = [f"{os.path.relpath(p, ROOT)}:{line}" for p in pages() for line, lang, _, _ in fences(p)
                if lang not in LANGUAGES]
     assert not unnamed, f"fences without a known language (python, bash, console, text...): {unnamed}"
+
+
+def test_pages_run_by_another_test_are_run_there():
+    """A page whose blocks another test runs is read by that test: the file exists and names it."""
+    for page, run_by in sorted({(b.page, b.run_by) for b in BLOCKS if b.run_by}):
+        path = os.path.join(ROOT, run_by)
+        assert os.path.isfile(path), (page, run_by)
+        name = os.path.basename(page)
+        assert name in open(path, encoding="utf-8").read(), f"{run_by} does not read {page}"
 
 
 def test_skips_are_few_and_say_why():
