@@ -68,8 +68,10 @@ def test_first_epoch_fills_later_epochs_read_the_cache(tmp_path, folder, torch):
 
 
 FILL_SCRIPT = r"""
-import sys, time
-sys.path.insert(0, sys.argv[3])
+import os, sys
+# the tests' folder (test_cached, conftest) and the repository root (conftest imports tests.support)
+sys.path[:0] = [sys.argv[3], os.path.dirname(os.path.abspath(sys.argv[3]))]
+import time
 from torch.utils.data import DataLoader
 from test_cached import Folder
 from dsconvert.data import CachedDataset

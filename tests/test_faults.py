@@ -294,8 +294,9 @@ def test_a_lock_made_during_the_claim_is_not_taken_for_a_foreign_file(tmp_path, 
 
 
 CACHE_READER = """
-import sys
-sys.path.insert(0, sys.argv[3])
+import os, sys
+# the tests' folder (test_cached, conftest) and the repository root (conftest imports tests.support)
+sys.path[:0] = [sys.argv[3], os.path.dirname(os.path.abspath(sys.argv[3]))]
 from test_cached import Folder, _check_all
 from torch.utils.data import DataLoader
 from dsconvert.data import CachedDataset
