@@ -378,6 +378,8 @@ def test_the_command_line_takes_a_level_and_refuses_a_bad_one(tmp_path, source, 
     assert main(["shard", source, "-o", out, "--compress", "zstd:1", "--workers", "1", "-q"]) == 0
     assert dsconvert.Manifest.load(out).compression["level"] == 1
     capsys.readouterr()
+    assert main(["info", out]) == 0
+    assert "compressed:  zstd level 1: json, npy, txt (members KEY.FIELD.zst" in capsys.readouterr().out
     assert main(["shard", source, "-o", str(tmp_path / "bad"), "--compress", "zstd:40"]) == 2
     assert "argument --compress: the zstd level must be within 1..22, not 40" in capsys.readouterr().err
 
