@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> None:
 
         meta = dict(record(), samples=args.samples, rounds=args.rounds, payload_bytes=payload,
                     versions_zstd=codec_version(),
-                    loaded="the machine was shared with a CI run (2 cores): figures move with its load")
+                    loaded="The machine was shared with a CI run (2 cores): figures move with its load")
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
@@ -197,7 +197,7 @@ def render(data: Dict[str, Any]) -> str:
              "embedding, 77 token ids and 5-20 label ids as int64 .npy, JSON metadata, English text), "
              f"{meta.get('versions_zstd', 'zstd')}; `dsconvert.Writer` in one process, `open_dataset` map-style, "
              f"page cache warm; {meta['rounds']} interleaved rounds, median [range]; ratios: time over the "
-             "uncompressed output's in the same round. " + (meta.get("loaded", "") + "." if meta.get("loaded") else ""),
+             "uncompressed output's in the same round. " + _sentence(meta.get("loaded", "")),
              "",
              "| setting | shards, MB | size | write, samples/s | write time | read raw, samples/s | read raw time "
              "| read decoded, samples/s | read decoded time |",
@@ -214,6 +214,10 @@ def render(data: Dict[str, Any]) -> str:
     for r in rows[1:]:
         lines.append(f"| zstd:{r['level']} | " + " | ".join(f"{r['fields'][f]:.2f}" for f in fields) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "." if text else ""
 
 
 QUICK = ["--samples", "60", "--rounds", "1", "--levels", "1", "3"]
