@@ -43,4 +43,5 @@ SUITES = {
     "before_after": "the hot read and write paths of a revision against this checkout",
     "decode_checks": "the decode checks' cost against a revision's codecs",
     "writer": "dsconvert.optimize and Writer against LitData's optimize and webdataset's ShardWriter",
+    "zstd_fields": "--compress zstd levels on non-image fields: write speed, size, read cost",
 }

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 from . import skips
-from .codecs import pixel_limit, resolve_decoder, resolve_resampler
+from .codecs import (
+    compression_label,
+    parse_compression,
+    pixel_limit,
+    require_codec,
+    resolve_decoder,
+    resolve_resampler,
+)
 from .errors import (
     BadInputError,
     DsconvertError,
@@ -197,11 +204,12 @@ def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, s
     further, for a source that is itself a shuffled output)."""
     sample_type = source.sample_type
     classification = sample_type == "classification"
+    compressed = bool(format_options.get("compress"))
     samples = source.samples if positions is None else [source.samples[p] for p in positions]
     if source.positions is not None:  # the original order's places, carried through
         positions = [source.positions[p] for p in positions] if positions is not None else list(source.positions)
     ranges = spread_plan(samples, samples_per_shard, max(1, shard_bytes - fmt.overhead), min_shards,
-                         size_of=lambda s: int(fmt.sample_bytes(s, classification) * bytes_ratio))
+                         size_of=lambda s: int(fmt.sample_bytes(s, classification, compressed) * bytes_ratio))
     return [
         ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
                   tuple(samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options,
@@ -421,6 +429,7 @@ def convert(
     scanned: Optional[Source] = None,
     order: str = "auto",
     seed: int = 0,
+    compress: Optional[str] = None,
 ) -> ConvertResult:
     """Convert the dataset at ``src`` into ``format`` shards in ``out``; see the module doc.
 
@@ -466,6 +475,10 @@ def convert(
 
     ``scanned``: a :class:`Source` of ``src`` already scanned (or a part of one: analyze
     converts its measured sample this way) to convert instead of scanning ``src`` again.
+
+    ``compress``: ``"zstd"`` or ``"zstd:LEVEL"`` (1..22, default 3) stores every non-image field
+    of a wds output zstd-compressed, as member ``<key>.<field>.zst``; readers give it back under
+    its own name (:mod:`dsconvert.codecs.compress`; ``pip install 'dsconvert[zstd]'``).
     """
     if not isinstance(src, str) and hasattr(src, "save_to_disk") and hasattr(src, "features"):
         src = dataset_folder(src, local_form(out))  # a datasets.Dataset: read as its save_to_disk folder
@@ -481,6 +494,13 @@ def convert(
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
         raise OptionError(f"prefix must be a plain file name stem, not {prefix!r}")
     fmt = get(format)
+    compression = parse_compression(compress)
+    if compression is not None:
+        if not fmt.compresses_fields:
+            able = ", ".join(f for f in FORMATS if get(f).compresses_fields)
+            raise OptionError(f"compress applies to {able} outputs: {format} holds images and labels only, which "
+                              "are not compressed")
+        require_codec(compression)
     decode = decode or fmt.pixels == "always"
     if decode and fmt.pixels == "never":
         can = ", ".join(f for f in FORMATS if get(f).pixels != "never")
@@ -528,6 +548,7 @@ def convert(
         **resampling, **spread, **({"label": label} if label is not None else {}), order=order,
         **({"seed": seed} if order != "source" else {}),
         **({"max_sample_bytes": max_sample_bytes or 0} if max_sample_bytes != MAX_SAMPLE_BYTES else {}),
+        **({"compress": compression_label(compression)} if compression else {}),
     )
     started = time.perf_counter()
     location.makedirs()
@@ -573,7 +594,8 @@ def convert(
         classification = source.sample_type == "classification"
         with pixel_limit(max_image_pixels):  # images past it are skipped, and take no room
             estimate = estimate_output_bytes(source, decode, resize, size,
-                                             stored_bytes=lambda s: fmt.sample_bytes(s, classification))
+                                             stored_bytes=lambda s: fmt.sample_bytes(s, classification,
+                                                                                     bool(compression)))
         if not force and not location.remote:  # each shard also has a fixed part (a tar's end, HDF5 headers)
             shards_at_least = -(-len(source.samples) // samples_per_shard)
             _check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * fmt.overhead,
@@ -582,6 +604,8 @@ def convert(
                           "decoder": decoder_name, **resampling, **shrink, **fmt.writer_options(source)}
         if max_sample_bytes != MAX_SAMPLE_BYTES:  # the default left out: earlier outputs' specs still match
             format_options["max_sample_bytes"] = max_sample_bytes or 0
+        if compression:  # likewise: in the spec digest only when given
+            format_options["compress"] = compression
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes and estimate.bytes else 1.0
         shuffled = resolve_order(order, fmt, source) == "shuffled"
         positions = shuffled_order(len(source.samples), seed) if shuffled else None
@@ -593,7 +617,7 @@ def convert(
 
         keep = {name for r in results for name in fmt.files_of(r.entry)}
         remove_stale(location, prefix, keep, Owned(location, owned.token))  # read again: the writers added
-        manifest = build_manifest(src_abs, source, format, results, options, decode)
+        manifest = build_manifest(src_abs, source, format, results, options, decode, compression)
         if shuffled or source.positions is not None:  # before the manifest, which names it: a kill in between
             # leaves no finished output
             manifest.order = _save_order(location, results)
@@ -642,9 +666,10 @@ def _skip_entry(path: str, s: Skipped) -> Dict[str, Any]:
 
 
 def build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult],
-                   options: Dict[str, Any], decoded: bool) -> Manifest:
+                   options: Dict[str, Any], decoded: bool, compression: Optional[Dict[str, Any]] = None) -> Manifest:
     """The manifest of the shards ``results`` written from ``source`` (at ``url``): every input
-    accounted for (written or skipped), or a RuntimeError."""
+    accounted for (written or skipped), or a RuntimeError. ``compression``: the ``--compress``
+    setting, recorded with the fields the shards store compressed."""
     listed = [_skip_entry(escape_path(s.path), s) for s in source.skipped]
     for r in results:
         listed.extend(_skip_entry(s.path, s) for s in r.skipped)
@@ -676,4 +701,7 @@ def build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult
         options=options,
         created_by=f"dsconvert {__version__}",
         stored="decoded" if decoded else "encoded",
+        compression=None if compression is None else {
+            "codec": compression["codec"], "level": compression["level"],
+            "fields": sorted({f for r in results for f in r.compressed})},
     )

@@ -27,13 +27,19 @@ Schema version 1::
       "accounting": {"files_seen": 1236, "files_written": 1234, "files_skipped": 2,
                      "files_ignored": 1},
       "options": {...},                     # the options that shaped the output
-      "order": {"name": "dsconvert.order.npy", "bytes": 1234, "sha256": "..."}
+      "order": {"name": "dsconvert.order.npy", "bytes": 1234, "sha256": "..."},
+      "compression": {"codec": "zstd", "level": 3, "fields": ["json", "npy"]}
     }
 
 ``order`` is null when the shards hold the samples in the source's order. Otherwise they hold
 a seeded shuffle of it (``dsconvert shard --order``), and the named file, a ``.npy`` int64
 array of ``num_samples``, gives for the i-th sample in source order its position in the shards
 (shard by shard, in manifest order): how random access returns ImageFolder's sample i.
+
+``compression`` is absent unless the output was written with ``--compress``: then it names the
+codec, its level and the fields stored compressed (wds members ``<key>.<field>.zst``; each
+shard's record says which column holds which field, and each member's size decompressed).
+Readers decompress them and give the fields under their own names.
 
 Paths in ``skipped``/``ignored`` are relative to the source root, escaped with
 :func:`dsconvert.keys.escape_path` (only ``%`` and non-UTF-8 bytes) so the file is strict JSON.
@@ -92,6 +98,8 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     # shuffled outputs: {"name", "bytes", "sha256"} of the order file (module doc); None: source order
     order: Optional[Dict[str, Any]] = None
+    # written with --compress: {"codec", "level", "fields": [the fields stored compressed]}; None: none
+    compression: Optional[Dict[str, Any]] = None
 
     def identity(self) -> str:
         """A short digest of what the dataset holds (each shard's sha256 and sample count, the
@@ -106,8 +114,9 @@ class Manifest:
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
-        if d["order"] is None:  # source order: the field is left out, as before it existed
-            d.pop("order")
+        for name in ("order", "compression"):  # left out when unused, as before they existed
+            if d[name] is None:
+                d.pop(name)
         if self.classes is not None:  # folder names may hold undecodable bytes
             d["classes"] = [escape_path(c) for c in self.classes]
         # schema_version first: a reader of any version finds it at a glance
@@ -178,6 +187,11 @@ class Manifest:
                                  and is_int(order.get("bytes")) and order["bytes"] >= 0
                                  and is_sha256(order.get("sha256"))),
                where, "order", f'null or {{"name": "{ORDER_NAME}", "bytes", "sha256"}}')
+        compression = d.get("compression")
+        expect(compression is None or (isinstance(compression, dict) and isinstance(compression.get("codec"), str)
+                                       and is_int(compression.get("level"))
+                                       and is_str_list(compression.get("fields"))),
+               where, "compression", 'null or {"codec", "level", "fields": [names]}')
         return cls(
             format=d["format"],
             source=d["source"],
@@ -194,6 +208,7 @@ class Manifest:
             stored=d.get("stored", "encoded"),
             schema_version=version,
             order=order,
+            compression=compression,
         )
 
     def save(self, out_dir: Union[str, Location]) -> str:

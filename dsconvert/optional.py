@@ -29,6 +29,7 @@ INSTALL_HINTS = {
     "skimage.data": "pip install 'dsconvert[demo]'",
     "matplotlib": "pip install 'dsconvert[report]'",
     "distributed": "pip install 'dsconvert[dask]'",
+    "zstandard": "pip install 'dsconvert[zstd]'",
 }
 
 

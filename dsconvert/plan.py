@@ -69,6 +69,7 @@ class ShardResult:
     files_written: int = 0
     resumed: bool = False
     positions: Optional[List[int]] = None  # source positions of the written samples (shuffled order)
+    compressed: List[str] = field(default_factory=list)  # the fields stored compressed (--compress)
 
 
 def plan_shards(

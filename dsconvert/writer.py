@@ -55,7 +55,14 @@ from typing import (
 
 import numpy as np
 
-from .codecs import PICKLE_EXTENSIONS, field_kind, resolve_decoder
+from .codecs import (
+    PICKLE_EXTENSIONS,
+    compression_label,
+    field_kind,
+    parse_compression,
+    require_codec,
+    resolve_decoder,
+)
 from .convert import (
     ConvertResult,
     build_manifest,
@@ -237,7 +244,12 @@ def _kind_error(key: str, fields: Iterable[str], requested: str) -> BadInputErro
 
 
 def _format_options(fmt: Type[Format], decode: bool, classes: Optional[List[str]], quality: int,
-                    sample_type: str) -> Tuple[bool, Dict[str, Any]]:
+                    sample_type: str, compression: Optional[Dict[str, Any]] = None) -> Tuple[bool, Dict[str, Any]]:
+    if compression is not None:
+        if not fmt.compresses_fields:
+            raise OptionError(f"compress applies to {', '.join(f for f in FORMATS if get(f).compresses_fields)} "
+                              f"outputs: {fmt.id} holds images and labels only, which are not compressed")
+        require_codec(compression)
     decode = bool(decode) or fmt.pixels == "always"
     if decode and fmt.pixels == "never":
         raise OptionError(f"decode=True needs a format that stores pixels "
@@ -248,7 +260,7 @@ def _format_options(fmt: Type[Format], decode: bool, classes: Optional[List[str]
     decoder = resolve_decoder("auto") if decode else None
     source = Source("", "auto", [], classes=list(classes) if classes is not None else None)
     return decode, {"decode": decode, "resize": None, "size": None, "decoder": decoder, "quality": quality,
-                    **fmt.writer_options(source)}
+                    **fmt.writer_options(source), **({"compress": compression} if compression else {})}
 
 
 def _check_common(format: str, sample_type: str, quality: int, prefix: str, samples_per_shard: int) -> Type[Format]:
@@ -284,13 +296,13 @@ def _open_output(location: Location, overwrite: bool, options: Dict[str, Any], u
 
 def _finish(location: Location, fmt: Type[Format], prefix: str, owned: Owned, url: str, sample_type: str,
             classes: Optional[List[str]], inputs: List[Sample], results: List[ShardResult],
-            options: Dict[str, Any], decoded: bool) -> Manifest:
+            options: Dict[str, Any], decoded: bool, compression: Optional[Dict[str, Any]] = None) -> Manifest:
     """Remove what an earlier run left that this one did not write; then the manifest."""
     _check_unique_keys(location, fmt, results)
     keep = {name for r in results for name in fmt.files_of(r.entry)}
     remove_stale(location, prefix, keep, Owned(location, owned.token))
     source = Source("", "auto", inputs, classes=classes, labelled=sample_type == "classification")
-    manifest = build_manifest(url, source, fmt.id, results, options, decoded)
+    manifest = build_manifest(url, source, fmt.id, results, options, decoded, compression)
     manifest.save(location)
     return manifest
 
@@ -388,16 +400,20 @@ class Writer:
     block leaves no manifest: the output is unfinished, and the next Writer on it replaces what
     it holds. Values are encoded as :func:`encode_fields` says; ``sample_type`` and the rules
     for keys are in the module doc. ``classes``: class names for (image, label) outputs.
-    ``decode``: hdf5 stores decoded pixels (npy always does). Returns nothing; ``manifest``
+    ``decode``: hdf5 stores decoded pixels (npy always does). ``compress``: ``"zstd"`` or
+    ``"zstd:LEVEL"`` stores a wds output's non-image fields zstd-compressed (as
+    :func:`dsconvert.convert` does). Returns nothing; ``manifest``
     holds the result after the block.
     """
 
     def __init__(self, out: str, format: str = "wds", *, samples_per_shard: int = 10000,
                  shard_size: Union[int, str] = "1GB", sample_type: str = "auto", classes: Optional[List[str]] = None,
                  quality: int = QUALITY, decode: bool = False, prefix: str = "shard", overwrite: bool = False,
-                 storage_options: Optional[Dict[str, Any]] = None):
+                 storage_options: Optional[Dict[str, Any]] = None, compress: Optional[str] = None):
         self.fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard)
-        self.decoded, self.format_options = _format_options(self.fmt, decode, classes, quality, sample_type)
+        self.compression = parse_compression(compress)
+        self.decoded, self.format_options = _format_options(self.fmt, decode, classes, quality, sample_type,
+                                                            self.compression)
         self.out = local_form(out)
         self.samples_per_shard = samples_per_shard
         self.shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
@@ -419,7 +435,8 @@ class Writer:
         self._shard_nbytes = 0
         self._options = {"writer": "Writer", "format": format, "samples_per_shard": samples_per_shard,
                          "shard_size": self.shard_bytes, "prefix": prefix, "sample_type": sample_type,
-                         "quality": quality, "decode": self.decoded}
+                         "quality": quality, "decode": self.decoded,
+                         **({"compress": compression_label(self.compression)} if self.compression else {})}
 
     def __enter__(self) -> Writer:
         self.open()
@@ -476,7 +493,7 @@ class Writer:
         written, data = _as_written(key, fields, label, self.sample_type, key)
         # bytes in the shard, each field a member (a tar's headers and padding counted)
         size = self.fmt.sample_bytes(Sample(key, tuple(SourceFile(n, "", len(v), 0) for n, v in data.items())),
-                                     self.sample_type == "classification")
+                                     self.sample_type == "classification", bool(self.compression))
         if self._shard is not None and (self._shard_count + 1 > self.samples_per_shard
                                         or self._shard_nbytes + size > max(1, self.shard_bytes - self.fmt.overhead)):
             self._results.append(self._shard.finish())
@@ -516,7 +533,7 @@ class Writer:
             sample_type = self.sample_type or ("classification" if not self.fmt.any_samples else "dict")
             self.manifest = _finish(self.location, self.fmt, self.prefix, self.owned, "python:dsconvert.Writer",
                                     sample_type, self.classes, self._inputs, self._results, self._options,
-                                    self.decoded)
+                                    self.decoded, self.compression)
         except BaseException:
             self._abort()
             raise
@@ -604,7 +621,8 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
              workers: Optional[int] = None, executor: Optional[cf.Executor] = None, samples_per_shard: int = 10000,
              min_shards: int = MIN_SHARDS, sample_type: str = "auto", classes: Optional[List[str]] = None,
              quality: int = QUALITY, decode: bool = False, prefix: str = "shard", overwrite: bool = False,
-             progress: bool = False, storage_options: Optional[Dict[str, Any]] = None) -> ConvertResult:
+             progress: bool = False, storage_options: Optional[Dict[str, Any]] = None,
+             compress: Optional[str] = None) -> ConvertResult:
     """Run ``fn`` over ``inputs`` in parallel and write what it returns into one output at
     ``out``, as LitData's ``optimize`` does; see the module doc.
 
@@ -614,15 +632,16 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
     ``min_shards``), written by ``workers`` processes (default: the CPUs) or on ``executor`` (a
     ``dask.distributed`` client's, say): the same bytes for any. Started again after a kill, it
     keeps the finished shards of the same inputs and options and runs ``fn`` on the rest only;
-    after a finished run, it returns the output as it is (``already_complete``). Returns a
-    :class:`dsconvert.ConvertResult`.
+    after a finished run, it returns the output as it is (``already_complete``). ``compress``:
+    as :class:`Writer`'s. Returns a :class:`dsconvert.ConvertResult`.
     """
     if not callable(fn):
         raise OptionError(f"fn must be callable, not {type(fn).__name__}")
     fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard)
     if type(min_shards) is not int or min_shards < 1:
         raise OptionError(f"min_shards must be a positive int, not {min_shards!r}")
-    decoded, format_options = _format_options(fmt, decode, classes, quality, sample_type)
+    compression = parse_compression(compress)
+    decoded, format_options = _format_options(fmt, decode, classes, quality, sample_type, compression)
     items = list(inputs)
     workers = available_cpus() if workers is None else max(1, int(workers))
     name = _fn_name(fn)
@@ -630,7 +649,8 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
     all_inputs = hashlib.sha256("".join(prints).encode()).hexdigest()
     options = {"writer": "optimize", "fn": name, "inputs": len(items), "inputs_sha256": all_inputs, "format": format,
                "samples_per_shard": samples_per_shard, "min_shards": min_shards, "prefix": prefix,
-               "sample_type": sample_type, "quality": quality, "decode": decoded}
+               "sample_type": sample_type, "quality": quality, "decode": decoded,
+               **({"compress": compression_label(compression)} if compression else {})}
     url = f"python:{name}"
     placeholders = [Sample(f"{i:0{KEY_DIGITS}d}", (SourceFile("input", _input_path(i), 0, 0),))
                     for i in range(len(items))]
@@ -664,7 +684,7 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
                                            else "dict")
         results = [r for _, r in done]
         manifest = _finish(location, fmt, prefix, owned, url, final, list(classes) if classes is not None else None,
-                           placeholders, results, options, decoded)
+                           placeholders, results, options, decoded, compression)
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, location.url, False, len(results) - resumed, resumed,
                          time.perf_counter() - started, workers if executor is None else 0)

@@ -8,11 +8,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from ..codecs import parse_hw
+from ..codecs import parse_compression, parse_hw
+from ..errors import OptionError
 from ..plan import parse_size
 
-__all__ = ["quality", "positive_int", "path_arg", "finite", "positive_float", "seconds", "byte_size", "byte_limit",
-           "int_list", "option", "quiet_option", "json_option", "storage_options", "height_width", "Shared"]
+__all__ = ["quality", "compression", "positive_int", "path_arg", "finite", "positive_float", "seconds", "byte_size",
+           "byte_limit", "int_list", "option", "quiet_option", "json_option", "storage_options", "height_width",
+           "Shared"]
 
 
 def quality(text: str) -> int:
@@ -20,6 +22,15 @@ def quality(text: str) -> int:
     if value > 100:
         raise argparse.ArgumentTypeError(f"quality must be within 1..100, not {value}")
     return value
+
+
+def compression(text: str) -> str:
+    """``zstd`` or ``zstd:LEVEL``: a usage error naming the form when not."""
+    try:
+        parse_compression(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("compress must", "expected", 1)) from None
+    return text
 
 
 def positive_int(text: str) -> int:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .. import skips
+from ..codecs import SUFFIX
 from ..io.location import parse_storage_options
 from ..manifest import Manifest
 from ..units import format_size
@@ -49,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
               f"quality {m.options.get('quality')})")
     print(f"shards:      {len(m.shards)}, {format_size(total)}")
     print(f"fields:      {', '.join(f'{k} ({v})' for k, v in m.fields.items()) or 'none'}")
+    if m.compression is not None:
+        c = m.compression
+        print(f"compressed:  {c['codec']} level {c['level']}: {', '.join(c['fields']) or 'no field'} "
+              f"(members KEY.FIELD.{SUFFIX}; read back decompressed)")
     if m.classes is not None:
         shown = ", ".join(m.classes[:8]) + (", ..." if len(m.classes) > 8 else "")
         print(f"classes:     {len(m.classes)}: {shown}")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..codecs import DECODERS
+from ..codecs import DECODERS, DEFAULT_LEVEL, MAX_LEVEL
 from ..convert import EXIT_SKIPPED, convert
 from ..formats import FORMATS
 from ..io.location import parse_storage_options
@@ -18,6 +18,7 @@ from .args import (
     Shared,
     byte_limit,
     byte_size,
+    compression,
     height_width,
     path_arg,
     positive_int,
@@ -95,6 +96,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared:
                    "training never decodes pixels it throws away (JPEG at --quality; PNG, WebP lossless)")
     e.add_argument("--quality", type=quality, default=90, metavar="Q",
                    help="JPEG quality of images re-encoded by --max-size (default: %(default)s, as FFCV)")
+    e.add_argument("--compress", type=compression, default=None, metavar="zstd[:LEVEL]",
+                   help=f"wds: store every non-image field (npy, json, txt...; not images, labels or files "
+                   f"compressed already) zstd-compressed, as member KEY.FIELD.zst, at LEVEL 1..{MAX_LEVEL} "
+                   f"(default: {DEFAULT_LEVEL}); dsconvert's readers decompress them (pip install 'dsconvert[zstd]')")
     d = p.add_argument_group("decoded outputs (--format npy, or hdf5 with --decode)")
     d.add_argument("--decode", action="store_true",
                    help="hdf5: store decoded RGB pixels instead of the encoded bytes")
@@ -133,6 +138,7 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
         resize=args.resize, size=args.size, decoder=args.decoder, force=args.force,
         max_size=args.max_size, quality=args.quality, min_shards=args.min_shards, progress=not args.quiet,
         storage_options=parse_storage_options(args.storage_option), executor=executor, order=args.order, seed=args.seed,
+        compress=args.compress,
     )
     m = result.manifest
     if not args.quiet:

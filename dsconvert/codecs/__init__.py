@@ -11,8 +11,9 @@ path gives the RGB image that ``PIL.Image.open(f).convert("RGB")`` gives. ``deco
 also decodes regions (:func:`region_decode`) through dsconvert's own libjpeg extension.
 
 The package, by layer: :mod:`.fields` (what a field is) and :mod:`.npy` at the bottom;
-:mod:`.checks` (pixel limit, decoder policy, input checks); :mod:`.jpeg` (the decoder
-chain); :mod:`.decode` (fields and images when reading) and :mod:`.resize` (decoded caches).
+:mod:`.compress` (zstd-compressed fields, ``--compress``); :mod:`.checks` (pixel limit,
+decoder policy, input checks); :mod:`.jpeg` (the decoder chain); :mod:`.decode` (fields and
+images when reading) and :mod:`.resize` (decoded caches).
 The submodules import each other, never this package; the size arithmetic lives in
 :mod:`dsconvert.geometry`. Every public name is handed on here.
 """
@@ -30,6 +31,22 @@ from .checks import (
     pil_rgb,
     pixel_limit,
     refuse_unverifiable,
+)
+from .compress import (
+    ALREADY_COMPRESSED,
+    CODECS,
+    DEFAULT_LEVEL,
+    MAX_LEVEL,
+    SUFFIX,
+    Compressor,
+    codec_version,
+    compressed_bound,
+    compression_label,
+    decompress_field,
+    is_compressible,
+    parse_compression,
+    require_codec,
+    stored_name,
 )
 from .decode import (
     PILLOW_DECODE_ERRORS,
@@ -72,6 +89,9 @@ __all__ = [
     "jpeg_decoders", "FastJpeg", "DECODERS", "resolve_decoder", "decode_rgb", "fast_decode", "region_decode",
     "Region", "REGION_EDGE",
     "load_npy", "NPY_HEADER_ERRORS",
+    "CODECS", "DEFAULT_LEVEL", "MAX_LEVEL", "SUFFIX", "ALREADY_COMPRESSED", "parse_compression", "compression_label",
+    "require_codec", "is_compressible", "stored_name", "compressed_bound", "codec_version", "Compressor",
+    "decompress_field",
     "as_buffer", "decode_image", "decode_field", "decode_errors_naming", "PILLOW_DECODE_ERRORS", "image_size",
     "RESAMPLERS", "resolve_resampler", "decode_resized", "bilinear", "nchw_view",
     "resized_shape", "scaled_eighths", "parse_hw",

@@ -184,7 +184,9 @@ class ShardRecord:
                            dict(sorted(parts.items())))
         skipped = [Skipped(s["path"], s["reason"], skips.count_of(s)) for s in d["skipped"]]
         files = sum(len(s) for s in d["sources"])
-        return ShardResult(entry, skipped, dict(d["fields"]), files, positions=d.get("positions"))
+        compressed = sorted(set(d.get("compression", {}).get("fields", {}).values()))
+        return ShardResult(entry, skipped, dict(d["fields"]), files, positions=d.get("positions"),
+                           compressed=compressed)
 
 
 def _pairs_of_ints(stats: List[List[Any]]) -> bool:
@@ -329,6 +331,9 @@ class Format(ABC):
     overhead: ClassVar[int] = 0  # bytes a shard has beyond its samples, for planning by size
     pixels: ClassVar[str] = "never"  # decoded pixels: "never", "optional" (--decode) or "always"
     any_samples: ClassVar[bool] = False  # holds dict samples too (not only (image, label))
+    # stores non-image fields zstd-compressed with --compress (dsconvert.codecs.compress); formats
+    # that hold (image, label) samples only have no such field
+    compresses_fields: ClassVar[bool] = False
     iterable: ClassVar[bool] = False  # read as a stream of shards (True: its ShardReader has spans) or by index
     local_only: ClassVar[bool] = False  # read from local files only (memory-mapped): remote needs a cache
     # libhdf5 (2.0) segfaults when it frees a file whose write failed (a full disk): such
@@ -362,8 +367,9 @@ class Format(ABC):
     # --- writing ------------------------------------------------------------------------
 
     @classmethod
-    def sample_bytes(cls, sample: Sample, classification: bool) -> int:
-        """Bytes ``sample`` takes in a shard (an upper bound), encoded."""
+    def sample_bytes(cls, sample: Sample, classification: bool, compressed: bool = False) -> int:
+        """Bytes ``sample`` takes in a shard (an upper bound), encoded (``compressed``: with its
+        compressible fields compressed, where the format compresses fields)."""
         return sample.nbytes
 
     @classmethod

@@ -11,6 +11,11 @@ Byte layout of one output folder::
     shard-000000.index.json   the shard's index (written after the tar is complete, so its
                               presence marks a finished shard): keys, labels, source paths,
                               and for each field the data offset and size of every member.
+                              With ``--compress zstd``, non-image fields are stored as members
+                              ``<key>.<field>.zst`` (:mod:`dsconvert.codecs.compress`): their
+                              columns are named ``<field>.zst`` as the tar names them, with
+                              ``raw_size`` (the field's size decompressed) beside ``size``, and
+                              ``compression`` maps each such column to its field.
     dsconvert.json            the manifest (dsconvert.manifest), written last.
 
 Keys are encoded (dsconvert.keys) so that ``webdataset.WebDataset``, which splits member
@@ -41,7 +46,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from ..codecs import encode_class
+from ..codecs import (
+    Compressor,
+    codec_version,
+    compressed_bound,
+    decompress_field,
+    encode_class,
+    is_compressible,
+    stored_name,
+)
 from ..errors import ManifestError
 from ..io.localfs import SizeBoundedFile, regular_size
 from ..io.location import Location
@@ -122,9 +135,15 @@ def _tar_member_bytes(name: str, size: int) -> int:
     return header + -(-size // 512) * 512
 
 
-def sample_tar_bytes(sample: Sample, with_cls: bool) -> int:
-    """Bytes a sample takes in a tar shard (an upper bound)."""
-    total = sum(_tar_member_bytes(f"{sample.key}.{f.field}", f.size) for f in sample.files)
+def sample_tar_bytes(sample: Sample, with_cls: bool, compressed: bool = False) -> int:
+    """Bytes a sample takes in a tar shard (an upper bound); ``compressed``: its compressible
+    fields zstd-compressed (bounded by libzstd's worst case, not compressed to measure)."""
+    total = 0
+    for f in sample.files:
+        if compressed and is_compressible(f.field):
+            total += _tar_member_bytes(f"{sample.key}.{stored_name(f.field)}", compressed_bound(f.size))
+        else:
+            total += _tar_member_bytes(f"{sample.key}.{f.field}", f.size)
     return total + (_tar_member_bytes(f"{sample.key}.cls", 8) if with_cls else 0)
 
 
@@ -135,16 +154,24 @@ class _TarSink(Sink):
         self.hashing = _HashingFile(file)
         self.tf = tarfile.TarFile(fileobj=self.hashing, mode="w", format=tarfile.PAX_FORMAT)
         self.classification = spec.sample_type == "classification"
-        self.members: List[Tuple[str, int, int, int]] = []  # (field, offset, size, sample) per member
+        # (member's field, offset, size, sample, size before compression or -1) per member
+        self.members: List[Tuple[str, int, int, int, int]] = []
         self.count = 0
+        self.compression: Optional[Dict[str, Any]] = spec.options.get("compress")
+        self.compressor = Compressor(self.compression) if self.compression else None
+        self.packed: Dict[str, str] = {}  # compressed member's field -> the field (json.zst -> json)
 
     def add(self, sample: Sample, data: Dict[str, bytes]) -> Dict[str, bytes]:
         if self.classification:
             assert sample.label is not None  # a classification source labels every sample
             data["cls"] = encode_class(sample.label)
         for name in sorted(data):
-            offset, size = _add_member(self.tf, f"{sample.key}.{name}", data[name])
-            self.members.append((name, offset, size, self.count))
+            member, payload, raw = name, data[name], -1
+            if self.compressor is not None and is_compressible(name):
+                member, payload, raw = stored_name(name), self.compressor.compress(payload), len(payload)
+                self.packed[member] = name
+            offset, size = _add_member(self.tf, f"{sample.key}.{member}", payload)
+            self.members.append((member, offset, size, self.count, raw))
         self.count += 1
         return data
 
@@ -152,11 +179,17 @@ class _TarSink(Sink):
         self.tf.close()
         self.sha256 = self.hashing.sha256.hexdigest()
         columns: Dict[str, Dict[str, List[int]]] = {}
-        for name, offset, size, i in self.members:
+        for name, offset, size, i, raw in self.members:
             col = columns.setdefault(name, {"offset": [-1] * self.count, "size": [-1] * self.count})
             col["offset"][i] = offset
             col["size"][i] = size
-        return {"members": dict(sorted(columns.items()))}
+            if name in self.packed:
+                col.setdefault("raw_size", [-1] * self.count)[i] = raw
+        extra: Dict[str, Any] = {"members": dict(sorted(columns.items()))}
+        if self.compression:
+            extra["compression"] = {**self.compression, "library": codec_version(),
+                                    "fields": dict(sorted(self.packed.items()))}
+        return extra
 
 
 def _unsafe_name(name: str) -> bool:
@@ -238,6 +271,11 @@ class WdsShard(ShardReader):
             if offsets and (max(map(operator.add, offsets, sizes)) > self.size or max(sizes) > max_member_bytes
                             or min(offsets) < -1 or min(sizes) < -1):
                 raise ManifestError(f"{access.url_of(entry.name)}: index points outside the shard", self.path)
+        self.max_member_bytes = max_member_bytes
+        # compressed columns: member's field -> (the field, sizes decompressed), read back by fields()
+        self.packed: Dict[str, Tuple[str, List[int]]] = {
+            member: (field, index.d["members"][member]["raw_size"])
+            for member, field in index.d.get("compression", {}).get("fields", {}).items()}
         self.source: Any = None
         self._whole: Optional[np.ndarray] = None  # the mapped shard, for views (decode="buffer")
 
@@ -270,7 +308,21 @@ class WdsShard(ShardReader):
                 self.prepare(0, len(self.keys), False)
             source = self.source
         get = source.get
-        return {name: get(o[j], s[j]) for name, o, s in self.columns if o[j] >= 0}
+        stored = {name: get(o[j], s[j]) for name, o, s in self.columns if o[j] >= 0}
+        return self._unpacked(stored, j) if self.packed else stored
+
+    def _unpacked(self, stored: Dict[str, Any], j: int) -> Dict[str, bytes]:
+        """Sample j's fields with the compressed ones decompressed under their own names, in
+        field order (as the output without compression gives them)."""
+        out: Dict[str, Any] = {}
+        for name, data in stored.items():
+            packed = self.packed.get(name)
+            if packed is None:
+                out[name] = data
+            else:
+                field, raw = packed
+                out[field] = decompress_field(data, raw[j], self.max_member_bytes)
+        return dict(sorted(out.items()))
 
     def sample_bytes(self, j: int, image_only: bool) -> int:
         """Bytes read for sample j (its image, or every member)."""
@@ -365,9 +417,11 @@ class Wds(Format):
     any_samples = True
     iterable = True
 
+    compresses_fields = True
+
     @classmethod
-    def sample_bytes(cls, sample: Sample, classification: bool) -> int:
-        return sample_tar_bytes(sample, classification)
+    def sample_bytes(cls, sample: Sample, classification: bool, compressed: bool = False) -> int:
+        return sample_tar_bytes(sample, classification, compressed)
 
     @classmethod
     def open_sink(cls, spec: ShardSpec, file: Any, path: str) -> Sink:
@@ -386,6 +440,17 @@ class Wds(Format):
             for part in ("offset", "size"):
                 values = col.get(part) if isinstance(col, dict) else None
                 expect(is_int_list(values, n, -1), path, f"members.{name}.{part}", f"a list of {n} integers >= -1")
+        compression: Any = record.d.get("compression")
+        if compression is not None:
+            packed = compression.get("fields") if isinstance(compression, dict) else None
+            if not isinstance(packed, dict) or compression.get("codec") != "zstd":
+                expect(False, path, "compression", 'an object {"codec": "zstd", "fields": {"<field>.zst": "<field>"}}')
+                return record
+            for member, field in packed.items():
+                expect(isinstance(field, str) and member == stored_name(field) and member in members, path,
+                       f"compression.fields.{member}", "a field whose compressed column is in members")
+                expect(is_int_list(members[member].get("raw_size"), n, -1), path, f"members.{member}.raw_size",
+                       f"a list of {n} integers >= -1")
         return record
 
     @classmethod

@@ -53,11 +53,12 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
         mtime = mtime_ns_of(access.location.fs.info(access.location.path(entry.name)))
         members = record.d.get("members")
         stats = record.d.get("stats")
+        packed = record.d.get("compression", {}).get("fields", {})  # wds --compress: json.zst holds json
         per_sample = entry.bytes // max(1, entry.num_samples)
         for j, key in enumerate(record.keys):
-            if members is not None:  # wds: every member's exact size
-                have = [(f, col["size"][j]) for f, col in members.items() if col["offset"][j] >= 0
-                        and not (classification and f == "cls")]
+            if members is not None:  # wds: every member's exact size (a compressed one's decompressed)
+                have = [(packed.get(f, f), col["raw_size"][j] if f in packed else col["size"][j])
+                        for f, col in members.items() if col["offset"][j] >= 0 and not (classification and f == "cls")]
             else:
                 size = sum(s for s, _ in stats[j]) if stats else per_sample
                 have = [(image_field, size)]
