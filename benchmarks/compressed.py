@@ -25,7 +25,6 @@ import random
 import shutil
 import subprocess
 import tempfile
-import time
 from typing import Any, Callable, Dict, List
 
 from benchmarks.common import fmt_spread, header, interleaved, meta, spread

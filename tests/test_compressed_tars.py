@@ -14,25 +14,18 @@ import tarfile
 import textwrap
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import dsconvert.io.decompress as decompress
 from dsconvert import convert, open_dataset
-from dsconvert.io.decompress import DecompressedBytes, compression_of
+from dsconvert.io.decompress import DecompressedBytes
 from dsconvert.source import scan
 
-from conftest import crop, encode
+from conftest import jpeg_crops
 
 wds = pytest.importorskip("webdataset")
 
 CLASSES = ["cat", "dog", "eel"]
-
-
-def _jpegs(photos, n, seed=0):
-    rng = random.Random(seed)
-    names = sorted(photos)
-    return [encode(crop(photos[names[i % len(names)]], rng, (40 + i % 7, 32))) for i in range(n)]
 
 
 @pytest.fixture
@@ -41,7 +34,7 @@ def gz_shards(tmp_path, photos):
     folder = tmp_path / "gz"
     folder.mkdir()
     with wds.ShardWriter(str(folder / "train-%06d.tar.gz"), maxcount=15, compress=True, verbose=0) as sink:
-        for i, jpg in enumerate(_jpegs(photos, 45)):
+        for i, jpg in enumerate(jpeg_crops(photos, 45)):
             sink.write({"__key__": f"{i:09d}", "jpg": jpg, "cls": i % 3, "txt": f"caption {i}",
                         "json": {"label": CLASSES[i % 3], "i": i}})
     return str(folder)
@@ -57,7 +50,7 @@ def _gnu_tars(tmp_path, photos, flag, suffix):
     """Two tars by GNU tar, compressed by its own ``flag`` (-z, --zstd, -j, -J)."""
     out = tmp_path / f"gnu{suffix.replace('.', '-')}"
     out.mkdir()
-    jpegs = _jpegs(photos, 12, seed=1)
+    jpegs = jpeg_crops(photos, 12, seed=1)
     for t in range(2):
         src = tmp_path / f"files{suffix}{t}"
         (src / "part").mkdir(parents=True)
@@ -290,7 +283,7 @@ def test_a_changed_tar_gz_is_indexed_again(gz_shards, photos):
     last = sorted(glob.glob(os.path.join(gz_shards, "*.tar.gz")))[-1]
     with wds.ShardWriter(last.replace("000002", "%06d"), maxcount=100, compress=True, verbose=0,
                          start_shard=2) as sink:
-        for i, jpg in enumerate(_jpegs(photos, 4, seed=9)):
+        for i, jpg in enumerate(jpeg_crops(photos, 4, seed=9)):
             sink.write({"__key__": f"new{i}", "jpg": jpg, "cls": 0})
     again = open_dataset(gz_shards, decode="raw")
     assert len(again) == 34 and [s["__key__"] for s in again][-4:] == [f"new{i}" for i in range(4)]
