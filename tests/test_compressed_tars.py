@@ -209,6 +209,142 @@ def test_corrupt_compressed_bytes_are_a_reason_not_a_crash(gz_shards, tmp_path):
     assert acc["files_seen"] == acc["files_written"] + acc["files_skipped"]
 
 
+def _plain_tar(tmp_path, n=12, size=3000):
+    """A plain tar of ``n`` samples (bin + cls) of ``size`` random bytes each, and its samples."""
+    buf = io.BytesIO()
+    rng = random.Random(5)
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for i in range(n):
+            text = " ".join(rng.choice(CLASSES) for _ in range(size // 8)).encode()  # compresses, as captions do
+            for field, data in (("bin", rng.randbytes(size // 2)), ("txt", text), ("cls", str(i % 2).encode())):
+                info = tarfile.TarInfo(f"{i:06d}.{field}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    path = tmp_path / "plain" / "x.tar"
+    path.parent.mkdir()
+    path.write_bytes(buf.getvalue())
+    return buf.getvalue(), webdataset_samples([str(path)])
+
+
+SUFFIX = {"gzip": ".tar.gz", "zstd": ".tar.zst", "bzip2": ".tar.bz2", "xz": ".tar.xz"}
+
+
+def _compress(kind, data):
+    import bz2
+    import gzip
+    import lzma
+
+    if kind == "zstd":
+        return pytest.importorskip("zstandard").ZstdCompressor(write_checksum=True).compress(data)
+    return {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress}[kind](data)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd", "bzip2", "xz"])
+def test_a_cut_stream_keeps_the_samples_before_the_cut_and_says_so(tmp_path, kind):
+    """Every compression: a stream cut at 90% keeps a prefix of the samples with a reason,
+    never silently fewer (zstandard's stream reader ends quietly at a cut frame)."""
+    raw, want = _plain_tar(tmp_path, n=60)
+    comp = _compress(kind, raw)
+    for tenths in range(1, 10):
+        folder = tmp_path / f"cut{tenths}"
+        folder.mkdir()
+        (folder / ("x" + SUFFIX[kind])).write_bytes(comp[: len(comp) * tenths // 10])
+        try:
+            source = scan(str(folder))
+        except Exception as exc:  # nothing readable at all: one line that says why
+            assert "truncated" in str(exc) or "ends before its end" in str(exc), exc
+            continue
+        keys = [s.key for s in source.samples]
+        assert keys == [w["__key__"] for w in want[: len(keys)]]
+        reasons = [s.reason for s in source.skipped]
+        assert any("truncated" in r or "ends before its end" in r for r in reasons), (tenths, reasons)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd", "bzip2", "xz"])
+def test_a_flipped_bit_never_gives_wrong_bytes(tmp_path, kind):
+    """A bit flipped anywhere in the compressed data: whatever the walk stops at (a damaged tar
+    header, a decoding error), every sample kept is byte-exact; the member of the stream that
+    fails its checksum is not trusted, even the bytes that decompress."""
+    raw, want = _plain_tar(tmp_path, n=150)  # a stream of several reads (a flip and its check in different ones)
+    comp = _compress(kind, raw)
+    rng = random.Random(kind)
+    for trial in range(20):
+        folder = tmp_path / f"flip{trial}"
+        folder.mkdir()
+        damaged = bytearray(comp)
+        at = rng.randrange(20, len(comp) - 20)
+        damaged[at] ^= 1 << rng.randrange(8)
+        (folder / ("x" + SUFFIX[kind])).write_bytes(bytes(damaged))
+        source = scan(str(folder))
+        if not source.samples:
+            continue
+        got = [dict(s) for s in open_dataset(str(folder), decode="raw")] if source.samples else []
+        by_key = {w["__key__"]: w for w in want}
+        for sample in got:
+            full = by_key[sample["__key__"]]
+            assert all(sample[f] == full[f] for f in sample if f != "__key__"), (kind, at, sample["__key__"])
+
+
+def test_skippable_frames_and_padding_are_valid_streams(tmp_path):
+    """pzstd writes a skippable frame first; xz allows zero padding after a stream; gzip and
+    xz streams may follow one another."""
+    import lzma
+    import struct
+
+    zstandard = pytest.importorskip("zstandard")
+    raw, want = _plain_tar(tmp_path)
+    cut = len(raw) // 2
+    files = {
+        "pzstd.tar.zst": struct.pack("<II", 0x184D2A50, 4) + b"abcd" + zstandard.ZstdCompressor().compress(raw),
+        "padded.tar.xz": lzma.compress(raw) + bytes(8),
+        "two.tar.xz": lzma.compress(raw[:cut]) + lzma.compress(raw[cut:]),
+        "frames.tar.zst": b"".join(zstandard.ZstdCompressor().compress(part) for part in (raw[:cut], raw[cut:])),
+    }
+    for name, data in files.items():
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        (folder / name).write_bytes(data)
+        assert [dict(s) for s in open_dataset(str(folder), decode="raw")] == want, name
+
+
+def test_a_forked_process_reads_a_stream_through_a_file_of_its_own(tmp_path):
+    """A process forked while the parent's stream is open, the parent reading on: the child's
+    reads are the tar's bytes (a descriptor shared across fork shares its offset)."""
+    import gzip
+
+    from dsconvert.inputs.tars import OpenTar
+    from dsconvert.io.location import Location
+
+    raw, _ = _plain_tar(tmp_path, n=150)
+    (tmp_path / "x.tar.gz").write_bytes(gzip.compress(raw))
+    tar = OpenTar(Location(str(tmp_path), flat=False), "x.tar.gz")
+    assert tar.read(1000, 5000) == raw[1000:6000]
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: waits until the parent has read on, then reads
+        os.read(go_r, 1)
+        spans = [(7000, 3000), (len(raw) // 2, 4096), (100, 50), (len(raw) - 5000, 5000)]
+        os._exit(0 if all(tar.read(o, n) == raw[o: o + n] for o, n in spans) else 1)
+    assert tar.read(len(raw) - 20000, 10000) == raw[len(raw) - 20000: len(raw) - 10000]
+    os.write(go_w, b"x")
+    assert os.waitpid(pid, 0)[1] == 0
+    tar.close()
+
+
+def test_a_forked_dataloader_reads_streams_the_parent_opened(gz_shards, torch):
+    """Workers forked after the parent read a sample (its stream open, at an offset) each read
+    through a file of their own: open_source and open_dataset alike."""
+    from dsconvert import open_source
+
+    want = {w["__key__"]: w["jpg"] for w in webdataset_samples(glob.glob(os.path.join(gz_shards, "*.tar.gz")))}
+    for ds in (open_source(gz_shards, decode="raw"), open_dataset(gz_shards, decode="raw")):
+        ds[7]  # the parent's stream is open, mid-file
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, collate_fn=list,
+                                             multiprocessing_context="fork")
+        got = {s["__key__"]: s["jpg"] for batch in loader for s in batch}
+        assert got == want
+
+
 BOMB = textwrap.dedent("""
     import gzip, io, os, sys, tarfile
     sys.path.insert(0, {root!r})
@@ -265,8 +401,10 @@ def test_any_span_of_any_stream_is_its_bytes(data):
         comp = gzip.compress(raw[:cut]) + b"\0" * rng.randrange(3) + gzip.compress(raw[cut:])
     else:
         comp = bz2.compress(raw)
-    saved = decompress.CHECKPOINT_EVERY, decompress.KEEP_BEHIND, decompress._CHUNK, decompress._PIECE
-    decompress.CHECKPOINT_EVERY, decompress.KEEP_BEHIND, decompress._CHUNK, decompress._PIECE = 4096, 2048, 512, 1024
+    saved = (decompress.CHECKPOINT_EVERY, decompress.KEEP_BEHIND, decompress._CHUNK, decompress._PIECE,
+             decompress.MAX_CHECKPOINTS)
+    (decompress.CHECKPOINT_EVERY, decompress.KEEP_BEHIND, decompress._CHUNK, decompress._PIECE,
+     decompress.MAX_CHECKPOINTS) = 4096, 2048, 512, 1024, data.draw(st.sampled_from([3, 1000]))
     try:
         src = DecompressedBytes(lambda: io.BytesIO(comp), "gzip" if kind.startswith("gzip") else kind)
         for _ in range(data.draw(st.integers(1, 12))):
@@ -274,7 +412,8 @@ def test_any_span_of_any_stream_is_its_bytes(data):
             n = data.draw(st.integers(0, 20000))
             assert src.read_at(offset, n) == raw[offset: offset + n]
     finally:
-        decompress.CHECKPOINT_EVERY, decompress.KEEP_BEHIND, decompress._CHUNK, decompress._PIECE = saved
+        (decompress.CHECKPOINT_EVERY, decompress.KEEP_BEHIND, decompress._CHUNK, decompress._PIECE,
+         decompress.MAX_CHECKPOINTS) = saved
 
 
 def test_a_changed_tar_gz_is_indexed_again(gz_shards, photos):

@@ -41,10 +41,8 @@ class OpenTar:
             st = os.fstat(self.fd)
             self.unchanged = mtime_ns is None or st.st_mtime_ns == mtime_ns
             head = os.pread(self.fd, 6, 0)
-            fd = self.fd
-
-            def opener() -> Any:  # the stream owns a descriptor of its own
-                return os.fdopen(os.dup(fd), "rb")
+            def opener() -> Any:  # a file of its own, with an offset of its own (never dup(): it shares the offset)
+                return open(path, "rb")
         kind = compression_of(head)
         if kind is not None:
             self.stream = DecompressedBytes(opener, kind, name)

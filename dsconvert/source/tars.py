@@ -39,6 +39,7 @@ from ..formats.base import part_of
 from ..formats.wds import Wds
 from ..io.decompress import (
     COMPRESSED_TAR_SUFFIXES,
+    CorruptStream,
     DecompressedBytes,
     DecompressedFile,
     compression_of,
@@ -145,6 +146,7 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
     fields: List[Dict[str, Tuple[int, int]]] = []
     skipped: List[Dict[str, str]] = []
     values: Optional[List[Any]] = [] if label is not None else None
+    corrupt: Optional[CorruptStream] = None  # compressed data that failed: what precedes its member is kept
 
     def skip(member: str, reason: str) -> None:
         skipped.append({"path": f"{name}/{escape_path(member)}", "reason": reason})
@@ -164,6 +166,7 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
             m = tf.next()
         except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
             skip("(rest of the tar)", f"unreadable after byte {tf.offset:,}: {exc}")
+            corrupt = exc if isinstance(exc, CorruptStream) else corrupt
             break
         tf.members = []  # keep no TarInfo per member: a tar may hold millions
         if m is None:
@@ -218,6 +221,7 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
             rest = _unread_after(f, tf.offset, size, TRAILING_ZEROS_READ if stream is not None else None)
         except BadInputError as exc:  # a compressed stream cut or damaged after the archive's last member
             skip("(rest of the tar)", exc.reason)
+            corrupt = exc if isinstance(exc, CorruptStream) else corrupt
             rest = 0
         if rest:
             skip("(rest of the tar)", f"truncated: the tar ends {rest:,} bytes into a header at byte {tf.offset:,}"
@@ -226,9 +230,20 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
                  "not read (tar tf says more)")
         elif bounded.overrun:
             skip("(rest of the tar)", f"truncated: the tar ends {bounded.overrun:,} bytes short of a header it began")
+    if stream is not None and corrupt is None and any(s["path"].endswith("/(rest of the tar)") for s in skipped):
+        # the walk stopped early (a damaged header?): the stream's checksum says whether what came before is sound
+        corrupt = stream.check_member(max(4 * stream.end, 256 << 20))
+        if corrupt is not None:
+            rest = next(s for s in skipped if s["path"].endswith("/(rest of the tar)"))
+            rest["reason"] += f"; and the {kind} stream fails its check: {corrupt.reason}"
     if stream is not None:  # what the stream held: members past its end were truncated
         size = stream.end
-        keys, fields, values = _within(size, keys, fields, values, skip, label[0] if label else None)
+        why = "truncated: its {:,} bytes run past the end of the decompressed tar"
+        if corrupt is not None:  # a checksum or the data failed: nothing of that member is trusted
+            size = min(size, corrupt.verified)
+            why = (f"in a damaged part of the {kind} stream (its bytes cannot be trusted, even those that "
+                   f"decompress): {corrupt.reason}")
+        keys, fields, values = _within(size, keys, fields, values, skip, label[0] if label else None, why)
     if label is not None and values is not None:
         missing = {"error": f"no {label[0]!r} member (--label {'.'.join([label[0], *label[1]])})"}
         values = [missing if v is None else v for v in values]
@@ -236,11 +251,11 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
 
 
 def _within(size: int, keys: List[str], fields: List[Dict[str, Tuple[int, int]]], values: Optional[List[Any]],
-            skip: Callable[[str, str], None], label_field: Optional[str]
+            skip: Callable[[str, str], None], label_field: Optional[str], why: str
             ) -> Tuple[List[str], List[Dict[str, Tuple[int, int]]], Optional[List[Any]]]:
-    """The samples with their members that end within a stream of ``size`` bytes; the others
-    skipped as truncated (a sample left with no member goes, and its label with it; a label
-    read from a truncated member is none)."""
+    """The samples with their members that end within the first ``size`` bytes of a stream;
+    the others skipped, ``why`` (formatted with the member's size) their reason (a sample left
+    with no member goes, and its label with it; a label read from a member skipped is none)."""
     out_keys: List[str] = []
     out_fields: List[Dict[str, Tuple[int, int]]] = []
     out_values: Optional[List[Any]] = [] if values is not None else None
@@ -248,9 +263,9 @@ def _within(size: int, keys: List[str], fields: List[Dict[str, Tuple[int, int]]]
         kept = {}
         for ext, (offset, n) in sample.items():
             if offset + n > size:
-                skip(f"{key}.{ext}", f"truncated: its {n:,} bytes run past the end of the decompressed tar")
+                skip(f"{key}.{ext}", why.format(n))
                 if ext == label_field and values is not None:
-                    values[i] = {"error": "the label member is truncated"}
+                    values[i] = {"error": "the label member is not read: " + why.format(n)}
             else:
                 kept[ext] = (offset, n)
         if kept:
