@@ -24,6 +24,7 @@ SUITES = {
     "wds": "conversion and raw reads of wds shards against webdataset, litdata, tar",
     "resume": "time to the first batch after a resume",
     "foreign": "webdataset tars and Parquet files read and converted in place",
+    "compressed": ".tar.gz and .tar.zst shards read in place and converted",
     "cache": "decoded caches against decoding the JPEGs",
     "verify": "dsconvert verify against sha256sum",
     "monitor": "DataLoadingMonitor's cost per step",

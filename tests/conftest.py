@@ -71,6 +71,13 @@ def encode(img: Image.Image, fmt: str = "JPEG", **kw) -> bytes:
     return buf.getvalue()
 
 
+def jpeg_crops(photos: Dict[str, Image.Image], n: int, seed: int = 0) -> List[bytes]:
+    """``n`` JPEGs cropped from the photos, of a few sizes: the members of test tar shards."""
+    rng = random.Random(seed)
+    names = sorted(photos)
+    return [encode(crop(photos[names[i % len(names)]], rng, (40 + i % 7, 32))) for i in range(n)]
+
+
 def write(path: str, data: bytes) -> str:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:

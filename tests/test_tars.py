@@ -20,17 +20,11 @@ from dsconvert import SourceError, convert, open_dataset
 from dsconvert.source import scan
 from dsconvert.source.tars import INDEX_FOLDER, TarShards, list_tars
 
-from conftest import crop, encode
+from conftest import crop, encode, jpeg_crops
 
 wds = pytest.importorskip("webdataset")
 
 CLASSES = ["cat", "dog", "eel"]
-
-
-def _jpegs(photos, n, seed=0):
-    rng = random.Random(seed)
-    names = sorted(photos)
-    return [encode(crop(photos[names[i % len(names)]], rng, (40 + i % 7, 32))) for i in range(n)]
 
 
 @pytest.fixture
@@ -38,7 +32,7 @@ def shardwriter_tars(tmp_path, photos):
     """60 img2dataset-like samples (jpg, json, txt, cls) in 3 tars by webdataset's ShardWriter."""
     folder = tmp_path / "wds"
     folder.mkdir()
-    jpegs = _jpegs(photos, 60)
+    jpegs = jpeg_crops(photos, 60)
     with wds.ShardWriter(str(folder / "train-%06d.tar"), maxcount=25, verbose=0) as sink:
         for i, jpg in enumerate(jpegs):
             sink.write({"__key__": f"{i:09d}", "jpg": jpg, "cls": i % 3, "txt": f"caption {i}",
@@ -51,7 +45,7 @@ def gnu_tars(tmp_path, photos):
     """Two tars made by GNU tar from folders of files, keys with subfolders and dots in fields."""
     out = tmp_path / "gnu"
     out.mkdir()
-    jpegs = _jpegs(photos, 12, seed=1)
+    jpegs = jpeg_crops(photos, 12, seed=1)
     for t in range(2):
         src = tmp_path / f"files{t}"
         for i in range(6):
@@ -205,7 +199,7 @@ def _member(tf, name, data=b"x", kind=tarfile.REGTYPE, link=""):
 def test_hostile_members_are_skipped_with_reasons(tmp_path, photos):
     folder = tmp_path / "bad"
     folder.mkdir()
-    jpg = _jpegs(photos, 1)[0]
+    jpg = jpeg_crops(photos, 1)[0]
     with tarfile.open(folder / "a.tar", "w", format=tarfile.PAX_FORMAT) as tf:
         _member(tf, "ok.jpg", jpg)
         _member(tf, "../escape.jpg", jpg)
@@ -239,7 +233,7 @@ def test_hostile_members_are_skipped_with_reasons(tmp_path, photos):
 def test_broken_tars_never_read_past_their_end(tmp_path, photos, how):
     folder = tmp_path / "bad"
     folder.mkdir()
-    jpgs = _jpegs(photos, 3)
+    jpgs = jpeg_crops(photos, 3)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
         for i, j in enumerate(jpgs):
@@ -307,7 +301,7 @@ def test_label_converts_to_classification_outputs(shardwriter_tars, tmp_path, fm
 def test_missing_and_bad_labels_are_skipped_with_reasons(tmp_path, photos):
     folder = tmp_path / "t"
     folder.mkdir()
-    jpgs = _jpegs(photos, 4)
+    jpgs = jpeg_crops(photos, 4)
     with wds.TarWriter(str(folder / "a.tar")) as sink:
         sink.write({"__key__": "good", "jpg": jpgs[0], "cls": 1})
         sink.write({"__key__": "nolabel", "jpg": jpgs[1]})
@@ -486,7 +480,7 @@ def test_subfolders_beside_the_tars_do_not_change_what_they_are(shardwriter_tars
 def test_an_invalid_header_in_the_middle_is_said_not_swallowed(tmp_path, photos):
     folder = tmp_path / "t"
     folder.mkdir()
-    jpg = _jpegs(photos, 1)[0]
+    jpg = jpeg_crops(photos, 1)[0]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
         for i in range(6):
@@ -508,12 +502,12 @@ def test_sparse_and_reserved_and_negative_members_are_skipped(tmp_path, photos):
     with open(files / "s.bin", "wb") as f:  # mostly a hole: GNU tar --sparse stores a map, not the bytes
         f.seek(1 << 20)
         f.write(b"end")
-    (files / "a.jpg").write_bytes(_jpegs(photos, 1)[0])
+    (files / "a.jpg").write_bytes(jpeg_crops(photos, 1)[0])
     subprocess.run(["tar", "--sparse", "-cf", str(folder / "sparse.tar"), "-C", str(files), "s.bin", "a.jpg"],
                    check=True)
     with tarfile.open(folder / "odd.tar", "w", format=tarfile.PAX_FORMAT) as tf:
         _member(tf, "b.__key__", b"EVIL")
-        _member(tf, "c.jpg", _jpegs(photos, 1)[0])
+        _member(tf, "c.jpg", jpeg_crops(photos, 1)[0])
     source = scan(str(folder))
     reasons = {s.path: s.reason for s in source.skipped}
     assert "sparse" in reasons["sparse.tar/s.bin"] and "reserves" in reasons["odd.tar/b.__key__"]
@@ -524,7 +518,7 @@ def test_an_unsafe_member_ends_the_run_as_webdataset_would(tmp_path, photos):
     folder = tmp_path / "t"
     folder.mkdir()
     with tarfile.open(folder / "a.tar", "w") as tf:
-        _member(tf, "a.jpg", _jpegs(photos, 1)[0])
+        _member(tf, "a.jpg", jpeg_crops(photos, 1)[0])
         _member(tf, "../a.txt", b"x")
         _member(tf, "a.cls", b"1")
     assert [sorted(f.field for f in s.files) for s in scan(str(folder)).samples] == [["jpg"], ["cls"]]

@@ -41,8 +41,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared:
         parents=[quiet_option("no progress bars or summary"), shared.storage],
     )
     p.add_argument("src", type=path_arg, metavar="SRC",
-                   help="source folder (ImageFolder or flat), list file, folder or brace pattern of .tar "
-                   "shards, .parquet file(s), or a dsconvert output (re-conversion)")
+                   help="source folder (ImageFolder or flat), list file, folder or brace pattern of tar "
+                   "shards (.tar, .tar.gz, .tar.zst...), .parquet file(s), a Hugging Face save_to_disk folder "
+                   "(.arrow), or a dsconvert output (re-conversion)")
     p.add_argument("-o", "--output", required=True, type=path_arg, metavar="OUT", help="output folder")
     p.add_argument("--format", choices=sorted(FORMATS), default="wds",
                    help="output format: wds = WebDataset tar shards; hdf5 = HDF5 files (encoded "

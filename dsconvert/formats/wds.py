@@ -56,6 +56,7 @@ from ..codecs import (
     stored_name,
 )
 from ..errors import ManifestError
+from ..io.decompress import COMPRESSIONS, DecompressedBytes, SpansRead
 from ..io.localfs import SizeBoundedFile, regular_size
 from ..io.location import Location
 from ..io.ranges import (
@@ -267,8 +268,16 @@ class WdsShard(ShardReader):
         self.labels = index.labels or []
         self._image: Optional[List[Tuple[int, int]]] = None
         self.columns = [(name, col["offset"], col["size"]) for name, col in index.d["members"].items()]
+        # a compressed tar another tool wrote (.tar.gz...): offsets are in its decompressed stream
+        self.compression: Optional[str] = index.d.get("compression")
+        end: Any = self.size
+        if self.compression is not None:
+            end = index.d.get("stream_bytes")
+            if self.compression not in COMPRESSIONS or type(end) is not int or end < 0:
+                raise ManifestError(f"{access.url_of(index_name)}: not an index of a compressed tar this dsconvert "
+                                    "reads", self.path)
         for _, offsets, sizes in self.columns:  # absent members are (-1, -1)
-            if offsets and (max(map(operator.add, offsets, sizes)) > self.size or max(sizes) > max_member_bytes
+            if offsets and (max(map(operator.add, offsets, sizes)) > end or max(sizes) > max_member_bytes
                             or min(offsets) < -1 or min(sizes) < -1):
                 raise ManifestError(f"{access.url_of(entry.name)}: index points outside the shard", self.path)
         self.max_member_bytes = max_member_bytes
@@ -282,7 +291,11 @@ class WdsShard(ShardReader):
     def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
         """A local file read by ``pread`` (or memory-mapped for zero-copy ``views``), or
         concurrent ranged reads ahead of samples [first, stop) (latency-bound mounts, remote
-        objects)."""
+        objects). A compressed tar is read through its decompressed stream, one per shard,
+        kept from one call to the next (its position is what makes reading in order cheap)."""
+        if self.compression is not None:
+            self._decompressed()
+            return
         self.close()
         if prefetch or self.path is None:
             end = max((o[i] + sz[i] for _, o, sz in self.columns for i in range(first, stop) if o[i] >= 0),
@@ -295,6 +308,15 @@ class WdsShard(ShardReader):
                 self._whole = np.frombuffer(self.source.mm, dtype=np.uint8)
         else:
             self.source = PreadBytes(self.path, self.size)
+
+    def _decompressed(self) -> DecompressedBytes:
+        if self.source is None:
+            path, location, name = self.path, self.access.location, self.entry.name
+
+            def opener() -> Any:
+                return open(path, "rb") if path is not None else location.open(name, block_size=4 << 20)
+            self.source = DecompressedBytes(opener, str(self.compression), self.access.url_of(name))
+        return self.source
 
     def close(self) -> None:
         self._whole = None
@@ -338,6 +360,8 @@ class WdsShard(ShardReader):
             spans = [image[j] for j in samples]
         else:
             spans = [(o[j], s[j]) for j in samples for _, o, s in self.columns if o[j] >= 0]
+        if self.compression is not None:
+            return SpansRead(self._decompressed(), spans)  # type: ignore[return-value]
         if self.path is not None:
             fill, close = local_fill(self.path)
             source = ScatteredBytes(fill, spans)

@@ -256,7 +256,11 @@ class ShardCache:
 
 
 class ShardAccess:
-    """Where a reader finds a shard's bytes; picklable into DataLoader workers."""
+    """Where a reader finds a shard's bytes; picklable into DataLoader workers. ``compressed``:
+    shards are read through decompressed streams (compressed tars another tool wrote), so
+    readers ask for a batch's or group's samples at once, read in stream order."""
+
+    compressed = False
 
     def __init__(self, root: str, storage_options: Optional[Dict[str, Any]] = None,
                  cache_dir: Optional[str] = None, cache_size: Union[int, str, None] = None):

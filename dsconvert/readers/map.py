@@ -101,7 +101,7 @@ class MapDataset(ShardDataset, TorchDataset):
     def _fetches(self) -> bool:
         if self.prefetch is None:
             remote_uncached = self.access.remote and self.access.cache is None
-            self.prefetch = remote_uncached or (
+            self.prefetch = remote_uncached or self.access.compressed or (
                 not self.access.remote and is_latency_bound(self.access.cache_dir_or_root()))
         return bool(self.prefetch) and hasattr(self.format, "iterable") and self.format.iterable
 

@@ -5,7 +5,8 @@ For ImageFolder and list sources a sample is ``(RGB PIL image, class index)`` in
 per sample), without needing torchvision. Flat sources give dicts of decoded fields, as
 ``open_dataset`` does for them. ``dsconvert bench SRC`` reads sources through this class.
 
-Sources inside containers are read where they are: a tar member by one ranged read, a sample
+Sources inside containers are read where they are: a tar member by one ranged read (a
+compressed tar's through its decompressed stream), a sample
 of a dsconvert output through its shard reader, a Parquet row from its row group (random
 access decodes the row group: the cost a training job reading Parquet by index pays).
 """
@@ -18,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..codecs import decode_field, encode_class
 from ..inputs.outputs import OutputShards
 from ..inputs.parquet import ParquetRows
+from ..inputs.tars import OpenTar
 from ..io.location import Location
 from ..processes import settle_worker
 from ..samples import Source, SourceFile
@@ -71,13 +73,11 @@ class SourceDataset(Transforms, TorchDataset):
                 with open(f.path if os.path.isabs(f.path) else self.location.url_of(f.path), "rb") as fh:
                     return fh.read()
             return self.location.read_bytes(f.path)
-        if kind == "tar":
-            if self.location.remote:
-                return self.location.read_range(f.container, f.offset, f.offset + f.size)
-            fd = self._containers.get(f.container)
-            if fd is None:
-                fd = self._containers[f.container] = os.open(self.location.url_of(f.container), os.O_RDONLY)
-            return os.pread(fd, f.size, f.offset)
+        if kind == "tar":  # one ranged read, or the decompressed stream of a compressed tar
+            tar = self._containers.get(f.container)
+            if tar is None:
+                tar = self._containers[f.container] = OpenTar(self.location, f.container)
+            return tar.read(f.offset, f.size)
         reader = self._containers.get(f.container)
         if reader is None:
             if kind == "output":

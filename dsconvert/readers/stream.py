@@ -211,7 +211,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
             return
         if self.prefetch is None:  # remote objects are always read ahead, by ranges or into the cache
             self.prefetch = not self.access.remote and is_latency_bound(self.access.cache_dir_or_root())
-        fetch = self.prefetch or self.access.remote and not self.access.cache
+        # compressed tars: each group's samples read at once, in stream order (not one jump each)
+        fetch = self.prefetch or self.access.remote and not self.access.cache or self.access.compressed
         views = self.decode == "buffer"
         image_only = self.classification
         shards = _OpenShards(self, prepare=not fetch, views=views)

@@ -35,6 +35,7 @@ class TarAccess(ShardAccess):
         self.classes = classes
         self.keep = keep  # per tar, the samples read (those with a label and an image, for ``label``)
         self.unsaved = dict(unsaved or {})  # by index name: indexes open_tars could not save
+        self.compressed = False  # set by open_tars where any tar is compressed
 
     def file_bytes(self, name: str, part: Optional[Dict[str, Any]] = None, refresh: bool = False) -> bytes:
         """The index of tar ``name[:-5]`` as open_tars validated it: ``part`` (the manifest's
@@ -125,4 +126,5 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
                         shards=entries, skipped=[{"path": s.path, "reason": s.reason} for s in skipped])
     access = TarAccess(location.url, storage_options, cache_dir, cache_size, shards.index_dir, label, classes, keep,
                        {n + ".json": data for n, data in shards.unsaved.items() if n in keep})
+    access.compressed = any("compression" in shards.records[n] for n in shards.names)
     return manifest, access

@@ -31,12 +31,19 @@ import re
 import stat
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..codecs import field_kind, is_image_field
 from ..errors import BadInputError, ManifestError, SourceError
 from ..formats.base import part_of
 from ..formats.wds import Wds
+from ..io.decompress import (
+    COMPRESSED_TAR_SUFFIXES,
+    CorruptStream,
+    DecompressedBytes,
+    DecompressedFile,
+    compression_of,
+)
 from ..io.localfs import SizeBoundedFile, atomic_write, open_regular
 from ..io.location import Location, json_bytes, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
@@ -54,9 +61,12 @@ INDEX_BYTES_PER_TAR_BYTE = 64
 INDEX_BASE_BYTES = 1 << 20
 _SAFE_TAR = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
-_TAR_SUFFIXES = (".tar",)
-_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+_TAR_SUFFIXES = (".tar",) + COMPRESSED_TAR_SUFFIXES
+# a compressed tar's decompressed length is learnt by reading it: headers are read up to this
+# many bytes at a time (a PAX header declaring more is not read), and zeros after the archive's
+# end up to this many (the rest of a stream of zeros says nothing)
+HEADER_READ_BYTES = 16 << 20
+TRAILING_ZEROS_READ = 16 << 20
 
 
 def base_plus_ext(name: str) -> Tuple[Optional[str], Optional[str]]:
@@ -112,17 +122,31 @@ def _identity(info: Dict[str, Any]) -> Dict[str, Any]:
     return {"size": int(info["size"]), "mtime_ns": mtime_ns_of(info), **({"etag": str(etag)} if etag else {})}
 
 
+class _CappedReads(DecompressedFile):
+    """A compressed tar's stream as tarfile walks it: no read larger than a header can be."""
+
+    def read(self, n: Optional[int] = -1) -> bytes:
+        return super().read(HEADER_READ_BYTES if n is None or n < 0 else min(n, HEADER_READ_BYTES))
+
+
 def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) -> Dict[str, Any]:
-    """Walk one tar's headers into a wds record (see the module doc); ``f`` is seekable."""
+    """Walk one tar's headers into a wds record (see the module doc); ``f`` is seekable. A
+    compressed tar (by its magic number, whatever its name) is walked through its decompressed
+    stream, and its offsets are offsets in that stream (:mod:`dsconvert.io.decompress`)."""
     head = f.read(6)
     f.seek(0)
-    for magic, kind in _COMPRESSED.items():
-        if head.startswith(magic):
-            raise BadInputError(f"a {kind}-compressed tar: decompress it ({kind} -d) to read it by index")
+    kind = compression_of(head)
+    stream: Optional[DecompressedBytes] = None
+    if kind is not None:
+        raw = f
+        stream = DecompressedBytes(lambda: raw, kind, name)
+        f = _CappedReads(stream)
+        size = 1 << 62  # learnt at the end; members past it are found then
     keys: List[str] = []
     fields: List[Dict[str, Tuple[int, int]]] = []
     skipped: List[Dict[str, str]] = []
-    label_members: List[Optional[Tuple[int, int]]] = []
+    values: Optional[List[Any]] = [] if label is not None else None
+    corrupt: Optional[CorruptStream] = None  # compressed data that failed: what precedes its member is kept
 
     def skip(member: str, reason: str) -> None:
         skipped.append({"path": f"{name}/{escape_path(member)}", "reason": reason})
@@ -132,9 +156,9 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
         # typeshed's _Fileobj wants write() too; reading, tarfile calls read/seek/tell only
         tf = tarfile.open(fileobj=bounded, mode="r:")  # type: ignore[call-overload]
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        if size == 0:
-            return _record(name, [], [], skipped, None)
-        raise BadInputError(f"not a readable tar: {exc}") from None
+        if size == 0 or stream is not None and stream.end == 0 and not isinstance(exc, BadInputError):
+            return _record(name, [], [], skipped, values, kind, 0)  # an empty file, or an empty stream
+        raise BadInputError(f"not a readable {kind + '-compressed ' if kind else ''}tar: {exc}") from None
     current: Optional[str] = None
     fields_open = False  # whether fields[-1] is the sample of ``current``
     while True:
@@ -142,6 +166,7 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
             m = tf.next()
         except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
             skip("(rest of the tar)", f"unreadable after byte {tf.offset:,}: {exc}")
+            corrupt = exc if isinstance(exc, CorruptStream) else corrupt
             break
         tf.members = []  # keep no TarInfo per member: a tar may hold millions
         if m is None:
@@ -177,54 +202,99 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
         if current != key or not fields_open:
             keys.append(key)
             fields.append({})
-            label_members.append(None)
+            if values is not None:
+                values.append(None)
             current, fields_open = key, True
         if ext in fields[-1]:
             skip(mname, f"field {ext!r} repeats within sample {key!r} (webdataset raises on it)")
             continue
         fields[-1][ext] = (m.offset_data, m.size)
-        if label is not None and ext == label[0]:
-            label_members[-1] = (m.offset_data, m.size)
+        if label is not None and values is not None and ext == label[0]:
+            # read now, in stream order (a compressed stream goes back at a cost); tarfile seeks to its next header
+            f.seek(m.offset_data)
+            try:
+                values[-1] = label_value(f.read(min(m.size, LABEL_MEMBER_BYTES + 1)), label[1])
+            except BadInputError as exc:
+                values[-1] = {"error": exc.reason}
     if not any(s["path"].endswith("/(rest of the tar)") for s in skipped):  # the end said once, first cause first
-        rest = _unread_after(f, tf.offset, size)
+        try:
+            rest = _unread_after(f, tf.offset, size, TRAILING_ZEROS_READ if stream is not None else None)
+        except BadInputError as exc:  # a compressed stream cut or damaged after the archive's last member
+            skip("(rest of the tar)", exc.reason)
+            corrupt = exc if isinstance(exc, CorruptStream) else corrupt
+            rest = 0
         if rest:
             skip("(rest of the tar)", f"truncated: the tar ends {rest:,} bytes into a header at byte {tf.offset:,}"
-                 if rest < tarfile.BLOCKSIZE else f"an invalid tar header at byte {tf.offset:,}: the {rest:,} "
-                 "bytes after it are not read (tar tf says more)")
+                 if rest < tarfile.BLOCKSIZE else f"an invalid tar header at byte {tf.offset:,}: the "
+                 f"{rest:,}{'+' if stream is not None and rest >= tarfile.RECORDSIZE else ''} bytes after it are "
+                 "not read (tar tf says more)")
         elif bounded.overrun:
             skip("(rest of the tar)", f"truncated: the tar ends {bounded.overrun:,} bytes short of a header it began")
-    values: Optional[List[Any]] = None
-    if label is not None:
-        values = []
-        for span in label_members:
-            if span is None:
-                values.append({"error": f"no {label[0]!r} member (--label {'.'.join([label[0], *label[1]])})"})
-                continue
-            f.seek(span[0])
-            try:
-                values.append(label_value(f.read(min(span[1], LABEL_MEMBER_BYTES + 1)), label[1]))
-            except BadInputError as exc:
-                values.append({"error": exc.reason})
-    return _record(name, keys, fields, skipped, values)
+    if stream is not None and corrupt is None and any(s["path"].endswith("/(rest of the tar)") for s in skipped):
+        # the walk stopped early (a damaged header?): the stream's checksum says whether what came before is sound
+        corrupt = stream.check_member(max(4 * stream.end, 256 << 20))
+        if corrupt is not None:
+            rest = next(s for s in skipped if s["path"].endswith("/(rest of the tar)"))
+            rest["reason"] += f"; and the {kind} stream fails its check: {corrupt.reason}"
+    if stream is not None:  # what the stream held: members past its end were truncated
+        size = stream.end
+        why = "truncated: its {:,} bytes run past the end of the decompressed tar"
+        if corrupt is not None:  # a checksum or the data failed: nothing of that member is trusted
+            size = min(size, corrupt.verified)
+            why = (f"in a damaged part of the {kind} stream (its bytes cannot be trusted, even those that "
+                   f"decompress): {corrupt.reason}")
+        keys, fields, values = _within(size, keys, fields, values, skip, label[0] if label else None, why)
+    if label is not None and values is not None:
+        missing = {"error": f"no {label[0]!r} member (--label {'.'.join([label[0], *label[1]])})"}
+        values = [missing if v is None else v for v in values]
+    return _record(name, keys, fields, skipped, values, kind, size if stream is not None else None)
 
 
-def _unread_after(f: Any, offset: int, size: int) -> int:
-    """Bytes of data after where tarfile stopped: 0 when only end-of-archive zeros (or
-    nothing) follow. tarfile ends an archive quietly at an invalid header past the first."""
+def _within(size: int, keys: List[str], fields: List[Dict[str, Tuple[int, int]]], values: Optional[List[Any]],
+            skip: Callable[[str, str], None], label_field: Optional[str], why: str
+            ) -> Tuple[List[str], List[Dict[str, Tuple[int, int]]], Optional[List[Any]]]:
+    """The samples with their members that end within the first ``size`` bytes of a stream;
+    the others skipped, ``why`` (formatted with the member's size) their reason (a sample left
+    with no member goes, and its label with it; a label read from a member skipped is none)."""
+    out_keys: List[str] = []
+    out_fields: List[Dict[str, Tuple[int, int]]] = []
+    out_values: Optional[List[Any]] = [] if values is not None else None
+    for i, (key, sample) in enumerate(zip(keys, fields)):
+        kept = {}
+        for ext, (offset, n) in sample.items():
+            if offset + n > size:
+                skip(f"{key}.{ext}", why.format(n))
+                if ext == label_field and values is not None:
+                    values[i] = {"error": "the label member is not read: " + why.format(n)}
+            else:
+                kept[ext] = (offset, n)
+        if kept:
+            out_keys.append(key)
+            out_fields.append(kept)
+            if out_values is not None and values is not None:
+                out_values.append(values[i])
+    return out_keys, out_fields, out_values
+
+
+def _unread_after(f: Any, offset: int, size: int, zeros: Optional[int] = None) -> int:
+    """Bytes of data after where tarfile stopped (those read, where the file is shorter than
+    ``size``): 0 when only end-of-archive zeros (or nothing) follow, read up to ``zeros`` bytes
+    where given. tarfile ends an archive quietly at an invalid header past the first."""
     f.seek(offset)
     at = offset
-    while at < size:
+    while at < size and (zeros is None or at - offset < zeros):
         block = f.read(min(1 << 20, size - at))
         if not block:
             break
         if block.strip(b"\0"):
-            return size - offset
+            return min(size, at + len(block)) - offset if zeros is not None else size - offset
         at += len(block)
     return 0
 
 
 def _record(name: str, keys: List[str], fields: List[Dict[str, Tuple[int, int]]],
-            skipped: List[Dict[str, str]], label_values: Optional[List[Any]]) -> Dict[str, Any]:
+            skipped: List[Dict[str, str]], label_values: Optional[List[Any]], compression: Optional[str] = None,
+            stream_bytes: Optional[int] = None) -> Dict[str, Any]:
     n = len(keys)
     columns: Dict[str, Dict[str, List[int]]] = {}
     for i, sample in enumerate(fields):
@@ -237,6 +307,7 @@ def _record(name: str, keys: List[str], fields: List[Dict[str, Tuple[int, int]]]
         "sha256": "", "num_samples": n, "fields": {f: field_kind(f) for f in sorted(columns)}, "keys": keys,
         "labels": None, "sources": [[] for _ in range(n)], "skipped": skipped,
         "members": dict(sorted(columns.items())), "label_values": label_values,
+        **({"compression": compression, "stream_bytes": stream_bytes} if compression else {}),
     }
 
 
@@ -247,7 +318,7 @@ def list_tars(src: str, storage_options: Optional[Dict[str, Any]] = None
               ) -> Tuple[Location, List[str], List[Skipped], List[Skipped]]:
     """The tars ``src`` names: a folder of ``.tar`` files, one ``.tar`` file, or a brace
     pattern (``shards/train-{000000..000099}.tar``), all in one folder. Returns the folder, the
-    tar names (in order), compressed tars and names a shard cannot have (skipped), and other
+    tar names (in order), names a shard cannot have (skipped), and other
     files (ignored)."""
     names: List[str]
     if "{" in src and ".." in src:
@@ -296,10 +367,9 @@ def list_tars(src: str, storage_options: Optional[Dict[str, Any]] = None
             continue
         if location.fs.isdir(location.path(n)):
             ignored.append(Skipped(escape_path(n), "a folder: only the tars directly in the source are read"))
-        elif n.lower().endswith(_COMPRESSED_SUFFIXES):
-            skipped.append(Skipped(escape_path(n), "a compressed tar: decompress it to read it by index"))
         else:
-            ignored.append(Skipped(escape_path(n), "not a .tar shard"))
+            ignored.append(Skipped(escape_path(n), "not a tar shard (.tar, .tar.gz, .tgz, .tar.zst, .tar.bz2, "
+                                   ".tar.xz)"))
     return location, good, skipped, ignored
 
 
@@ -473,8 +543,13 @@ class TarShards:
             return None
         if not all(_is_label_value(v) for vs in values.values() for v in vs):
             return None
+        end = identity["size"]
+        if "compression" in record or "stream_bytes" in record:  # offsets in the decompressed stream
+            end = record.get("stream_bytes")
+            if record.get("compression") not in ("gzip", "zstd", "bzip2", "xz") or type(end) is not int or end < 0:
+                return None
         for col in record["members"].values():  # every member inside the tar, or indexed again
-            if any(o >= 0 and (o + n > identity["size"] or n < 0) for o, n in zip(col["offset"], col["size"])):
+            if any(o >= 0 and (o + n > end or n < 0) for o, n in zip(col["offset"], col["size"])):
                 return None
         return record, data
 
