@@ -269,11 +269,11 @@ class WdsShard(ShardReader):
         self._image: Optional[List[Tuple[int, int]]] = None
         self.columns = [(name, col["offset"], col["size"]) for name, col in index.d["members"].items()]
         # a compressed tar another tool wrote (.tar.gz...): offsets are in its decompressed stream
-        self.compression: Optional[str] = index.d.get("compression")
+        self.stream_kind: Optional[str] = index.d.get("stream_compression")
         end: Any = self.size
-        if self.compression is not None:
+        if self.stream_kind is not None:
             end = index.d.get("stream_bytes")
-            if self.compression not in COMPRESSIONS or type(end) is not int or end < 0:
+            if self.stream_kind not in COMPRESSIONS or type(end) is not int or end < 0:
                 raise ManifestError(f"{access.url_of(index_name)}: not an index of a compressed tar this dsconvert "
                                     "reads", self.path)
         for _, offsets, sizes in self.columns:  # absent members are (-1, -1)
@@ -293,7 +293,7 @@ class WdsShard(ShardReader):
         concurrent ranged reads ahead of samples [first, stop) (latency-bound mounts, remote
         objects). A compressed tar is read through its decompressed stream, one per shard,
         kept from one call to the next (its position is what makes reading in order cheap)."""
-        if self.compression is not None:
+        if self.stream_kind is not None:
             self._decompressed()
             return
         self.close()
@@ -315,7 +315,7 @@ class WdsShard(ShardReader):
 
             def opener() -> Any:
                 return open(path, "rb") if path is not None else location.open(name, block_size=4 << 20)
-            self.source = DecompressedBytes(opener, str(self.compression), self.access.url_of(name))
+            self.source = DecompressedBytes(opener, str(self.stream_kind), self.access.url_of(name))
         return self.source
 
     def close(self) -> None:
@@ -360,7 +360,7 @@ class WdsShard(ShardReader):
             spans = [image[j] for j in samples]
         else:
             spans = [(o[j], s[j]) for j in samples for _, o, s in self.columns if o[j] >= 0]
-        if self.compression is not None:
+        if self.stream_kind is not None:
             return SpansRead(self._decompressed(), spans)  # type: ignore[return-value]
         if self.path is not None:
             fill, close = local_fill(self.path)

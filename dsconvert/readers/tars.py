@@ -126,5 +126,5 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
                         shards=entries, skipped=[{"path": s.path, "reason": s.reason} for s in skipped])
     access = TarAccess(location.url, storage_options, cache_dir, cache_size, shards.index_dir, label, classes, keep,
                        {n + ".json": data for n, data in shards.unsaved.items() if n in keep})
-    access.compressed = any("compression" in shards.records[n] for n in shards.names)
+    access.compressed = any("stream_compression" in shards.records[n] for n in shards.names)
     return manifest, access

@@ -39,6 +39,7 @@ from ..formats.base import part_of
 from ..formats.wds import Wds
 from ..io.decompress import (
     COMPRESSED_TAR_SUFFIXES,
+    COMPRESSIONS,
     CorruptStream,
     DecompressedBytes,
     DecompressedFile,
@@ -234,8 +235,8 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
         # the walk stopped early (a damaged header?): the stream's checksum says whether what came before is sound
         corrupt = stream.check_member(max(4 * stream.end, 256 << 20))
         if corrupt is not None:
-            rest = next(s for s in skipped if s["path"].endswith("/(rest of the tar)"))
-            rest["reason"] += f"; and the {kind} stream fails its check: {corrupt.reason}"
+            cut = next(s for s in skipped if s["path"].endswith("/(rest of the tar)"))
+            cut["reason"] += f"; and the {kind} stream fails its check: {corrupt.reason}"
     if stream is not None:  # what the stream held: members past its end were truncated
         size = stream.end
         why = "truncated: its {:,} bytes run past the end of the decompressed tar"
@@ -307,7 +308,7 @@ def _record(name: str, keys: List[str], fields: List[Dict[str, Tuple[int, int]]]
         "sha256": "", "num_samples": n, "fields": {f: field_kind(f) for f in sorted(columns)}, "keys": keys,
         "labels": None, "sources": [[] for _ in range(n)], "skipped": skipped,
         "members": dict(sorted(columns.items())), "label_values": label_values,
-        **({"compression": compression, "stream_bytes": stream_bytes} if compression else {}),
+        **({"stream_compression": compression, "stream_bytes": stream_bytes} if compression else {}),
     }
 
 
@@ -544,9 +545,9 @@ class TarShards:
         if not all(_is_label_value(v) for vs in values.values() for v in vs):
             return None
         end = identity["size"]
-        if "compression" in record or "stream_bytes" in record:  # offsets in the decompressed stream
+        if "stream_compression" in record or "stream_bytes" in record:  # offsets in the decompressed stream
             end = record.get("stream_bytes")
-            if record.get("compression") not in ("gzip", "zstd", "bzip2", "xz") or type(end) is not int or end < 0:
+            if record.get("stream_compression") not in COMPRESSIONS or type(end) is not int or end < 0:
                 return None
         for col in record["members"].values():  # every member inside the tar, or indexed again
             if any(o >= 0 and (o + n > end or n < 0) for o, n in zip(col["offset"], col["size"])):
