@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import multiprocessing
 from multiprocessing.context import get_spawning_popen
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["SharedEpoch", "MAX_SLOTS", "MAX_RANKS"]
+__all__ = ["SharedEpoch", "MAX_SLOTS", "MAX_RANKS", "begin_iteration"]
 
 MAX_SLOTS = 1 << 16  # ranks x workers per rank that an elastic resume can tell apart
 MAX_RANKS = 1 << 14  # ranks whose rounds of iterations are counted apart
@@ -163,3 +163,22 @@ class SharedEpoch:
             self._rounds = multiprocessing.RawArray("q", 4 * MAX_RANKS)
             memoryview(self._rounds).cast("B")[:] = state["rounds"]
             self._lock = multiprocessing.get_context("spawn").Lock()
+
+
+def begin_iteration(shared: SharedEpoch, resume: Optional[Dict[str, Any]], here: List[int],
+                    unit: str = "chunk") -> Tuple[int, int, int]:
+    """(epoch, samples_seen at its start, samples this worker yielded already) of an iteration
+    starting now: the worker's saved place where one is pending (``resume``, from a
+    StatefulDataLoader), refused in one line in a loader of another shape (``here``: [rank,
+    world, worker, workers, ``unit``]), else the shared epoch's next."""
+    rank, _, wid, nworkers, _ = here
+    if resume is None:
+        epoch, seen = shared.begin(rank, wid, nworkers)
+        return epoch, seen, 0
+    if resume["worker"] != here:
+        raise ValueError(
+            f"this reading position was saved by (rank, world, worker, workers, {unit}) = "
+            f"{tuple(resume['worker'])}, and this loader is {tuple(here)}: resume a job of another "
+            "shape with ds.load_state_dict({'epoch': e, 'samples_seen': n}), n the samples it consumed")
+    shared.resumed(rank, wid, nworkers, resume["epoch"])
+    return resume["epoch"], resume["samples_seen"], resume["yielded"]

@@ -20,7 +20,7 @@ import numpy as np
 from ..distributed import distributed_initialized, worker_info, world_info
 from ..processes import settle_worker
 from .base import TorchDataset, TorchIterableDataset
-from .epoch import SharedEpoch
+from .epoch import SharedEpoch, begin_iteration
 from .mixture import Mixture
 from .order import Deal, check_state, remaining, worker_place
 
@@ -166,18 +166,7 @@ class MixedStream(TorchIterableDataset):
         wid, nworkers = worker_info()
         rank, world = world_info(self.rank, self.world_size)
         resume, self._resume = self._resume, None
-        if resume is not None:
-            here = [rank, world, wid, nworkers, 1]
-            if resume["worker"] != here:
-                raise ValueError(
-                    f"this reading position was saved by (rank, world, worker, workers, chunk) = "
-                    f"{tuple(resume['worker'])}, and this loader is {tuple(here)}: resume a job of another "
-                    "shape with ds.load_state_dict({'epoch': e, 'samples_seen': n}), n the samples it consumed")
-            epoch, seen, skip = resume["epoch"], resume["samples_seen"], resume["yielded"]
-            self._epoch.resumed(rank, wid, nworkers, epoch)
-        else:
-            (epoch, seen), skip = self._epoch.begin(rank, wid, nworkers), 0
-        return epoch, seen, skip
+        return begin_iteration(self._epoch, resume, [rank, world, wid, nworkers, 1])
 
     def __iter__(self) -> Iterator[Any]:
         settle_worker()

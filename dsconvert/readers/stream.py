@@ -29,7 +29,7 @@ from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
 from ..processes import settle_worker
 from .base import ShardDataset, TorchIterableDataset, collate
-from .epoch import SharedEpoch
+from .epoch import SharedEpoch, begin_iteration
 from .order import Deal, GlobalOrder, check_state, epoch_order, remaining, worker_place
 
 __all__ = ["StreamDataset"]
@@ -174,17 +174,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         wid, nworkers = worker_info()
         rank, world = world_info(self.rank, self.world_size)
         resume, self._resume = self._resume, None
-        if resume is not None:
-            here = [rank, world, wid, nworkers, self.batch_size or 1]
-            if resume["worker"] != here:
-                raise ValueError(
-                    f"this reading position was saved by (rank, world, worker, workers, batch) = "
-                    f"{tuple(resume['worker'])}, and this loader is {tuple(here)}: resume a job of another "
-                    "shape with ds.load_state_dict({'epoch': e, 'samples_seen': n}), n the samples it consumed")
-            epoch, seen, skip = resume["epoch"], resume["samples_seen"], resume["yielded"]
-            self._epoch.resumed(rank, wid, nworkers, epoch)
-        else:
-            (epoch, seen), skip = self._epoch.begin(rank, wid, nworkers), 0
+        epoch, seen, skip = begin_iteration(self._epoch, resume, [rank, world, wid, nworkers, self.batch_size or 1],
+                                            "batch")
         deal = self._deal(seen, wid, nworkers)
         self._state = {"epoch": epoch, "samples_seen": seen,
                        "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
