@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 from typing import Any, Callable, Dict, List
 
-from benchmarks.common import fmt_spread, header, interleaved, meta, spread
+from benchmarks.common import fmt_spread, interleaved, meta, spread
 
 
 def make_data(work: str, photos: int, per_shard: int) -> Dict[str, str]:
@@ -118,7 +118,7 @@ def run(a: argparse.Namespace) -> None:
         indexing = interleaved({k: index(f) for k, f in folders.items()}, a.rounds)
         conversion = interleaved({k: shard(k, f) for k, f in folders.items()}, a.rounds)
         data = {
-            **meta(), "photos": n, "per_shard": a.per_shard, "bytes": sizes,
+            "meta": meta(), "photos": n, "per_shard": a.per_shard, "bytes": sizes,
             "read_samples_per_s": {k: spread([n / s for s in v]) for k, v in read.items()},
             "index_s": {k: spread(v) for k, v in indexing.items()},
             "convert_samples_per_s": {k: spread([n / s for s in v]) for k, v in conversion.items()},
@@ -132,8 +132,7 @@ def run(a: argparse.Namespace) -> None:
 
 
 def render(data: Dict[str, Any]) -> str:
-    lines = [header(data, "docs/bench/compressed.json"), "",
-             f"{data['photos']:,} demo photos in shards of {data['per_shard']:,} (jpg + cls + json); bytes: "
+    lines = [f"{data['photos']:,} demo photos in shards of {data['per_shard']:,} (jpg + cls + json); bytes: "
              + ", ".join(f"{k} {v / 1e6:,.1f} MB" for k, v in data["bytes"].items()) + ".", "",
              "| read, raw bytes, one process | samples/s, median [range] |", "| --- | --- |"]
     lines += [f"| {k} | {fmt_spread(v)} |" for k, v in data["read_samples_per_s"].items()]
