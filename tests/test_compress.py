@@ -341,6 +341,56 @@ def test_the_decompressed_size_is_bounded_by_max_member_bytes():
         decompress_field(frame + b"\0", 100_000, 1 << 20)
 
 
+def test_a_stream_names_the_sample_of_a_damaged_member(tmp_path, pair):
+    _, packed = pair
+    shard = sorted(glob.glob(os.path.join(packed, "*.tar")))[0]
+    key = _replace_member(shard, ".npy.zst", _bomb(1 << 30)).name.split(".", 1)[0]
+    with pytest.raises(BadInputError, match=f"shard-000000.tar: {key}: damaged zstd field"):
+        list(open_dataset(packed, decode="raw", stream=True))
+
+
+def test_an_empty_field_is_one_empty_frame_and_nothing_after():
+    empty = zstandard.ZstdCompressor(write_content_size=True).compress(b"")
+    assert decompress_field(empty, 0, 1 << 20) == b""
+    for bad in (empty + b"junk", struct.pack("<II", 0x184D2A50, 0), empty + empty):
+        with pytest.raises(BadInputError, match="damaged zstd field"):
+            decompress_field(bad, 0, 1 << 20)
+
+
+def test_many_fields_within_the_bound_each_are_bounded_as_a_sample(tmp_path):
+    """Fields of a sample that pass max_member_bytes one by one and not together: refused
+    before any is decompressed (a few kB of frames holding gigabytes)."""
+    out = str(tmp_path / "out")
+    with Writer(out, compress="zstd") as w:
+        w.write({"__key__": "k", "a.bin": bytes(300_000), "b.bin": bytes(300_000), "c.bin": bytes(300_000)})
+    assert open_dataset(out, decode="raw")[0]["a.bin"] == bytes(300_000)
+    with pytest.raises(BadInputError, match="hold 900,000 bytes decompressed, over the limit of 500,000"):
+        open_dataset(out, decode="raw", max_member_bytes=500_000)[0]
+
+
+def test_a_field_and_its_zst_twin_are_a_counted_skip_not_two_members_of_one_name(tmp_path):
+    out = str(tmp_path / "out")
+    with Writer(out, compress="zstd") as w:
+        w.write({"__key__": "ok", "json": {"i": 1}})
+        w.write({"__key__": "twin", "json": {"i": 2}, "json.zst": zstandard.ZstdCompressor().compress(b"{}")})
+    m = dsconvert.Manifest.load(out)
+    assert m.num_samples == 1 and "would both be stored as member 'json.zst'" in m.skipped[0]["reason"]
+    assert verify(out)["ok"] and open_dataset(out, decode="numpy")[0]["json"] == {"i": 1}
+
+
+def test_an_index_whose_compression_is_null_is_damaged(tmp_path, pair):
+    _, packed = pair
+    index = sorted(glob.glob(os.path.join(packed, "*.index.json")))[0]
+    d = json.load(open(index))
+    d["compression"] = None
+    with open(index, "w") as f:
+        json.dump(d, f)
+    from dsconvert.formats.wds import Wds
+
+    with pytest.raises(dsconvert.ManifestError, match="compression"):
+        Wds.load_record(index)
+
+
 # --- options ------------------------------------------------------------------------------
 
 

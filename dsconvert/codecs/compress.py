@@ -139,11 +139,18 @@ def decompress_field(data: Any, size: int, limit: int) -> bytes:
     if size > limit:
         raise BadInputError(f"a zstd field of {size:,} bytes decompressed is over the limit of {limit:,} bytes "
                             "(max_member_bytes)")
+    if bytes(data[:4]) != b"\x28\xb5\x2f\xfd":  # one zstd frame, as written: not a skippable frame first
+        raise BadInputError("damaged zstd field: it does not start with a zstd frame")
     try:
         declared = zstandard.frame_content_size(data)  # -1: not declared
         if declared != size:
             what = "no content size" if declared < 0 else f"{declared:,} bytes"
             raise BadInputError(f"damaged zstd field: its frame declares {what}, the record {size:,} bytes")
-        return dctx.decompress(data, allow_extra_data=False) if size else b""
+        if size:
+            return dctx.decompress(data, allow_extra_data=False)
+        whole = dctx.decompressobj()  # an empty frame: decompress() would take anything after it
+        if whole.decompress(bytes(data)) or not whole.eof or whole.unused_data:
+            raise BadInputError("damaged zstd field: not one empty frame, as the record says")
+        return b""
     except zstandard.ZstdError as exc:
         raise BadInputError(f"damaged zstd field: {exc}") from None

@@ -55,7 +55,7 @@ from ..codecs import (
     is_compressible,
     stored_name,
 )
-from ..errors import ManifestError
+from ..errors import BadInputError, ManifestError
 from ..io.decompress import COMPRESSIONS, DecompressedBytes, SpansRead
 from ..io.localfs import SizeBoundedFile, regular_size
 from ..io.location import Location
@@ -166,6 +166,13 @@ class _TarSink(Sink):
         if self.classification:
             assert sample.label is not None  # a classification source labels every sample
             data["cls"] = encode_class(sample.label)
+        if self.compressor is not None:
+            stored = {name: stored_name(name) if is_compressible(name) else name for name in data}
+            if len(set(stored.values())) < len(stored):  # json and json.zst: one member name for two fields
+                clash = sorted(n for n in data if n.endswith(".zst") and n in stored.values())
+                raise BadInputError(f"fields {clash[0][:-4]!r} and {clash[0]!r} would both be stored as member "
+                                    f"{clash[0]!r} under --compress zstd: rename {clash[0]!r}, or convert without "
+                                    "--compress")
         for name in sorted(data):
             member, payload, raw = name, data[name], -1
             if self.compressor is not None and is_compressible(name):
@@ -284,7 +291,7 @@ class WdsShard(ShardReader):
         # compressed columns: member's field -> (the field, sizes decompressed), read back by fields()
         self.packed: Dict[str, Tuple[str, List[int]]] = {
             member: (field, index.d["members"][member]["raw_size"])
-            for member, field in index.d.get("compression", {}).get("fields", {}).items()}
+            for member, field in (index.d.get("compression") or {}).get("fields", {}).items()}
         self.source: Any = None
         self._whole: Optional[np.ndarray] = None  # the mapped shard, for views (decode="buffer")
 
@@ -337,6 +344,10 @@ class WdsShard(ShardReader):
         """Sample j's fields with the compressed ones decompressed under their own names, in
         field order (as the output without compression gives them)."""
         out: Dict[str, Any] = {}
+        total = sum(raw[j] for member, (_, raw) in self.packed.items() if member in stored and raw[j] > 0)
+        if total > self.max_member_bytes:  # each field within the bound, many of them past it: a zstd bomb
+            raise BadInputError(f"the zstd fields of this sample hold {total:,} bytes decompressed, over the limit "
+                                f"of {self.max_member_bytes:,} bytes (max_member_bytes)")
         for name, data in stored.items():
             packed = self.packed.get(name)
             if packed is None:
@@ -465,7 +476,7 @@ class Wds(Format):
                 values = col.get(part) if isinstance(col, dict) else None
                 expect(is_int_list(values, n, -1), path, f"members.{name}.{part}", f"a list of {n} integers >= -1")
         compression: Any = record.d.get("compression")
-        if compression is not None:
+        if "compression" in record.d:
             packed = compression.get("fields") if isinstance(compression, dict) else None
             if not isinstance(packed, dict) or compression.get("codec") != "zstd":
                 expect(False, path, "compression", 'an object {"codec": "zstd", "fields": {"<field>.zst": "<field>"}}')

@@ -229,7 +229,12 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                             labels = shard.labels
                             fd = source.fd if not views and type(source) is PreadBytes else -1
                         if not image_only:
-                            yield shard, j, shard.fields(j, source)
+                            try:  # a plain try: free on the hot path
+                                fields = shard.fields(j, source)
+                            except Exception:  # a damaged member (a zstd field), named as decoding errors are
+                                with decode_errors_naming(f"{shard.name}: {shard.keys[j]}"):
+                                    raise
+                            yield shard, j, fields
                             continue
                         o, sz = spans[j]
                         if fd >= 0:  # PreadBytes.get, inlined

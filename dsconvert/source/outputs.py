@@ -53,7 +53,7 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
         mtime = mtime_ns_of(access.location.fs.info(access.location.path(entry.name)))
         members = record.d.get("members")
         stats = record.d.get("stats")
-        packed = record.d.get("compression", {}).get("fields", {})  # wds --compress: json.zst holds json
+        packed = (record.d.get("compression") or {}).get("fields", {})  # wds --compress: json.zst holds json
         per_sample = entry.bytes // max(1, entry.num_samples)
         for j, key in enumerate(record.keys):
             if members is not None:  # wds: every member's exact size (a compressed one's decompressed)
