@@ -103,6 +103,7 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
         if bad:
             problems.append(Problem("record", entry.name, f"{len(bad)} label(s) outside the {len(manifest.classes)} "
                                     f"classes (first: {bad[0]})"))
+    problems += _compression_problems(manifest, entry, record)
     if size == entry.bytes and not record_problems:
         # parsed only when the shard is whole and its record describes it (a truncated shard
         # has its size problem; a record that is not the manifest's says nothing of the shard)
@@ -236,6 +237,29 @@ def _order_problems(out: Location, manifest: Manifest, records: List[Optional[Sh
         stored = [p for r in records for p in (r.d.get("positions") or [])]  # type: ignore[union-attr]
         if len(stored) != manifest.num_samples or order_bytes(stored) != data:
             return [Problem("structure", name, "does not match the source positions in the shard records")]
+    return []
+
+
+def _compression_problems(manifest: Manifest, entry: ShardEntry, record: Any) -> List[Problem]:
+    """A shard record's compressed fields (``--compress``) as the manifest names them: a record
+    that compresses where the manifest says nothing is, or keeps ``F.zst`` members of a field
+    the manifest says is compressed without saying so, would give readers compressed bytes."""
+    said = manifest.compression
+    packed = record.d.get("compression")
+    members = record.d.get("members") or {}
+    if packed is not None and said is None:
+        return [Problem("record", entry.name, "its record compresses fields the manifest does not name")]
+    if said is None:
+        return []
+    fields = set(said.get("fields") or [])
+    mine = set((packed or {}).get("fields", {}).values())
+    if packed is not None and packed.get("codec") != said.get("codec") or not mine <= fields:
+        codec = (packed or {}).get("codec")
+        return [Problem("record", entry.name, f"its compressed fields {sorted(mine)} (codec {codec!r}) are not the "
+                        f"manifest's {sorted(fields)} ({said.get('codec')!r})")]
+    unsaid = sorted(m for m in members if m.endswith(".zst") and m[:-4] in fields and m[:-4] not in mine)
+    if unsaid:
+        return [Problem("record", entry.name, f"members {unsaid} hold compressed fields its record does not name")]
     return []
 
 

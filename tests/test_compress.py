@@ -391,6 +391,28 @@ def test_an_index_whose_compression_is_null_is_damaged(tmp_path, pair):
         Wds.load_record(index)
 
 
+def test_an_index_stripped_of_its_compression_is_found_by_verify_and_refused_by_readers(tmp_path, pair):
+    """The whole output rewritten (the index's digest in the manifest made anew): readers would
+    give compressed bytes for fields; verify and the readers check the record against the manifest."""
+    _, packed = pair
+    index = sorted(glob.glob(os.path.join(packed, "*.index.json")))[0]
+    d = json.load(open(index))
+    del d["compression"]
+    data = json.dumps(d).encode()
+    with open(index, "wb") as f:
+        f.write(data)
+    manifest_path = os.path.join(packed, "dsconvert.json")
+    m = json.load(open(manifest_path))
+    name = os.path.basename(index)
+    m["shards"][0]["parts"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with open(manifest_path, "w") as f:
+        json.dump(m, f)
+    report = verify(packed)
+    assert not report["ok"] and any("compressed fields" in p["message"] for p in report["problems"]), report
+    with pytest.raises(dsconvert.ManifestError, match="its compressed fields are not the manifest's"):
+        open_dataset(packed, decode="raw")[0]
+
+
 # --- options ------------------------------------------------------------------------------
 
 

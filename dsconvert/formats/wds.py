@@ -495,7 +495,16 @@ class Wds(Format):
 
     @classmethod
     def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> WdsShard:
-        return WdsShard(access, entry, options.get("max_member_bytes", 1 << 31))
+        shard = WdsShard(access, entry, options.get("max_member_bytes", 1 << 31))
+        fields = set((manifest.compression or {}).get("fields") or [])
+        unsaid = sorted(n for n, _, _ in shard.columns if n.endswith(".zst") and n[:-4] in fields
+                        and n not in shard.packed)
+        if unsaid or shard.packed and manifest.compression is None:  # compressed bytes would pass for fields
+            shard.close()
+            raise ManifestError(f"{access.url_of(Wds.record_name(entry))}: its compressed fields are not the "
+                                f"manifest's ({', '.join(unsaid) or 'the manifest names none'}): a damaged output",
+                                access.url_of(Wds.record_name(entry)))
+        return shard
 
 
 FORMAT = Wds
