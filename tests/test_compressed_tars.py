@@ -438,3 +438,12 @@ def test_remote_tar_gz_read_and_converted(gz_shards, s3, tmp_path, monkeypatch):
     out = tmp_path / "out"
     convert(url, str(out), "wds", storage_options=s3.options, workers=1)
     assert [dict(s) for s in open_dataset(str(out), decode="raw")] == want
+
+
+def test_the_label_member_is_kept_as_the_label_and_other_members_are_said(gz_shards, tmp_path):
+    """--label cls keeps the cls member (as the label): not listed as a member not kept; the
+    jpg's other members are, and so is a JSON member whose one key is the label."""
+    by_cls = convert(gz_shards, str(tmp_path / "cls"), "wds", label="cls", workers=1).manifest.ignored
+    assert [entry["reason"].split(":")[0] for entry in by_cls] == ["members not kept (15 json, 15 txt)"] * 3
+    by_json = convert(gz_shards, str(tmp_path / "json"), "wds", label="json.label", workers=1).manifest.ignored
+    assert all("15 cls, 15 json, 15 txt" in entry["reason"] for entry in by_json)

@@ -637,6 +637,7 @@ def tar_source(src: str, label: Optional[str] = None,
     skipped += shards.failed
     check_label_field(shards, src)
     classes = shards.classes() if label else None
+    label_field, label_path = shards.label if shards.label is not None else ("", [])
     samples: List[Sample] = []
     seen: Dict[str, int] = {}
     for name in shards.names:
@@ -659,7 +660,7 @@ def tar_source(src: str, label: Optional[str] = None,
                     skipped += [Skipped(sf.path, reason) for sf in files]
                     continue
                 for sf in files:
-                    if sf is not images[0]:
+                    if sf is not images[0] and not (sf.field == label_field and not label_path):  # kept: the label
                         unused[sf.field] = unused.get(sf.field, 0) + 1
                 files, sample_label = [images[0]], value
             try:
