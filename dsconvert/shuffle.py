@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import List, Sequence
+from typing import Any, List, Sequence
 
 import numpy as np
 
 from .errors import ManifestError
 
-__all__ = ["ORDERS", "shuffled_order", "order_bytes", "load_order"]
+__all__ = ["ORDERS", "shuffled_order", "order_bytes", "load_order", "mapped_order"]
 
 ORDERS = ("auto", "shuffled", "source")  # auto: shuffled for labelled wds outputs (see convert)
 
@@ -61,3 +61,25 @@ def load_order(data: bytes, n: int, where: str) -> np.ndarray:
     if not seen.all():
         raise ManifestError(f"{where}: not a permutation (a position is repeated)", where)
     return order
+
+
+def mapped_order(buf: Any, n: int, where: str) -> np.ndarray:
+    """The order file's array over ``buf`` (a read-only memory map of it, or its bytes) without
+    a copy: its .npy header read by numpy's own helpers and checked (int64, ``n`` values), each
+    position then bounded where it is used. What :func:`load_order` checks besides (that it is
+    a permutation) was checked when it was written, and is again by ``verify`` and the cache;
+    a reader checks the file's sha256 against the manifest before it trusts it. A worker
+    holds no copy: the map's pages are the page cache's, shared."""
+    head = io.BytesIO(bytes(buf[:4096]))
+    try:
+        version = np.lib.format.read_magic(head)
+        shape, fortran, dtype = (np.lib.format.read_array_header_1_0(head) if version == (1, 0)
+                                 else np.lib.format.read_array_header_2_0(head))
+    except Exception as exc:  # ValueError: not a .npy file, or a header numpy refuses
+        raise ManifestError(f"{where}: not an order file ({str(exc)[:100]})", where) from None
+    if dtype != np.dtype("<i8") or shape != (n,) or (fortran and n > 1):
+        raise ManifestError(f"{where}: an order file holds {n} int64 positions, not {dtype} {shape}", where)
+    offset = head.tell()
+    if len(buf) != offset + 8 * n:
+        raise ManifestError(f"{where}: {len(buf):,} bytes, not the {offset + 8 * n:,} of {n} positions", where)
+    return np.frombuffer(buf, dtype="<i8", count=n, offset=offset)

@@ -3,14 +3,14 @@
 Three levels, each a superset of what the readers rely on:
 
 1. **Files** (always): every shard listed in the manifest exists with the recorded size and
-   sha256; its record (``NAME.index.json``) loads, every column checked, and agrees with the
-   manifest; the format's structure holds. For wds that means reading the tar's own headers:
-   every indexed member is a regular file named ``<key>.<field>`` at the indexed offset and
-   size, and no member has an unsafe name (absolute, ``..``), an unsafe type (symlink, hard
-   link, device, FIFO) or is left out of the index, since `tar -x` or another reader would meet
-   them. For npy, the samples table fits the pixel array; for hdf5, the datasets and
-   attributes are there with the right lengths. Shard files in the folder that the manifest
-   does not list are reported as warnings.
+   sha256; its record (``NAME.idx``, or an older output's ``NAME.index.json``) loads, every
+   column checked, and agrees with the manifest; the format's structure holds. For wds that
+   means reading the tar's own headers: every indexed member is a regular file named
+   ``<key>.<field>`` at the indexed offset and size, and no member has an unsafe name
+   (absolute, ``..``), an unsafe type (symlink, hard link, device, FIFO) or is left out of the
+   index, since `tar -x` or another reader would meet them. For npy, the samples table fits the
+   pixel array; for hdf5, the datasets and attributes are there with the right lengths. Shard
+   files in the folder that the manifest does not list are reported as warnings.
 2. **Samples** (``decode=True``): every sample is read through the format's reader and every
    image decoded in full (encoded formats; never unpickling anything), within the
    decompression-bomb limit; decoded formats' pixels are read back with their shapes.
@@ -24,23 +24,29 @@ A manifest that cannot be read at all is an error (ManifestError).
 
 from __future__ import annotations
 
+import hashlib
+import mmap
 import os
 import re
 import shutil
 import tempfile
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple, Type
+
+import numpy as np
 
 from .errors import BadInputError, DsconvertError, ManifestError, NotRegularFileError
 from .formats import FORMATS, Format, get
 from .formats.base import Problem, ShardRecord, part_problems
-from .io.localfs import SizeBoundedFile, stream_sha256
+from .io.localfs import SizeBoundedFile, open_regular, stream_sha256
 from .io.location import Location, is_remote, local_form
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest, ShardEntry
 from .processes import available_cpus, process_pool
+from .shuffle import mapped_order
 from .skips import ROW_KINDS, InputSet, count_of
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
@@ -210,34 +216,103 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
             "changed": changed, "unchecked": unchecked, "misplaced": sorted(misplaced)}
 
 
-def _order_problems(out: Location, manifest: Manifest, records: List[Optional[ShardRecord]]) -> List[Problem]:
-    """A shuffled output's order file: its checksum, that it is a permutation, and that it
-    agrees with the source positions the shard records hold."""
-    import hashlib
+class _OrderCheck:
+    """A shuffled output's order file, checked in bounded memory: its checksum streamed, that it
+    is a permutation (a bitmap of N bits, not a set), and, shard by shard as their records are
+    read, that it agrees with the source positions they hold (``order[position] == stored
+    place``). Nothing per sample is kept: the file is mapped where it is local."""
 
-    from .shuffle import load_order, order_bytes
+    def __init__(self, out: Location, manifest: Manifest):
+        self.out, self.manifest = out, manifest
+        self.problems: List[Problem] = []
+        self.order: Any = None
+        self.positions = 0  # source positions seen in records
+        self.some_positions = False
+        self.mismatch = False
+        self.complete = True
+        if manifest.order is None:
+            return
+        name = ORDER_NAME
+        try:
+            buf = self._read(name)
+        except OSError as exc:
+            self.problems.append(Problem("missing", name, f"the order file is unreadable: {exc}"))
+            return
+        if (len(buf), hashlib.sha256(buf).hexdigest()) != (manifest.order["bytes"], manifest.order["sha256"]):
+            self.problems.append(Problem("checksum", name, "its size or sha256 differs from the manifest's"))
+            return
+        try:
+            order = mapped_order(buf, manifest.num_samples, out.url_of(name))
+            _check_permutation(order, out.url_of(name))
+        except ManifestError as exc:
+            self.problems.append(Problem("structure", name, str(exc)))
+            return
+        self.order = order
 
-    if manifest.order is None:
-        if any(r is not None and r.d.get("positions") for r in records):
-            return [Problem("structure", MANIFEST_NAME, "the shard records hold a shuffled order's source positions "
-                            "but the manifest names no order file: reading by index would not give the source's order")]
+    def _read(self, name: str) -> Any:
+        path = self.out.local_path(name)
+        if path is None:
+            return self.out.read_bytes(name)
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+
+    def shard(self, start: int, record: Optional[ShardRecord]) -> None:
+        """The record of the shard whose samples are stored from place ``start`` on (None: unreadable)."""
+        if record is None:
+            self.complete = False
+            return
+        positions = record.d.get("positions") or []
+        if not positions:
+            return
+        self.some_positions = True
+        self.positions += len(positions)
+        if self.order is None or self.mismatch:
+            return
+        p = np.asarray(positions, dtype=np.int64)
+        n = self.manifest.num_samples
+        if p.min() < 0 or p.max() >= n or not np.array_equal(
+                self.order[p], np.arange(start, start + len(p), dtype=np.int64)):
+            self.mismatch = True
+
+    def finish(self) -> List[Problem]:
+        if self.manifest.order is None:
+            if self.some_positions:
+                return [Problem("structure", MANIFEST_NAME, "the shard records hold a shuffled order's source "
+                                "positions but the manifest names no order file: reading by index would not give the "
+                                "source's order")]
+            return []
+        if self.problems or not self.complete:
+            return self.problems
+        if self.mismatch or self.positions != self.manifest.num_samples:
+            return [Problem("structure", ORDER_NAME, "does not match the source positions in the shard records")]
         return []
-    name = ORDER_NAME
-    try:
-        data = out.read_bytes(name)
-    except OSError as exc:
-        return [Problem("missing", name, f"the order file is unreadable: {exc}")]
-    if (len(data), hashlib.sha256(data).hexdigest()) != (manifest.order["bytes"], manifest.order["sha256"]):
-        return [Problem("checksum", name, "its size or sha256 differs from the manifest's")]
-    try:
-        load_order(data, manifest.num_samples, out.url_of(name))
-    except ManifestError as exc:
-        return [Problem("structure", name, str(exc))]
-    if all(r is not None for r in records):
-        stored = [p for r in records for p in (r.d.get("positions") or [])]  # type: ignore[union-attr]
-        if len(stored) != manifest.num_samples or order_bytes(stored) != data:
-            return [Problem("structure", name, "does not match the source positions in the shard records")]
-    return []
+
+
+def _check_permutation(order: np.ndarray, where: str, chunk: int = 1 << 20) -> None:
+    """That ``order`` holds every position of range(len(order)) once, with a bitmap of len/8 bytes."""
+    n = len(order)
+    seen = np.zeros((n + 7) // 8, dtype=np.uint8)
+    for a in range(0, n, chunk):
+        v = np.asarray(order[a: a + chunk], dtype=np.int64)
+        if v.min() < 0 or v.max() >= n:
+            raise ManifestError(f"{where}: positions outside 0..{n - 1}", where)
+        byte, bit = v >> 3, (1 << (v & 7)).astype(np.uint8)
+        if (seen[byte] & bit).any() or len(np.unique(v)) != len(v):
+            raise ManifestError(f"{where}: not a permutation (a position is repeated)", where)
+        np.bitwise_or.at(seen, byte, bit)
+
+
+def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: List[Any], ahead: int) -> Iterator[Any]:
+    """``pool.map`` with at most ``ahead`` results waiting: a shard's record is consumed and
+    dropped before many more are read (``Executor.map`` submits everything at once)."""
+    window: Deque[Any] = deque()
+    for item in items:
+        window.append(pool.submit(fn, item))
+        if len(window) >= ahead:
+            yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
 
 
 def _compression_problems(manifest: Manifest, entry: ShardEntry, record: Any) -> List[Problem]:
@@ -281,15 +356,23 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     workers = workers or available_cpus()
     started = time.perf_counter()
     problems: List[Problem] = []
-    records: List[Optional[ShardRecord]] = []
+    read_ok: List[bool] = []  # per shard: its record loaded
+    kept: List[ShardRecord] = []  # records, only for the source comparison (which lists every file anyway)
     hashed = 0
     say(f"checking {len(manifest.shards)} shard(s) against {MANIFEST_NAME}")
+    order = _OrderCheck(location, manifest)
+    start = 0
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # hashing releases the GIL
-        for found, nbytes, record in pool.map(lambda e: _check_shard(location, manifest, e), manifest.shards):
+        checks = _bounded_map(pool, lambda e: _check_shard(location, manifest, e), manifest.shards, 2 * workers + 2)
+        for entry, (found, nbytes, record) in zip(manifest.shards, checks):
             problems += found
             hashed += nbytes
-            records.append(record)
-    problems += _order_problems(location, manifest, records)
+            read_ok.append(record is not None)
+            order.shard(start, record)
+            start += entry.num_samples
+            if record is not None and source is not None:
+                kept.append(record)
+    problems += order.finish()
     hash_seconds = time.perf_counter() - started
     fmt: Type[Format] = get(manifest.format)
     listed = {n for e in manifest.shards for n in fmt.files_of(e)}
@@ -306,7 +389,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     }
     if decode:
         say(f"decoding every sample of {manifest.num_samples}")
-        readable = [k for k, r in enumerate(records) if r is not None and not any(
+        readable = [k for k, ok in enumerate(read_ok) if ok and not any(
             p.path == manifest.shards[k].name and p.severity == "error" for p in problems)]
         failures: List[Tuple[str, str]] = []
         decoded = 0
@@ -335,7 +418,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
         if not is_remote(source) and not os.path.exists(source):
             raise DsconvertError(f"source does not exist: {source}", source)
         say(f"comparing with the source {source}")
-        diff = _source_diff(manifest, [r for r in records if r is not None], source, storage_options)
+        diff = _source_diff(manifest, kept, source, storage_options)
         report["source"] = diff
         for kind in ("missing", "extra", "changed", "misplaced"):
             for p in diff[kind]:

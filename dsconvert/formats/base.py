@@ -23,8 +23,9 @@ format must provide is marked ``@abstractmethod``.
 Code outside this package asks the registry (:func:`dsconvert.formats.get`) and never
 compares format ids. Nothing here imports torch: conversion never pays for it.
 
-Every shard has a record, ``NAME.index.json``, written after the shard: its presence marks
-the shard done, and its spec digest lets a resumed run reuse it.
+Every shard has a record, ``NAME.idx`` (binary columns, :mod:`dsconvert.formats.columns`;
+``NAME.index.json`` in outputs of dsconvert 0.1's earlier releases, still read), written after
+the shard: its presence marks the shard done, and its spec digest lets a resumed run reuse it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from ..manifest import (
 )
 from ..plan import ShardResult, ShardSpec
 from ..samples import Fetched, Fields, Sample, Skipped
+from .columns import RECORD_SUFFIX, Columns, encode_record, is_binary
 
 __all__ = ["Format", "Sink", "ShardReader", "SpansNotSupported", "ShardRecord", "Problem", "part_of", "part_problems",
            "write_owned", "pixels_for", "image_field", "manifest_image_field"]
@@ -88,7 +90,8 @@ def _skip_list(spec: ShardSpec, skipped: List[Skipped]) -> List[Dict[str, Any]]:
 
 
 class ShardRecord:
-    """A finished shard's record, ``NAME.index.json``, written after the shard itself.
+    """A finished shard's record, ``NAME.idx`` (or an older output's ``NAME.index.json``),
+    written after the shard itself.
 
     Common to every format: the spec digest (for resume), size and sha256, and per sample the
     key, label, source paths and their [size, mtime_ns] (``stats``, for ``verify --source``;
@@ -120,19 +123,22 @@ class ShardRecord:
 
     def save(self, out: Location, name: str, owner: str = "") -> Dict[str, Any]:
         """Write the record as ``name`` (noted as ``owner``'s first); return its {bytes, sha256}
-        for the manifest."""
-        data = json_bytes(self.d)
+        for the manifest. Binary columns (:mod:`dsconvert.formats.columns`), unless ``name``
+        is an older output's JSON record."""
+        data = json_bytes(self.d) if name.endswith(".json") else encode_record(self.d)
         write_owned(out, owner, name, data)
         return part_of(data)
 
     @classmethod
     def load(cls, path: str, fmt: str, data: Optional[bytes] = None) -> ShardRecord:
-        """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere)."""
+        """Parse the record at ``path`` (or ``data``, its bytes, read from anywhere): binary
+        columns, or an older output's JSON, into the JSON form's dict (one shard's worth: the
+        readers of a shard's samples map its columns instead, :class:`Columns`)."""
         try:
             if data is None:
                 with open_regular(path) as f:
                     data = f.read()
-            d = json.loads(data)
+            d = Columns(data, path).to_dict() if is_binary(data) else json.loads(data)
         except ValueError as exc:  # UnicodeDecodeError included
             raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
         except RecursionError:  # "[[[[..." deeper than the interpreter's stack
@@ -280,8 +286,8 @@ class ShardReader(ABC):
     opened. Other readers answer them with :class:`SpansNotSupported`."""
 
     name: str = ""
-    keys: List[str]
-    labels: List[int]
+    keys: Sequence[str]
+    labels: Sequence[int]
     image_field = "jpg"  # the image's field name, for formats that keep only the image
     ranged: ClassVar[bool] = False  # samples are byte spans of one file (see the class doc)
     source: Any = None  # the byte source prepare() opened (ranged readers; see dsconvert.io.ranges)
@@ -304,7 +310,7 @@ class ShardReader(ABC):
         ``source``: a byte source that ``scattered`` gave, to read them from (ranged readers)."""
         return {self.image_field: self.image(j)}
 
-    def image_spans(self) -> List[Tuple[int, int]]:
+    def image_spans(self) -> Sequence[Tuple[int, int]]:
         """(offset, size) of each sample's image in the shard's file, by sample (ranged readers)."""
         raise SpansNotSupported(self, "image_spans")
 
@@ -348,7 +354,7 @@ class Format(ABC):
 
     @classmethod
     def index_name(cls, shard_name: str) -> str:
-        return shard_name[: -len(cls.suffix)] + ".index.json"
+        return shard_name[: -len(cls.suffix)] + RECORD_SUFFIX
 
     @classmethod
     def record_name(cls, entry: ShardEntry) -> str:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-import operator
 import re
 import tarfile
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -71,6 +70,7 @@ from ..manifest import Manifest, ShardEntry, expect, is_int_list
 from ..plan import ShardSpec
 from ..samples import Sample
 from .base import Format, Problem, ShardReader, ShardRecord, Sink
+from .columns import Columns, IntColumn, encode_record, is_binary
 
 __all__ = ["Wds", "FORMAT", "sample_tar_bytes"]
 
@@ -248,52 +248,129 @@ def check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
     return problems
 
 
+def _header_problem(header: Any, name: Optional[str], size: int) -> Optional[str]:
+    """What is wrong with a member's own tar header (the 512 bytes before its data) for the
+    member the index names, or None: its size field, and (``name``: our own shards, whose member
+    names are ``KEY.FIELD``) its name field, as ``tarfile`` writes it (a PAX record holds a
+    longer or non-ASCII name; the header keeps its first 100 bytes, ASCII with '?'). Cheap
+    enough for every read: a shard replaced under a reader gives other samples at the old
+    offsets, and their headers say so."""
+    header = bytes(header)
+    if len(header) != 512:
+        return "its tar header is missing"
+    field = header[124:136]
+    if not field[0] & 0x80:  # base-256 sizes (past 8 GiB) are not ours to compare
+        try:
+            declared = int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+        except ValueError:
+            return "no tar header where the index puts one"
+        if declared != size:
+            return f"its tar header declares {declared:,} bytes, the index {size:,}"
+    if name is not None:
+        have = header[:100].split(b"\0", 1)[0]
+        want = name.encode("ascii", "replace")[:100]
+        if have != want:
+            return f"its tar header names {have.decode('ascii', 'replace')!r}"
+    return None
+
+
 class WdsShard(ShardReader):
-    """A tar shard and its index, as columns of Python ints, read through one byte source
-    (a memory map, or ranged reads ahead: :mod:`dsconvert.io.ranges`)."""
+    """A tar shard and its record, the record's columns mapped (:mod:`.columns`: nothing per
+    sample is parsed or held), the tar read through one byte source (``pread``, a memory map,
+    or ranged reads ahead: :mod:`dsconvert.io.ranges`).
+
+    Every read of a plain tar takes the member's own header with its data (one ``pread`` of
+    512 bytes more) and checks its name and size against the record: a shard replaced after
+    the dataset opened gives a one-line error naming it, not another sample's bytes."""
 
     ranged = True  # every member is a byte span of the tar
 
     def __init__(self, access: Any, entry: ShardEntry, max_member_bytes: int = 1 << 31):
         index_name = Wds.record_name(entry)
+        where = access.url_of(index_name)
         part = entry.parts.get(index_name)  # older manifests carry no digest of the index
-        index = Wds.load_record(access.url_of(index_name), access.file_bytes(index_name, part))
-        if (index.d["sha256"], index.bytes) != (entry.sha256, entry.bytes) and access.cache is not None and not part:
-            index = Wds.load_record(access.url_of(index_name), access.file_bytes(index_name, refresh=True))  # stale
-        if (index.d["sha256"], index.bytes, index.d["num_samples"]) != (entry.sha256, entry.bytes, entry.num_samples):
-            raise ManifestError(f"{access.url_of(index_name)} describes another version of {entry.name} than the "
-                                "manifest (was the output rewritten while being read?)", access.url_of(index_name))
+        cols = _open_columns(access, index_name, part, where)
+        head = cols.record
+        if (head.get("sha256"), head.get("bytes")) != (entry.sha256, entry.bytes) and access.cache is not None \
+                and not part:
+            cols = _open_columns(access, index_name, None, where, refresh=True)  # a stale copy
+            head = cols.record
+        if (head.get("sha256"), head.get("bytes"), cols.n) != (entry.sha256, entry.bytes, entry.num_samples):
+            raise ManifestError(f"{where} describes another version of {entry.name} than the manifest (was the "
+                                "output rewritten while being read?)", where)
         self.access = access
         self.name = entry.name
         self.entry = entry
+        self.where = where
         self.path = access.local_shard(entry)  # None: read ranges of the remote object
         self.size = regular_size(self.path) if self.path is not None else entry.bytes
-        if self.size != index.bytes:
-            raise ManifestError(f"{self.path}: {self.size} bytes, but its index says {index.bytes}", self.path)
-        self.index = index
-        self.keys = index.keys
-        self.labels = index.labels or []
-        self._image: Optional[List[Tuple[int, int]]] = None
-        self.columns = [(name, col["offset"], col["size"]) for name, col in index.d["members"].items()]
+        if self.size != head.get("bytes"):
+            raise ManifestError(f"{self.path}: {self.size} bytes, but its index says {head.get('bytes')}", self.path)
+        self.cols = cols
+        self.keys = cols.strings("keys")
+        self.labels = cols.ints("labels") if cols.has("labels") else []
+        members = cols.fields()
+        self.columns: List[Tuple[str, IntColumn, IntColumn]] = [
+            (name, col["offset"], col["size"]) for name, col in members.items()]
         # a compressed tar another tool wrote (.tar.gz...): offsets are in its decompressed stream
-        self.stream_kind: Optional[str] = index.d.get("stream_compression")
+        self.stream_kind: Optional[str] = head.get("stream_compression")
         end: Any = self.size
         if self.stream_kind is not None:
-            end = index.d.get("stream_bytes")
+            end = head.get("stream_bytes")
             if self.stream_kind not in COMPRESSIONS or type(end) is not int or end < 0:
-                raise ManifestError(f"{access.url_of(index_name)}: not an index of a compressed tar this dsconvert "
-                                    "reads", self.path)
-        for _, offsets, sizes in self.columns:  # absent members are (-1, -1)
-            if offsets and (max(map(operator.add, offsets, sizes)) > end or max(sizes) > max_member_bytes
-                            or min(offsets) < -1 or min(sizes) < -1):
+                raise ManifestError(f"{where}: not an index of a compressed tar this dsconvert reads", self.path)
+        for _, offsets, sizes in self.columns:  # absent members are (-1, -1); checked vectorised, on the map
+            if not len(offsets):
+                continue
+            o, s = offsets.array(), sizes.array()
+            present = o[o >= 0]
+            # a plain tar's first data follows a 512-byte header: each read takes the header with it
+            first = 0 if self.stream_kind is not None else 512
+            if (o.min() < -1 or s.min() < -1 or s.max() > max_member_bytes or int((o + s).max()) > end
+                    or (present.size and int(present.min()) < first) or bool(((o >= 0) != (s >= 0)).any())):
                 raise ManifestError(f"{access.url_of(entry.name)}: index points outside the shard", self.path)
         self.max_member_bytes = max_member_bytes
+        compression = head.get("compression") or {}
+        packed = compression.get("fields", {}) if isinstance(compression, dict) else {}
         # compressed columns: member's field -> (the field, sizes decompressed), read back by fields()
-        self.packed: Dict[str, Tuple[str, List[int]]] = {
-            member: (field, index.d["members"][member]["raw_size"])
-            for member, field in (index.d.get("compression") or {}).get("fields", {}).items()}
+        self.packed: Dict[str, Tuple[str, IntColumn]] = {}
+        for member, field in (packed.items() if isinstance(packed, dict) else ()):
+            raw = members.get(member, {}).get("raw_size")
+            if raw is None:
+                raise ManifestError(f"{where}: compressed member {member!r} has no raw_size column", where)
+            self.packed[member] = (field, raw)
+        # each member's header is checked on reads of plain tars; the name too where the tar is ours
+        self.check_headers = self.stream_kind is None
+        self.own_names = getattr(access, "own_names", True)
+        self._image_cols = [(name, o, s) for name, o, s in self.columns if name != "cls"]
         self.source: Any = None
         self._whole: Optional[np.ndarray] = None  # the mapped shard, for views (decode="buffer")
+
+    # --- reading one member --------------------------------------------------------------
+
+    def member_name(self, j: int, field: str) -> Optional[str]:
+        return f"{self.keys[j]}.{field}" if self.own_names else None
+
+    def check_header(self, header: Any, j: int, field: str, size: int) -> None:
+        problem = _header_problem(header, self.member_name(j, field), size)
+        if problem is not None:
+            raise ManifestError(f"{self.access.url_of(self.name)}: sample {self.keys[j]!r} ({field}): {problem}: "
+                                "the shard is not the one its index describes (replaced or rewritten since); "
+                                "open the dataset again, or run dsconvert verify", self.access.url_of(self.name))
+
+    def read(self, get: Callable[[int, int], Any], j: int, field: str, o: int, size: int) -> Any:
+        """The member's bytes through ``get``, its header checked with them (plain tars)."""
+        if not self.check_headers:
+            return get(o, size)
+        raw = get(o - 512, size + 512)
+        self.check_header(raw[:512], j, field, size)
+        return raw[512:]
+
+    def span(self, o: int, size: int) -> Tuple[int, int]:
+        """The bytes a read of a member takes: with its header, for plain tars."""
+        return (o - 512, size + 512) if self.check_headers else (o, size)
+
+    # --- sources ---------------------------------------------------------------------------
 
     def prepare(self, first: int, stop: int, prefetch: bool, views: bool = False) -> None:
         """A local file read by ``pread`` (or memory-mapped for zero-copy ``views``), or
@@ -305,8 +382,11 @@ class WdsShard(ShardReader):
             return
         self.close()
         if prefetch or self.path is None:
-            end = max((o[i] + sz[i] for _, o, sz in self.columns for i in range(first, stop) if o[i] >= 0),
-                      default=0)
+            end = 0
+            for _, o, sz in self.columns:
+                if stop > first:
+                    ends = o.array()[first:stop] + sz.array()[first:stop]
+                    end = max(end, int(ends.max()))
             self.source = (PrefetchedBytes.local(self.path, end) if self.path is not None
                            else PrefetchedBytes.remote(self.access.location, self.entry.name, end))
         elif views:  # zero-copy views of the map (decode="buffer")
@@ -331,13 +411,20 @@ class WdsShard(ShardReader):
             self.source.close()
             self.source = None
 
+    def _source(self) -> Any:
+        if self.source is None:
+            self.prepare(0, len(self.keys), False)
+        return self.source
+
+    # --- samples ---------------------------------------------------------------------------
+
     def fields(self, j: int, source: Any = None) -> Dict[str, bytes]:
-        if source is None:
-            if self.source is None:
-                self.prepare(0, len(self.keys), False)
-            source = self.source
-        get = source.get
-        stored = {name: get(o[j], s[j]) for name, o, s in self.columns if o[j] >= 0}
+        get = (source if source is not None else self._source()).get
+        stored = {}
+        for name, o, s in self.columns:
+            offset = o[j]
+            if offset >= 0:
+                stored[name] = self.read(get, j, name, offset, s[j])
         return self._unpacked(stored, j) if self.packed else stored
 
     def _unpacked(self, stored: Dict[str, Any], j: int) -> Dict[str, bytes]:
@@ -360,17 +447,16 @@ class WdsShard(ShardReader):
     def sample_bytes(self, j: int, image_only: bool) -> int:
         """Bytes read for sample j (its image, or every member)."""
         if image_only:
-            return self._image_spans()[j][1]
+            return self.image_member(j)[2]
         return sum(s[j] for _, o, s in self.columns if o[j] >= 0)
 
     def scattered(self, samples: Sequence[int], image_only: bool) -> ScatteredBytes:
         """The bytes of ``samples`` (their image, or every member), requested now, concurrently
         (see :class:`~dsconvert.io.ranges.ScatteredBytes`); ``close()`` it when read."""
         if image_only:
-            image = self._image_spans()
-            spans = [image[j] for j in samples]
+            spans = [self.span(*self.image_member(j)[1:]) for j in samples]
         else:
-            spans = [(o[j], s[j]) for j in samples for _, o, s in self.columns if o[j] >= 0]
+            spans = [self.span(o[j], s[j]) for j in samples for _, o, s in self.columns if o[j] >= 0]
         if self.stream_kind is not None:
             return SpansRead(self._decompressed(), spans)  # type: ignore[return-value]
         if self.path is not None:
@@ -380,58 +466,78 @@ class WdsShard(ShardReader):
             return source
         return ScatteredBytes(remote_fill(self.access.location, self.entry.name), spans)
 
-    def _image_spans(self) -> List[Tuple[int, int]]:
-        """Per sample, (offset, size) of the one member that is not the label."""
-        if self._image is None:
-            cols = [(o, sz) for name, o, sz in self.columns if name != "cls"]
-            if len(cols) == 1 and (not cols[0][0] or min(cols[0][0]) >= 0):  # one image field
-                self._image = list(zip(*cols[0]))
-                return self._image
-            spans = []
-            for j in range(len(self.keys)):
-                span = next(((o[j], sz[j]) for o, sz in cols if o[j] >= 0), None)
-                if span is None:
-                    raise ManifestError(f"{self.index.name}: sample {self.keys[j]} has no image member")
-                spans.append(span)
-            self._image = spans
-        return self._image
+    def image_member(self, j: int) -> Tuple[str, int, int]:
+        """(field, offset, size) of sample j's image: its one member that is not the label."""
+        for name, o, s in self._image_cols:
+            offset = o[j]
+            if offset >= 0:
+                return name, offset, s[j]
+        raise ManifestError(f"{self.where}: sample {self.keys[j]} has no image member", self.where)
 
-    def image(self, j: int) -> Any:
-        """Sample j's image bytes; a zero-copy uint8 view of the map after ``prepare(views=True)``."""
-        if self.source is None:
-            self.prepare(0, len(self.keys), False)
-        o, sz = self._image_spans()[j]
-        if self._whole is not None:
-            return self._whole[o: o + sz]
-        return self.source.get(o, sz)
+    def image(self, j: int, source: Any = None) -> Any:
+        """Sample j's image bytes; a zero-copy uint8 view of the map after ``prepare(views=True)``;
+        ``source``: a byte source that ``scattered`` gave, to read it from."""
+        field, o, sz = self.image_member(j)
+        if source is None:
+            source = self._source()
+            if self._whole is not None:
+                if self.check_headers:
+                    self.check_header(self._whole[o - 512: o], j, field, sz)
+                return self._whole[o: o + sz]
+        return self.read(source.get, j, field, o, sz)
 
-    def image_spans(self) -> List[Tuple[int, int]]:
-        """(offset, size) of each sample's image member, by sample."""
-        return self._image_spans()
+    def image_spans(self) -> Sequence[Tuple[int, int]]:
+        """(offset, size) of each sample's image member, by sample (computed on access)."""
+        return _ImageSpans(self)
 
     def images(self, first: int, stop: int, views: bool = False) -> Iterator[Tuple[int, Any]]:
-        """The hot loop of raw reading: slices of the memory map directly when there is one.
-        With ``views``, zero-copy uint8 array views of the map instead of bytes."""
+        """The hot loop of raw reading, each member's header checked with it. With ``views``,
+        zero-copy uint8 array views of the map instead of bytes."""
         if self.source is None or (views and getattr(self.source, "mm", None) is None
                                    and not isinstance(self.source, PrefetchedBytes)):
             self.prepare(first, stop, False, views)
-        spans = self._image_spans()
         mm = getattr(self.source, "mm", None)
-        if mm is not None and views:
+        if mm is not None:
             whole = np.frombuffer(mm, dtype=np.uint8)
             for i in range(first, stop):
-                o, sz = spans[i]
-                yield i, whole[o: o + sz]
-        elif mm is not None:
-            for i in range(first, stop):
-                o, sz = spans[i]
-                yield i, mm[o: o + sz]
+                field, o, sz = self.image_member(i)
+                if self.check_headers:
+                    self.check_header(whole[o - 512: o], i, field, sz)
+                yield i, whole[o: o + sz] if views else mm[o: o + sz]
         else:
             get = self.source.get
             for i in range(first, stop):
-                o, sz = spans[i]
-                data = get(o, sz)
+                field, o, sz = self.image_member(i)
+                data = self.read(get, i, field, o, sz)
                 yield i, np.frombuffer(data, dtype=np.uint8) if views else data
+
+
+class _ImageSpans(Sequence[Tuple[int, int]]):
+    """A shard's image spans as a sequence, each computed from the mapped columns when asked."""
+
+    def __init__(self, shard: WdsShard):
+        self.shard = shard
+
+    def __len__(self) -> int:
+        return len(self.shard.keys)
+
+    def __getitem__(self, j: Any) -> Any:
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        _, o, s = self.shard.image_member(j)
+        return o, s
+
+
+def _open_columns(access: Any, name: str, part: Optional[Dict[str, Any]], where: str,
+                  refresh: bool = False) -> Columns:
+    """A shard's record as columns: mapped where it is a local binary record, else read (an
+    older output's JSON record, or a foreign tar's index, is turned into columns in memory:
+    such a record costs its parse at every open, as before)."""
+    data = access.file_bytes(name, refresh=True) if refresh else access.mapped_file(name, part)
+    if is_binary(data):
+        return Columns(data, where)
+    record = Wds.load_record(where, bytes(data))
+    return Columns(encode_record(record.d), where)
 
 
 def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import mmap
 import os
 import shutil
 import threading
@@ -45,6 +46,8 @@ if TYPE_CHECKING:  # an entry is only read here (name, sha256, bytes): the manif
 __all__ = ["ShardCache", "ShardAccess"]
 
 MARKER = ".sha256"
+# local files whose sha256 this process checked: path -> (device, inode, size, mtime_ns, sha256)
+_verified: Dict[str, Tuple[int, int, int, int, str]] = {}
 
 
 def _write_marker(local: str, sha256: str) -> None:
@@ -287,6 +290,40 @@ class ShardAccess:
             raise ManifestError(f"{self.url_of(name)}: its sha256 differs from the manifest's (was the output "
                                 "rewritten while being read?)", self.url_of(name))
         return data
+
+    def mapped_file(self, name: str, part: Optional[Dict[str, Any]] = None) -> Any:
+        """A file of the output (a shard's binary record, the order file) as a read-only memory
+        map where it is local (the output, or the cache's checked copy), else its bytes; with
+        ``part`` checked against the manifest's {bytes, sha256}. A map's pages are the page
+        cache's, shared by every process that maps the file: nothing is copied per process.
+
+        The sha256 of a local file is taken once per process and file version (device, inode,
+        size, mtime): reopening it (a reader's bounded set of open shards evicts and reopens)
+        costs an ``fstat``, not a hash."""
+        want = (part or {}).get("sha256")
+        if self.cache is not None:
+            path: Optional[str] = self.cache.get(self.url_of(name), want, (part or {}).get("bytes"), counted=False)
+        else:
+            path = self.location.local_path(name)
+        if path is None:
+            return self.file_bytes(name, part)
+        with open_regular(path) as f:
+            st = os.fstat(f.fileno())
+            if part is not None and st.st_size != part.get("bytes", st.st_size):
+                raise ManifestError(f"{self.url_of(name)}: {st.st_size:,} bytes, the manifest says {part['bytes']:,} "
+                                    "(was the output rewritten while being read?)", self.url_of(name))
+            if not st.st_size:
+                return b""
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if want is not None and self.cache is None:
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, want)
+            if _verified.get(path) != identity:
+                if hashlib.sha256(mm).hexdigest() != want:
+                    mm.close()
+                    raise ManifestError(f"{self.url_of(name)}: its sha256 differs from the manifest's (was the output "
+                                        "rewritten while being read?)", self.url_of(name))
+                _verified[path] = identity
+        return mm
 
     def local_shard(self, entry: ShardEntry) -> Optional[str]:
         """A local path with the shard's bytes (verified against the manifest when cached), or

@@ -6,7 +6,13 @@ DDP and every other sampler come from the DataLoader, exactly as with ImageFolde
 Local shards are read by one ``pread`` a sample. Where each read pays a round trip
 (latency-bound mounts such as NFS or FUSE, and remote shards without a cache), a batch
 (``__getitems__``, which the DataLoader calls once per batch) requests all its samples' bytes
-at once, concurrently, so the round trips overlap instead of adding up."""
+at once, concurrently, so the round trips overlap instead of adding up.
+
+Memory does not grow with the dataset: a shard's record is memory-mapped binary columns
+(:mod:`dsconvert.formats.columns`), the order file is mapped too (:func:`dsconvert.shuffle.mapped_order`),
+and a process keeps at most ``max_open_shards`` shards open, closing the least recently used.
+Their pages are the page cache's, shared by every worker: a shuffled read that touches every
+shard holds no per-sample Python object."""
 
 from __future__ import annotations
 
@@ -16,12 +22,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field
+from ..errors import ManifestError
 from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
 from ..io.shard_cache import ShardAccess
 from ..manifest import ORDER_NAME, Manifest
 from ..processes import ProcessLocal, settle_worker
-from ..shuffle import load_order
+from ..shuffle import mapped_order
 from .base import ShardDataset, TorchDataset, cumulative, locate
 
 __all__ = ["MapDataset"]
@@ -36,7 +43,7 @@ class MapDataset(ShardDataset, TorchDataset):
     def __init__(self, root: str, manifest: Manifest, transform: Optional[Callable] = None,
                  target_transform: Optional[Callable] = None, decode: str = "pil",
                  access: Optional[ShardAccess] = None, allow_pickle: bool = False,
-                 max_member_bytes: int = 1 << 31, prefetch: Optional[bool] = None):
+                 max_member_bytes: int = 1 << 31, prefetch: Optional[bool] = None, max_open_shards: int = 64):
         super().__init__(root, manifest, transform, target_transform, decode, access)
         if not self.classification and not self.format.any_samples:
             raise ValueError(f"{root}: {manifest.format} outputs hold (image, label) samples only")
@@ -50,11 +57,23 @@ class MapDataset(ShardDataset, TorchDataset):
         self.prefetch = prefetch
         self._sizes = [s.num_samples for s in manifest.shards]
         self._ends = cumulative(self._sizes)
-        self._shards: Dict[int, ShardReader] = ProcessLocal()
-        self._order: Optional[np.ndarray] = None  # source position -> stored position (shuffled outputs)
-        if manifest.order is not None:
-            data = self.access.file_bytes(ORDER_NAME, manifest.order)  # checked against its sha256
-            self._order = load_order(data, manifest.num_samples, self.access.url_of(ORDER_NAME))
+        if type(max_open_shards) is not int or max_open_shards < 1:
+            raise ValueError(f"max_open_shards must be an int >= 1, not {max_open_shards!r}")
+        self.max_open_shards = max_open_shards
+        self._shards: Dict[int, ShardReader] = ProcessLocal()  # most recently used last
+        self._local: Dict[str, Any] = ProcessLocal()  # the mapped order, per process
+        self._order_map()  # here, so that a damaged order file is refused when the dataset opens
+
+    def _order_map(self) -> Optional[np.ndarray]:
+        """Source position -> stored position (shuffled outputs; None: stored as the source),
+        mapped in this process, checked against the manifest's sha256 once per file version."""
+        if self.manifest.order is None:
+            return None
+        order = self._local.get("order")
+        if order is None:
+            buf = self.access.mapped_file(ORDER_NAME, self.manifest.order)
+            order = self._local["order"] = mapped_order(buf, self.manifest.num_samples, self.access.url_of(ORDER_NAME))
+        return order
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -75,13 +94,16 @@ class MapDataset(ShardDataset, TorchDataset):
 
     def shard(self, k: int) -> ShardReader:
         """Shard k, opened in this process on first use."""
-        shard = self._shards.get(k)
+        shards = self._shards
+        shard = shards.pop(k, None)
         if shard is None:
             settle_worker()
-            shard = self._shards[k] = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest,
-                                                             **self._open_options)
+            if len(shards) >= self.max_open_shards:  # the least recently used closes (it reopens when read)
+                shards.pop(next(iter(shards))).close()
+            shard = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest, **self._open_options)
             if self.decode == "buffer" and self.format.iterable:  # zero-copy views of the tar's memory map
                 shard.prepare(0, len(shard.keys), False, views=True)
+        shards[k] = shard
         return shard
 
     def where(self, index: int) -> Tuple[int, int]:
@@ -94,8 +116,12 @@ class MapDataset(ShardDataset, TorchDataset):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample index {index} out of range for {n} samples")
-        if self._order is not None:
-            i = int(self._order[i])
+        if self.manifest.order is not None:
+            order = self._local.get("order")
+            i = int((order if order is not None else self._order_map())[i])
+            if not 0 <= i < n:
+                raise ManifestError(f"{self.access.url_of(ORDER_NAME)}: position {i} outside 0..{n - 1} (a damaged "
+                                    "order file)", self.access.url_of(ORDER_NAME))
         return locate(self._ends, i, self._sizes)
 
     def _fetches(self) -> bool:
@@ -148,9 +174,8 @@ class MapDataset(ShardDataset, TorchDataset):
                 if not self.classification:
                     out.append(self._fields(shard, k, j, source))
                     continue
-                o, size = shard.image_spans()[j]
                 try:
-                    image = self._image(source.get(o, size))
+                    image = self._image(shard.image(j, source))  # type: ignore[call-arg]
                 except Exception:
                     with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
                         raise

@@ -223,7 +223,8 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                             shard = shards.get(k)
                             source = sources.get(k) or shard.source
                             get = source.get
-                            spans = shard.image_spans() if image_only else []
+                            member: Any = shard.image_member if image_only else None  # type: ignore[attr-defined]
+                            check = shard.check_headers if image_only else False  # type: ignore[attr-defined]
                             whole = (np.frombuffer(source.mm, dtype=np.uint8)
                                      if views and getattr(source, "mm", None) is not None else None)
                             labels = shard.labels
@@ -236,17 +237,25 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                                     raise
                             yield shard, j, fields
                             continue
-                        o, sz = spans[j]
-                        if fd >= 0:  # PreadBytes.get, inlined
+                        field, o, sz = member(j)
+                        if fd >= 0 and check:  # PreadBytes.get, inlined, the member's header with its data
+                            data = pread(fd, sz + 512, o - 512)
+                            if len(data) != sz + 512:
+                                data = get(o - 512, sz + 512)  # reads again, and raises if still short
+                            shard.check_header(data[:512], j, field, sz)  # type: ignore[attr-defined]
+                            data = data[512:]
+                        elif fd >= 0:
                             data = pread(fd, sz, o)
                             if len(data) != sz:
-                                data = get(o, sz)  # reads again, and raises if still short
+                                data = get(o, sz)
                         elif whole is not None:
+                            if check:
+                                shard.check_header(whole[o - 512: o], j, field, sz)  # type: ignore[attr-defined]
                             data = whole[o: o + sz]
                         elif views:
-                            data = np.frombuffer(get(o, sz), dtype=np.uint8)
+                            data = np.frombuffer(shard.read(get, j, field, o, sz), dtype=np.uint8)  # type: ignore
                         else:
-                            data = get(o, sz)
+                            data = shard.read(get, j, field, o, sz)  # type: ignore[attr-defined]
                         if pairs:
                             self._yielded += 1
                             yield data, labels[j]

@@ -69,6 +69,10 @@ class TarAccess(ShardAccess):
                         for f, c in d["members"].items() if is_image_field(f)}
         return json_bytes(d)
 
+    def mapped_file(self, name: str, part: Optional[Dict[str, Any]] = None) -> Any:
+        """Indexes of foreign tars are JSON in the index folder, checked at every read."""
+        return self.file_bytes(name, part)
+
     def local_shard(self, entry: ShardEntry) -> Optional[str]:
         if self.cache is None:
             return super().local_shard(entry)
