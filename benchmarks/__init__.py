@@ -45,4 +45,5 @@ SUITES = {
     "decode_checks": "the decode checks' cost against a revision's codecs",
     "writer": "dsconvert.optimize and Writer against LitData's optimize and webdataset's ShardWriter",
     "zstd_fields": "--compress zstd levels on non-image fields: write speed, size, read cost",
+    "scale": "memory and time of every process from 10k to 1M (10M) samples, growth per sample",
 }

@@ -25,6 +25,7 @@ from .errors import (  # noqa: E402
     OutputExistsError,
     OutputLockedError,
     SourceError,
+    UpgradeWarning,
 )
 from .manifest import Manifest  # noqa: E402
 from .monitor import DataLoadingMonitor  # noqa: E402
@@ -60,4 +61,5 @@ __all__ = [
     "MissingExtensionWarning",
     "NotRegularFileError",
     "OfflineCacheWarning",
+    "UpgradeWarning",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "FusedFallbackWarning",
     "MissingExtensionWarning",
     "OfflineCacheWarning",
+    "UpgradeWarning",
 ]
 
 
@@ -95,3 +96,9 @@ class FusedFallbackWarning(UserWarning):
 class OfflineCacheWarning(UserWarning):
     """A remote output could not be reached and is read from ``cache_dir``: its manifest as last
     read from the remote, and every shard verified against it. Said once, naming the error."""
+
+
+class UpgradeWarning(UserWarning):
+    """An output written by an earlier dsconvert reads as before, but slower or in more memory
+    than today's layout allows; said once per dataset, with the one command that upgrades it
+    in place (``dsconvert upgrade OUT``)."""

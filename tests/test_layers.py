@@ -49,7 +49,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
     # the Datasets over outputs, sources and tars, and their cache
     ("readers", ["readers", "data"]),
     # what runs over all of that: verify, bench, analyze, diagnose (and the fix commands they advise)
-    ("tools", ["verify", "bench", "analyze", "diagnose", "advice", "html_report"]),
+    ("tools", ["verify", "upgrade", "bench", "analyze", "diagnose", "advice", "html_report"]),
     # the public API (dsconvert/__init__.py)
     ("api", [""]),
     # the command line

@@ -12,7 +12,7 @@ import sys
 from typing import List, Optional
 
 from .. import __version__
-from . import analyze, bench, cache, diagnose, info, shard, verify
+from . import analyze, bench, cache, diagnose, info, shard, upgrade, verify
 from .args import Shared
 from .messages import (
     errors_as_messages,
@@ -27,7 +27,7 @@ from .messages import (
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # the subcommands in the order --help lists them: each module holds its parser and its handler
-COMMANDS = (shard, analyze, bench, diagnose, verify, cache, info)
+COMMANDS = (shard, analyze, bench, diagnose, verify, cache, info, upgrade)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,9 +3,10 @@ a source scanned and read in place, without conversion."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, Optional, Union
 
-from ..errors import OptionError
+from ..errors import OptionError, UpgradeWarning
 from ..formats import FORMATS, get
 from ..io.localfs import is_latency_bound
 from ..io.location import local_form
@@ -113,6 +114,10 @@ def open_dataset(
             raise OptionError(f"label= and index_dir= are for tar shards without a manifest, and {path} is not one "
                               "(a dsconvert output keeps its labels)")
         manifest = kept if kept is not None else Manifest.load(access.location)
+        if any((e.index or "").endswith(".index.json") for e in manifest.shards):
+            warnings.warn(f"{path}: its shard records are JSON (written by an earlier dsconvert), parsed whole each "
+                          "time a shard opens; `dsconvert upgrade " + path + "` rewrites them as memory-mapped binary "
+                          "records in place (shards untouched)", UpgradeWarning, stacklevel=2)
     else:
         manifest, access = open_tars(path, storage_options, cache_dir, cache_size, label, index_dir)
     root = access.location.url

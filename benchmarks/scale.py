@@ -1,0 +1,304 @@
+"""Benchmark: memory and time as the dataset grows — every process that touches an output, at
+10k, 100k, 1M (and 10M) samples, and how each figure grows per sample.
+
+Sources: ImageFolder trees of tiny JPEGs (1,000 classes, 1,000 distinct 32x32 blobs written
+with ``os.write``), and the same samples as foreign tar shards (10,000 a tar). Each size is
+converted with ``dsconvert shard --format wds --workers 2`` in a fresh process; its process
+tree is sampled every 20 ms for the peak RSS of the parent and of each conversion worker.
+Then, each in a fresh process: ``dsconvert verify`` (peak RSS by ``wait4``), a map-style
+``DataLoader(open_dataset(out, decode="raw"), shuffle=True, batch_size=64, num_workers=2,
+persistent_workers=True)`` read for 20 batches, and the same with ``stream=True``: the time
+to open, the time to the first batch, and each worker's private memory
+(``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup``) after the 20 batches. The
+records on disk are measured per sample. Growth per sample is the difference between two
+sizes over the difference in samples; the exponent is log(ratio of values) / log(ratio of
+sizes); the extrapolation to 14M and 400M is linear in the largest growth.
+
+Timings move with the machine's load; memory does not (much): compare within one table.
+
+    python -m benchmarks scale --sizes 10000 100000 1000000 --json docs/bench/scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from benchmarks.common import ROOT
+
+CLASSES = 1000
+BLOBS = 1000
+
+
+def _blobs() -> List[bytes]:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(BLOBS):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, "JPEG", quality=80)
+        out.append(buf.getvalue())
+    return out
+
+
+def make_tree(root: str, n: int) -> None:
+    """An ImageFolder of ``n`` tiny JPEGs in 1,000 classes (kept between runs: it is the slow part)."""
+    done = os.path.join(root, ".complete")
+    if os.path.exists(done):
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    blobs = _blobs()
+    for c in range(CLASSES):
+        os.makedirs(os.path.join(root, f"c{c:04d}"))
+    for i in range(n):
+        c = i % CLASSES
+        fd = os.open(os.path.join(root, f"c{c:04d}", f"img_{i:08d}.jpg"), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, blobs[i % BLOBS])
+        os.close(fd)
+    open(done, "w").close()
+
+
+def make_tars(root: str, n: int, per_tar: int = 10000) -> None:
+    """The same samples as webdataset-style tars (``KEY.jpg`` + ``KEY.cls``)."""
+    done = os.path.join(root, ".complete")
+    if os.path.exists(done):
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    blobs = _blobs()
+    import io
+
+    for t in range(-(-n // per_tar)):
+        with tarfile.open(os.path.join(root, f"part-{t:06d}.tar"), "w") as tf:
+            for i in range(t * per_tar, min(n, (t + 1) * per_tar)):
+                for ext, data in (("cls", str(i % CLASSES).encode()), ("jpg", blobs[i % BLOBS])):
+                    info = tarfile.TarInfo(f"s{i:09d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    open(done, "w").close()
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> List[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def run_sampled(cmd: List[str], env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Run ``cmd``; the peak RSS of the process and of each of its descendants (sampled every
+    20 ms; the parent's exact peak from wait4), and the wall and CPU time."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    peaks: Dict[int, int] = {}
+    stop = threading.Event()
+    out: List[bytes] = []
+
+    def sample() -> None:
+        while not stop.is_set():
+            todo = [proc.pid]
+            while todo:
+                pid = todo.pop()
+                if pid != proc.pid:
+                    peaks[pid] = max(peaks.get(pid, 0), _rss(pid))
+                todo += _children(pid)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stop.set()
+    sampler.join()
+    reader.join()
+    text = b"".join(out).decode(errors="replace")
+    if proc.returncode not in (0, 3):
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{text[-3000:]}")
+    return {"seconds": time.perf_counter() - t, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_rss": usage.ru_maxrss * 1024, "children_peak_rss": max(peaks.values(), default=0), "output": text}
+
+
+READER = r"""
+import json, os, sys, time
+import torch
+from torch.utils.data import DataLoader
+from dsconvert import open_dataset
+
+def private(pid):
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1]) * 1024
+    return total
+
+out, stream = sys.argv[1], sys.argv[2] == "stream"
+t = time.perf_counter()
+ds = open_dataset(out, decode="raw", stream=stream, **({"shuffle": True, "batch_size": 64} if stream else {}))
+opened = time.perf_counter() - t
+collate = (lambda b: b) if not stream else None
+kw = dict(batch_size=None) if stream else dict(batch_size=64, shuffle=True, collate_fn=collate)
+loader = DataLoader(ds, num_workers=2, persistent_workers=True, **kw)
+t = time.perf_counter()
+first, batches = None, 0
+while batches < 20:  # epochs again where the dataset is short (the workers persist)
+    for _ in loader:
+        first = first if first is not None else time.perf_counter() - t
+        batches += 1
+        if batches == 20:
+            break
+pids = [w.pid for w in loader._iterator._workers]
+print(json.dumps({"open_seconds": opened, "first_batch_seconds": first,
+                  "worker_private": [private(p) for p in pids], "main_rss": private(os.getpid())}))
+"""
+
+
+def measure_reads(out: str, stream: bool) -> Dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", READER, out, "stream" if stream else "map"], capture_output=True,
+                       text=True, cwd=ROOT)
+    if r.returncode:
+        raise RuntimeError(r.stderr[-3000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def measure(work: str, n: int, kind: str) -> Dict[str, Any]:
+    src = os.path.join(work, f"{kind}-{n}")
+    (make_tree if kind == "tree" else make_tars)(src, n)
+    out = os.path.join(work, f"out-{kind}-{n}")
+    shutil.rmtree(out, ignore_errors=True)
+    dsconvert = [sys.executable, "-m", "dsconvert"]
+    extra = ["--label", "cls"] if kind == "tars" else []
+    conv = run_sampled(dsconvert + ["shard", src, "-o", out, "--format", "wds", "--workers", "2"] + extra)
+    ver = run_sampled(dsconvert + ["verify", out])
+    records = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out)
+                  if f.endswith((".idx", ".index.json")))
+    row = {"kind": kind, "samples": n, "convert_seconds": conv["seconds"], "convert_cpu_seconds": conv["cpu_seconds"],
+           "convert_parent_rss": conv["peak_rss"], "convert_worker_rss": conv["children_peak_rss"],
+           "verify_rss": ver["peak_rss"], "verify_seconds": ver["seconds"], "record_bytes": records,
+           "map": measure_reads(out, False), "stream": measure_reads(out, True)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+FIGURES = (("conversion parent, peak RSS", lambda r: r["convert_parent_rss"]),
+           ("conversion worker, peak RSS", lambda r: r["convert_worker_rss"]),
+           ("verify, peak RSS", lambda r: r["verify_rss"]),
+           ("map-style worker, private after 20 batches", lambda r: max(r["map"]["worker_private"])),
+           ("stream worker, private after 20 batches", lambda r: max(r["stream"]["worker_private"])),
+           ("shard records on disk", lambda r: r["record_bytes"]))
+
+
+def growth(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per figure, bytes per sample between consecutive sizes, and the exponent."""
+    out = []
+    for name, get in FIGURES:
+        steps = []
+        for a, b in zip(rows, rows[1:]):
+            va, vb = get(a), get(b)
+            steps.append({"from": a["samples"], "to": b["samples"],
+                          "bytes_per_sample": (vb - va) / (b["samples"] - a["samples"]),
+                          "exponent": math.log(max(vb, 1) / max(va, 1)) / math.log(b["samples"] / a["samples"])})
+        worst = max((s["bytes_per_sample"] for s in steps), default=0.0)
+        last = get(rows[-1])
+        out.append({"figure": name, "steps": steps, "at_14M": last + worst * (14e6 - rows[-1]["samples"]),
+                    "at_400M": last + worst * (400e6 - rows[-1]["samples"])})
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000, 1000000])
+    p.add_argument("--kinds", nargs="+", default=["tree", "tars"], choices=["tree", "tars"])
+    p.add_argument("--work", help="a scratch folder (default: in the temp dir; trees are kept there between runs)")
+    p.add_argument("--json")
+
+
+QUICK = ["--sizes", "300", "900", "--kinds", "tree"]
+
+
+def run(args: argparse.Namespace) -> None:
+    work = args.work or os.path.join(tempfile.gettempdir(), "dsconvert-bench-scale")
+    os.makedirs(work, exist_ok=True)
+    need = max(args.sizes) * 5000 * (1 if "tree" in args.kinds else 0)
+    free = shutil.disk_usage(work).free
+    if need > free:
+        raise SystemExit(f"the largest tree needs about {need / 1e9:.0f} GB of file-system blocks, "
+                         f"{free / 1e9:.0f} GB are free in {work}")
+    result: Dict[str, Any] = {}
+    for kind in args.kinds:
+        rows = [measure(work, n, kind) for n in sorted(args.sizes)]
+        result[kind] = {"rows": rows, "growth": growth(rows)}
+    print(render_text(result))
+    if args.json:
+        from benchmarks.common import meta
+
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta(), **result}, f, indent=1)
+
+
+def _mb(v: float) -> str:
+    return f"{v / 1e6:,.0f} MB" if abs(v) >= 1e6 else f"{v / 1e3:,.0f} kB"
+
+
+def render_text(result: Dict[str, Any]) -> str:
+    lines = []
+    for kind, data in result.items():
+        if kind == "meta":
+            continue
+        rows = data["rows"]
+        lines.append(f"\n**{'ImageFolder of tiny JPEGs' if kind == 'tree' else 'foreign tar shards'}** "
+                     f"(`--format wds --workers 2`)\n")
+        sizes = [f"{r['samples']:,}" for r in rows]
+        lines.append("| what | " + " | ".join(sizes) + " | per sample (each step) | exponent | at 14M | at 400M |")
+        lines.append("| --- |" + " --- |" * (len(sizes) + 4))
+        for (name, get), g in zip(FIGURES, data["growth"]):
+            per = ", ".join(f"{s['bytes_per_sample']:,.1f} B" for s in g["steps"])
+            exp = ", ".join(f"{s['exponent']:.2f}" for s in g["steps"])
+            lines.append(f"| {name} | " + " | ".join(_mb(get(r)) for r in rows)
+                         + f" | {per} | {exp} | {_mb(g['at_14M'])} | {_mb(g['at_400M'])} |")
+        lines.append("| map-style: open, first batch | " + " | ".join(
+            f"{r['map']['open_seconds']:.2f} s, {r['map']['first_batch_seconds']:.2f} s" for r in rows) + " | | | | |")
+        lines.append("| stream: open, first batch | " + " | ".join(
+            f"{r['stream']['open_seconds']:.2f} s, {r['stream']['first_batch_seconds']:.2f} s" for r in rows)
+            + " | | | | |")
+        lines.append("| conversion: wall, CPU | " + " | ".join(
+            f"{r['convert_seconds']:.0f} s, {r['convert_cpu_seconds']:.0f} s" for r in rows) + " | | | | |")
+        lines.append("| shard records, bytes per sample | " + " | ".join(
+            f"{r['record_bytes'] / r['samples']:.1f}" for r in rows) + " | | | | |")
+    return "\n".join(lines)
+
+
+def render(data: Dict[str, Any]) -> str:
+    from benchmarks.common import header
+
+    return header(data["meta"], "docs/bench/scale.json") + render_text(data) + "\n"
+
+
+TABLES = {"scale": {"argv": lambda a: ["--sizes", "10000", "100000", "1000000"], "render": render}}
