@@ -40,14 +40,19 @@ def assert_error(code, err, *words):
     return lines[0]
 
 
-def assert_usage(code, err, *words):
-    """argparse's usage error: exit status 2, the usage, then one 'error:' line."""
+def assert_usage(code, err, *words, what="argument"):
+    """A usage error: exit status 2 and two lines, the error (``dsconvert CMD: error: argument
+    ...``) and where the options are (``dsconvert CMD --help``): not the usage first."""
     assert "Traceback" not in err, err
-    assert code == 2 and err.startswith("usage: dsconvert"), (code, err)
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("dsconvert ") and ": error: argument" in last, last
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 2, (code, err)
+    first, hint = lines
+    assert first.startswith("dsconvert") and f": error: {what}" in first, first
+    command = first.split(": error:")[0]
+    assert hint == f"see `{command} --help` for the options", hint
     for word in words:
-        assert word in last, (word, last)
+        assert word in first, (word, first)
+    return first
 
 
 @pytest.fixture
@@ -133,6 +138,109 @@ def test_huge_shard_size_is_exact(tmp_path, small_src, capsys):
     code, _, err = cli(capsys, "shard", small_src, "-o", tmp_path / "out", "--shard-size", "9" * 400 + "TB",
                        "--workers", "1", "-q")
     assert code == 0, err
+
+
+# --- usage errors: the error and one hint; no abbreviations (issue 40, item 17) ----------------
+
+
+def commands():
+    """(name, parser) of the top parser and of every subcommand, found through argparse itself."""
+    import argparse
+
+    from dsconvert.cli import build_parser
+
+    top = build_parser()
+    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return [("", top)] + sorted(subs.choices.items())
+
+
+def required_args(parser):
+    """A command line the parser takes: each required argument given a value."""
+    argv = []
+    for a in parser._actions:
+        if a.required and a.dest != "command":
+            argv += ([a.option_strings[0]] if a.option_strings else []) + ["x"]
+    return argv
+
+
+def accepted_value(action):
+    """A value ``action`` takes, or None for a flag."""
+    if action.nargs == 0:
+        return None
+    if action.choices:
+        return str(next(iter(action.choices)))
+    for value in ("1", "1x1", "zstd", "x"):
+        try:
+            (action.type or str)(value)
+            return value
+        except Exception:
+            continue
+    raise AssertionError(f"no value found for {action.option_strings}")
+
+
+def rejected_value(action):
+    """A value ``action`` refuses, or None when it takes anything."""
+    for value in ("abc", "-1", "0", "", "1.5"):
+        if action.choices and value not in [str(c) for c in action.choices]:
+            return value
+        try:
+            if action.type is not None:
+                action.type(value)
+        except Exception:
+            return value
+    return None
+
+
+def test_every_abbreviated_option_is_refused_not_taken(capsys):
+    """``--worker 2`` was ``--workers 2``: every long option of every command, cut short by one
+    letter (where that names no other option), is refused as unknown and names the option meant."""
+    tried = 0
+    for name, parser in commands():
+        longs = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+        for action in parser._actions:
+            for option in (s for s in action.option_strings if s.startswith("--")):
+                short = option[:-1]
+                if sum(o.startswith(short) for o in longs) != 1:
+                    continue  # ambiguous: argparse refuses it either way
+                value = accepted_value(action)
+                given = [short] + ([value] if value else [])
+                argv = [name, *required_args(parser), *given] if name else [*given, "info", "x"]
+                with pytest.raises(SystemExit) as caught:
+                    commands()[0][1].parse_args(argv)
+                first = assert_usage(caught.value.code, capsys.readouterr().err, what="unrecognized arguments")
+                assert f"unrecognized arguments: {short}" in first and f"did you mean {option}?" in first, first
+                tried += 1
+    assert tried >= 60, tried
+
+
+def test_every_bad_value_is_two_lines(capsys):
+    """Every option of every command that refuses a value says so in two lines: the error, then
+    ``see `dsconvert CMD --help` ...``; so do a missing argument, an unknown command and option."""
+    tried = 0
+    for name, parser in commands():
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0:
+                continue
+            value = rejected_value(action)
+            if value is None:
+                continue
+            argv = ([name] if name else []) + required_args(parser) + [action.option_strings[-1], value]
+            code, _, err = cli(capsys, *argv)
+            assert_usage(code, err, action.option_strings[-1])
+            tried += 1
+        if name:
+            code, _, err = cli(capsys, name, *required_args(parser), "--no-such-option")
+            assert_usage(code, err, "--no-such-option", what="unrecognized arguments")
+            if required_args(parser):
+                code, _, err = cli(capsys, name)
+                assert_usage(code, err, what="the following arguments are required")
+    assert tried >= 25, tried
+    code, _, err = cli(capsys, "shrad")
+    assert_usage(code, err, "invalid choice: 'shrad'")
+    code, _, err = cli(capsys, "shard", "src", "-o", "out", "--format", "parquet")  # the first hour's two
+    assert_usage(code, err, "--format", "invalid choice: 'parquet'")
+    code, _, err = cli(capsys, "shard", "src", "-o", "out", "--resize", "abc")
+    assert_usage(code, err, "--resize", "'abc'")
 
 
 # --- paths that are not what the command needs -------------------------------------------------
