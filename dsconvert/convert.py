@@ -47,7 +47,7 @@ from .inputs import read_samples
 from .io.localfs import free_bytes, mount_of
 from .io.location import Location, is_remote, local_form
 from .io.locks import file_lock
-from .io.owner import OWNER_NAME, Owned, owner_token
+from .io.owner import LOCK_NAME, OWNER_NAME, Owned, owner_token
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest
 from .plan import (
@@ -76,7 +76,6 @@ __all__ = ["convert", "ConvertResult", "write_shard", "EXIT_SKIPPED", "accepts",
            "out_of_space_is_resumable", "raise_worker_cause", "build_manifest"]
 
 EXIT_SKIPPED = 3  # the CLI's exit status when the conversion finished but skipped inputs
-LOCK_NAME = ".dsconvert.lock"
 
 
 @dataclass

@@ -565,3 +565,120 @@ def test_dead_worker_is_one_line_and_resumable(tmp_path, small_src, capsys, monk
     assert_error(code, err, "worker process died", "run the same command again")
     monkeypatch.undo()
     assert cli(capsys, *argv)[0] == 0
+
+
+# --- an output that is not there, being written, or stopped (issue 40, item 16) ------------------
+
+WRITER_THEN_WAIT = """
+import sys, numpy as np, dsconvert
+w = dsconvert.Writer(sys.argv[1], samples_per_shard=2).__enter__()
+for i in range(3):  # one shard finished (a .tar in place), one open
+    w.write({"jpg": np.full((8, 8, 3), i * 40, dtype=np.uint8), "cls": i % 2})
+print("writing", flush=True)
+sys.stdin.readline()
+w.__exit__(None, None, None)
+print("done", flush=True)
+"""
+
+SHARD_THEN_WAIT = """
+import sys
+import dsconvert.convert
+from dsconvert.cli import main
+c = sys.modules["dsconvert.convert"]  # the module (the package's name is the function)
+run = c._run
+def paused(*args, **kwargs):  # the conversion holds its lock and has planned its shards: wait here
+    print("writing", flush=True)
+    sys.stdin.readline()
+    return run(*args, **kwargs)
+c._run = paused
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def missing_says(capsys, path):
+    """What open_dataset, `dsconvert info` and `dsconvert verify` say of ``path``: one line each."""
+    import dsconvert
+    from dsconvert.errors import DsconvertError
+
+    said = []
+    with pytest.raises(DsconvertError) as caught:
+        dsconvert.open_dataset(path)
+    said.append(str(caught.value))
+    for command in ("info", "verify"):
+        code, _, err = cli(capsys, command, path)
+        said.append(assert_error(code, err))
+    return said
+
+
+def started(script, *argv):
+    """A Python process running ``script`` with ``argv``, once it has said it is writing."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.stdout.readline().strip() == "writing", proc.stderr.read()
+    return proc
+
+
+def test_a_path_that_does_not_exist_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for path in ("nosuch", str(tmp_path / "nosuch"), str(tmp_path / "nosuch" / "deeper")):
+        for line in missing_says(capsys, path):
+            assert "does not exist" in line and "nosuch" in line, line
+            assert "run the same" not in line and "has not finished" not in line, line
+    (tmp_path / "empty").mkdir()
+    for line in missing_says(capsys, str(tmp_path / "empty")):
+        assert "not a dsconvert output" in line and "run the same" not in line, line
+
+
+@pytest.mark.parametrize("how", ["writer", "shard"])
+def test_an_output_being_written_says_so_then_opens(tmp_path, small_src, capsys, how):
+    """A real conversion in another process holds the output's lock: `a conversion is writing it
+    now`, never `run it again` (nor its finished shards read as tars in place); once it has
+    finished the same calls open it; killed, it says to run it again."""
+    import dsconvert
+
+    out = str(tmp_path / "out")
+    for finish in (True, False):
+        if how == "writer":
+            proc = started(WRITER_THEN_WAIT, out)
+            assert any(n.endswith(".tar") for n in os.listdir(out))  # a finished shard is there already
+        else:
+            proc = started(SHARD_THEN_WAIT, "shard", small_src, "-o", out, "--workers", "1", "-q", "--overwrite")
+        try:
+            for line in missing_says(capsys, out):
+                assert "a conversion is writing it now" in line and out in line, line
+                assert "run the same" not in line, line
+            if finish:
+                proc.communicate("\n", timeout=120)
+                assert proc.returncode == 0
+                assert len(dsconvert.open_dataset(out)) in (3, 6)
+                assert cli(capsys, "info", out)[0] == 0
+                os.remove(os.path.join(out, "dsconvert.json"))  # as if it never finished
+                for line in missing_says(capsys, out):
+                    assert "stopped before it finished" in line and "run the same `dsconvert shard`" in line, line
+            else:
+                proc.kill()
+                proc.wait()
+                for line in missing_says(capsys, out):
+                    assert "stopped before it finished" in line, line
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(out)
+
+
+def test_a_writer_in_this_process_is_writing_and_keeps_its_lock(tmp_path, capsys):
+    """Asking in the process that writes must not drop its lock (closing a second descriptor of
+    a file drops the process's record locks): another process still cannot take the output."""
+    import dsconvert
+    from dsconvert.errors import OutputLockedError
+
+    out = str(tmp_path / "out")
+    with dsconvert.Writer(out) as w:
+        w.write({"jpg": np.zeros((8, 8, 3), dtype=np.uint8), "cls": 0})
+        for line in missing_says(capsys, out):
+            assert "a conversion is writing it now" in line, line
+        other = subprocess.run([sys.executable, "-c", "import sys, dsconvert\nwith dsconvert.Writer(sys.argv[1]): pass",
+                                out], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert other.returncode != 0 and OutputLockedError.__name__ in other.stderr, other.stderr
+    assert len(dsconvert.open_dataset(out)) == 1
