@@ -288,8 +288,9 @@ def _unreadable(folder: str, where: str, exc: OSError) -> str:
 
 
 def _check_source(source: Dict[str, Any], where: str) -> None:
-    """``source``: url, root and layout are strings when present (verify rescans with them)."""
-    for key in ("url", "root", "layout"):
+    """``source``: url, root and layout are strings when present (verify rescans with them), and
+    so is chosen (info prints it)."""
+    for key in ("url", "root", "layout", "chosen"):
         expect(key not in source or isinstance(source[key], str), where, f"source.{key}", "a string")
     expect(source.get("layout", "auto") in LAYOUTS, where, "source.layout", f"one of {LAYOUTS}")
 
