@@ -47,7 +47,7 @@ from .inputs import read_samples
 from .io.localfs import free_bytes, mount_of
 from .io.location import Location, is_remote, local_form
 from .io.locks import file_lock
-from .io.owner import OWNER_NAME, Owned, owner_token
+from .io.owner import LOCK_NAME, OWNER_NAME, Owned, owner_token
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest
 from .plan import (
@@ -76,7 +76,6 @@ __all__ = ["convert", "ConvertResult", "write_shard", "EXIT_SKIPPED", "accepts",
            "out_of_space_is_resumable", "raise_worker_cause", "build_manifest"]
 
 EXIT_SKIPPED = 3  # the CLI's exit status when the conversion finished but skipped inputs
-LOCK_NAME = ".dsconvert.lock"
 
 
 @dataclass
@@ -404,7 +403,7 @@ def convert(
     format: str = "wds",
     *,
     layout: str = "auto",
-    label: Optional[str] = None,
+    label: Union[str, bool, None] = None,
     samples_per_shard: int = 10000,
     shard_size: Union[int, str] = "1GB",
     workers: Optional[int] = None,
@@ -462,7 +461,8 @@ def convert(
     ``src`` may also be what another tool packed, read in place: a folder (or brace pattern) of
     tar shards, Parquet files (Hugging Face ``datasets`` exports included), or a dsconvert
     output holding encoded images (re-conversion); ``label`` names where their class label is
-    (``cls``, ``json.label``, a Parquet column): see :mod:`dsconvert.source`. Hugging Face
+    (``cls``, ``json.label``, a Parquet column; for Parquet and Arrow it is found by itself, and
+    ``label=False`` makes dict samples of every column): see :mod:`dsconvert.source`. Hugging Face
     exports: Parquet files (images embedded, or named by local paths), ``save_to_disk``
     folders, and a ``datasets.Dataset`` object itself (read as its ``save_to_disk`` folder:
     :func:`dsconvert.source.arrow.dataset_folder`).
@@ -689,7 +689,8 @@ def build_manifest(url: str, source: Source, fmt: str, results: List[ShardResult
     entries = [r.entry for r in results]
     return Manifest(
         format=fmt,
-        source={"url": url, "root": source.root, "layout": source.layout},
+        source={"url": url, "root": source.root, "layout": source.layout,
+                **({"chosen": source.chosen} if source.chosen else {})},
         sample_type=source.sample_type,
         classes=source.classes,
         fields=dict(sorted(fields.items())),

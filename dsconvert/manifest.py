@@ -232,11 +232,7 @@ class Manifest:
         try:
             raw = loc.read_bytes(name)
         except FileNotFoundError:
-            raise ManifestError(
-                f"no {MANIFEST_NAME} at {loc.url}: not a dsconvert output, "
-                "or its conversion has not finished (run the same `dsconvert shard` command again)",
-                where,
-            ) from None
+            raise ManifestError(_missing(loc), where) from None
         except OSError as exc:
             if loc.remote or isinstance(exc, DsconvertError):  # the storage client's own error says more
                 raise
@@ -255,6 +251,31 @@ class Manifest:
         return cls.from_dict(d, where=where)
 
 
+def _missing(loc: Location) -> str:
+    """Why a folder has no manifest, in the words that tell the user what to do: it does not
+    exist; a conversion is writing it now (its lock is held: the manifest comes last); one
+    stopped before it finished (its control files are there: run it again); or it is not an
+    output. A remote one is not asked (object stores hold no lock)."""
+    from .io.locks import lock_held
+    from .io.owner import LOCK_NAME, OWNER_NAME
+
+    folder = loc.url
+    if loc.remote:
+        return (f"no {MANIFEST_NAME} at {folder}: not a dsconvert output, or its conversion has not finished "
+                "(a conversion writes it last)")
+    if not os.path.lexists(folder):
+        return f"{folder} does not exist (expected a dsconvert output folder)"
+    if not os.path.isdir(folder):
+        return f"{folder} is a file, not a dsconvert output folder"
+    if lock_held(os.path.join(folder, LOCK_NAME)):
+        return (f"no {MANIFEST_NAME} at {folder} yet: a conversion is writing it now (the manifest is written "
+                "last); open it once that conversion has finished")
+    if any(os.path.lexists(os.path.join(folder, n)) for n in (LOCK_NAME, OWNER_NAME)):
+        return (f"no {MANIFEST_NAME} at {folder}: the conversion writing it stopped before it finished (killed, or "
+                "it failed); run the same `dsconvert shard` command (or Writer) again to resume it")
+    return f"no {MANIFEST_NAME} at {folder}: not a dsconvert output"
+
+
 def _unreadable(folder: str, where: str, exc: OSError) -> str:
     """Why a local manifest cannot be read, in words that name the path."""
     if isinstance(exc, NotADirectoryError) or (os.path.exists(folder) and not os.path.isdir(folder)):
@@ -267,8 +288,9 @@ def _unreadable(folder: str, where: str, exc: OSError) -> str:
 
 
 def _check_source(source: Dict[str, Any], where: str) -> None:
-    """``source``: url, root and layout are strings when present (verify rescans with them)."""
-    for key in ("url", "root", "layout"):
+    """``source``: url, root and layout are strings when present (verify rescans with them), and
+    so is chosen (info prints it)."""
+    for key in ("url", "root", "layout", "chosen"):
         expect(key not in source or isinstance(source[key], str), where, f"source.{key}", "a string")
     expect(source.get("layout", "auto") in LAYOUTS, where, "source.layout", f"one of {LAYOUTS}")
 

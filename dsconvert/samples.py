@@ -74,6 +74,7 @@ class Source:
     # each sample's place in the order its data was first converted from, when the samples come
     # in another (a shuffled dsconvert output, read in its stored order); None: this order
     positions: Optional[List[int]] = None
+    chosen: str = ""  # container sources: what the samples are and why (the label column found, or none)
 
     @property
     def sample_type(self) -> str:

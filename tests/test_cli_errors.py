@@ -40,14 +40,19 @@ def assert_error(code, err, *words):
     return lines[0]
 
 
-def assert_usage(code, err, *words):
-    """argparse's usage error: exit status 2, the usage, then one 'error:' line."""
+def assert_usage(code, err, *words, what="argument"):
+    """A usage error: exit status 2 and two lines, the error (``dsconvert CMD: error: argument
+    ...``) and where the options are (``dsconvert CMD --help``): not the usage first."""
     assert "Traceback" not in err, err
-    assert code == 2 and err.startswith("usage: dsconvert"), (code, err)
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("dsconvert ") and ": error: argument" in last, last
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 2, (code, err)
+    first, hint = lines
+    assert first.startswith("dsconvert") and f": error: {what}" in first, first
+    command = first.split(": error:")[0]
+    assert hint == f"see `{command} --help` for the options", hint
     for word in words:
-        assert word in last, (word, last)
+        assert word in first, (word, first)
+    return first
 
 
 @pytest.fixture
@@ -133,6 +138,109 @@ def test_huge_shard_size_is_exact(tmp_path, small_src, capsys):
     code, _, err = cli(capsys, "shard", small_src, "-o", tmp_path / "out", "--shard-size", "9" * 400 + "TB",
                        "--workers", "1", "-q")
     assert code == 0, err
+
+
+# --- usage errors: the error and one hint; no abbreviations (issue 40, item 17) ----------------
+
+
+def commands():
+    """(name, parser) of the top parser and of every subcommand, found through argparse itself."""
+    import argparse
+
+    from dsconvert.cli import build_parser
+
+    top = build_parser()
+    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return [("", top)] + sorted(subs.choices.items())
+
+
+def required_args(parser):
+    """A command line the parser takes: each required argument given a value."""
+    argv = []
+    for a in parser._actions:
+        if a.required and a.dest != "command":
+            argv += ([a.option_strings[0]] if a.option_strings else []) + ["x"]
+    return argv
+
+
+def accepted_value(action):
+    """A value ``action`` takes, or None for a flag."""
+    if action.nargs == 0:
+        return None
+    if action.choices:
+        return str(next(iter(action.choices)))
+    for value in ("1", "1x1", "zstd", "x"):
+        try:
+            (action.type or str)(value)
+            return value
+        except Exception:
+            continue
+    raise AssertionError(f"no value found for {action.option_strings}")
+
+
+def rejected_value(action):
+    """A value ``action`` refuses, or None when it takes anything."""
+    for value in ("abc", "-1", "0", "", "1.5"):
+        if action.choices and value not in [str(c) for c in action.choices]:
+            return value
+        try:
+            if action.type is not None:
+                action.type(value)
+        except Exception:
+            return value
+    return None
+
+
+def test_every_abbreviated_option_is_refused_not_taken(capsys):
+    """``--worker 2`` was ``--workers 2``: every long option of every command, cut short by one
+    letter (where that names no other option), is refused as unknown and names the option meant."""
+    tried = 0
+    for name, parser in commands():
+        longs = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+        for action in parser._actions:
+            for option in (s for s in action.option_strings if s.startswith("--")):
+                short = option[:-1]
+                if sum(o.startswith(short) for o in longs) != 1:
+                    continue  # ambiguous: argparse refuses it either way
+                value = accepted_value(action)
+                given = [short] + ([value] if value else [])
+                argv = [name, *required_args(parser), *given] if name else [*given, "info", "x"]
+                with pytest.raises(SystemExit) as caught:
+                    commands()[0][1].parse_args(argv)
+                first = assert_usage(caught.value.code, capsys.readouterr().err, what="unrecognized arguments")
+                assert f"unrecognized arguments: {short}" in first and f"did you mean {option}?" in first, first
+                tried += 1
+    assert tried >= 60, tried
+
+
+def test_every_bad_value_is_two_lines(capsys):
+    """Every option of every command that refuses a value says so in two lines: the error, then
+    ``see `dsconvert CMD --help` ...``; so do a missing argument, an unknown command and option."""
+    tried = 0
+    for name, parser in commands():
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0:
+                continue
+            value = rejected_value(action)
+            if value is None:
+                continue
+            argv = ([name] if name else []) + required_args(parser) + [action.option_strings[-1], value]
+            code, _, err = cli(capsys, *argv)
+            assert_usage(code, err, action.option_strings[-1])
+            tried += 1
+        if name:
+            code, _, err = cli(capsys, name, *required_args(parser), "--no-such-option")
+            assert_usage(code, err, "--no-such-option", what="unrecognized arguments")
+            if required_args(parser):
+                code, _, err = cli(capsys, name)
+                assert_usage(code, err, what="the following arguments are required")
+    assert tried >= 25, tried
+    code, _, err = cli(capsys, "shrad")
+    assert_usage(code, err, "invalid choice: 'shrad'")
+    code, _, err = cli(capsys, "shard", "src", "-o", "out", "--format", "parquet")  # the first hour's two
+    assert_usage(code, err, "--format", "invalid choice: 'parquet'")
+    code, _, err = cli(capsys, "shard", "src", "-o", "out", "--resize", "abc")
+    assert_usage(code, err, "--resize", "'abc'")
 
 
 # --- paths that are not what the command needs -------------------------------------------------
@@ -457,3 +565,120 @@ def test_dead_worker_is_one_line_and_resumable(tmp_path, small_src, capsys, monk
     assert_error(code, err, "worker process died", "run the same command again")
     monkeypatch.undo()
     assert cli(capsys, *argv)[0] == 0
+
+
+# --- an output that is not there, being written, or stopped (issue 40, item 16) ------------------
+
+WRITER_THEN_WAIT = """
+import sys, numpy as np, dsconvert
+w = dsconvert.Writer(sys.argv[1], samples_per_shard=2).__enter__()
+for i in range(3):  # one shard finished (a .tar in place), one open
+    w.write({"jpg": np.full((8, 8, 3), i * 40, dtype=np.uint8), "cls": i % 2})
+print("writing", flush=True)
+sys.stdin.readline()
+w.__exit__(None, None, None)
+print("done", flush=True)
+"""
+
+SHARD_THEN_WAIT = """
+import sys
+import dsconvert.convert
+from dsconvert.cli import main
+c = sys.modules["dsconvert.convert"]  # the module (the package's name is the function)
+run = c._run
+def paused(*args, **kwargs):  # the conversion holds its lock and has planned its shards: wait here
+    print("writing", flush=True)
+    sys.stdin.readline()
+    return run(*args, **kwargs)
+c._run = paused
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def missing_says(capsys, path):
+    """What open_dataset, `dsconvert info` and `dsconvert verify` say of ``path``: one line each."""
+    import dsconvert
+    from dsconvert.errors import DsconvertError
+
+    said = []
+    with pytest.raises(DsconvertError) as caught:
+        dsconvert.open_dataset(path)
+    said.append(str(caught.value))
+    for command in ("info", "verify"):
+        code, _, err = cli(capsys, command, path)
+        said.append(assert_error(code, err))
+    return said
+
+
+def started(script, *argv):
+    """A Python process running ``script`` with ``argv``, once it has said it is writing."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.stdout.readline().strip() == "writing", proc.stderr.read()
+    return proc
+
+
+def test_a_path_that_does_not_exist_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for path in ("nosuch", str(tmp_path / "nosuch"), str(tmp_path / "nosuch" / "deeper")):
+        for line in missing_says(capsys, path):
+            assert "does not exist" in line and "nosuch" in line, line
+            assert "run the same" not in line and "has not finished" not in line, line
+    (tmp_path / "empty").mkdir()
+    for line in missing_says(capsys, str(tmp_path / "empty")):
+        assert "not a dsconvert output" in line and "run the same" not in line, line
+
+
+@pytest.mark.parametrize("how", ["writer", "shard"])
+def test_an_output_being_written_says_so_then_opens(tmp_path, small_src, capsys, how):
+    """A real conversion in another process holds the output's lock: `a conversion is writing it
+    now`, never `run it again` (nor its finished shards read as tars in place); once it has
+    finished the same calls open it; killed, it says to run it again."""
+    import dsconvert
+
+    out = str(tmp_path / "out")
+    for finish in (True, False):
+        if how == "writer":
+            proc = started(WRITER_THEN_WAIT, out)
+            assert any(n.endswith(".tar") for n in os.listdir(out))  # a finished shard is there already
+        else:
+            proc = started(SHARD_THEN_WAIT, "shard", small_src, "-o", out, "--workers", "1", "-q", "--overwrite")
+        try:
+            for line in missing_says(capsys, out):
+                assert "a conversion is writing it now" in line and out in line, line
+                assert "run the same" not in line, line
+            if finish:
+                proc.communicate("\n", timeout=120)
+                assert proc.returncode == 0
+                assert len(dsconvert.open_dataset(out)) in (3, 6)
+                assert cli(capsys, "info", out)[0] == 0
+                os.remove(os.path.join(out, "dsconvert.json"))  # as if it never finished
+                for line in missing_says(capsys, out):
+                    assert "stopped before it finished" in line and "run the same `dsconvert shard`" in line, line
+            else:
+                proc.kill()
+                proc.wait()
+                for line in missing_says(capsys, out):
+                    assert "stopped before it finished" in line, line
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(out)
+
+
+def test_a_writer_in_this_process_is_writing_and_keeps_its_lock(tmp_path, capsys):
+    """Asking in the process that writes must not drop its lock (closing a second descriptor of
+    a file drops the process's record locks): another process still cannot take the output."""
+    import dsconvert
+    from dsconvert.errors import OutputLockedError
+
+    out = str(tmp_path / "out")
+    with dsconvert.Writer(out) as w:
+        w.write({"jpg": np.zeros((8, 8, 3), dtype=np.uint8), "cls": 0})
+        for line in missing_says(capsys, out):
+            assert "a conversion is writing it now" in line, line
+        other = subprocess.run([sys.executable, "-c", "import sys, dsconvert\nwith dsconvert.Writer(sys.argv[1]): pass",
+                                out], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert other.returncode != 0 and OutputLockedError.__name__ in other.stderr, other.stderr
+    assert len(dsconvert.open_dataset(out)) == 1

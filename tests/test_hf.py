@@ -67,17 +67,24 @@ def manifest(out: str) -> Dict[str, Any]:
         return json.load(f)
 
 
-def assert_all_kept(out: str, folder: str, n: int, stem: str) -> None:
-    """Every row converted: its image byte for byte, its label, its caption."""
+def assert_all_kept(out: str, folder: str, n: int, stem: str, dicts: bool = False) -> None:
+    """Every row converted: its image byte for byte and its label, as (image, label) samples
+    with the caption listed as not kept; or, ``dicts``, its caption too, in the json field."""
     got = members(out)
     m = manifest(out)
-    assert m["num_samples"] == n and m["skipped"] == [] and m["classes"] == NAMES
+    assert m["num_samples"] == n and m["skipped"] == []
+    assert m["classes"] == (None if dicts else NAMES) and m["sample_type"] == ("dict" if dicts else "classification")
     for i in range(n):
         key = f"{stem}/{i:09d}"
         with open(os.path.join(folder, f"images/{i:04d}.jpg"), "rb") as f:
             assert got[f"{key}.jpg"] == f.read()
-        assert got[f"{key}.cls"] == str(i % 3).encode()
-        assert json.loads(got[f"{key}.json"]) == {"label": i % 3, "caption": f"photo number {i}"}
+        if dicts:
+            assert json.loads(got[f"{key}.json"]) == {"label": i % 3, "caption": f"photo number {i}"}
+            assert f"{key}.cls" not in got
+        else:
+            assert got[f"{key}.cls"] == str(i % 3).encode() and f"{key}.json" not in got
+    captions = [e for e in m["ignored"] if e["path"].endswith("/column caption")]
+    assert captions == [] if dicts else len(captions) == 1 and "--no-label" in captions[0]["reason"]
 
 
 def test_to_parquet_of_local_image_paths_converts_all_600(tmp_path, monkeypatch):
@@ -92,7 +99,10 @@ def test_to_parquet_of_local_image_paths_converts_all_600(tmp_path, monkeypatch)
     out = str(tmp_path / "out")
     dsconvert.convert(os.path.join(folder, "train.parquet"), out, workers=1)
     assert_all_kept(out, folder, 600, "train")
-    assert manifest(out)["ignored"] == []
+    assert [e["path"] for e in manifest(out)["ignored"]] == ["train.parquet/column caption"]
+    dsconvert.convert(os.path.join(folder, "train.parquet"), str(tmp_path / "dicts"), workers=1, label=False)
+    assert_all_kept(str(tmp_path / "dicts"), folder, 600, "train", dicts=True)
+    assert manifest(str(tmp_path / "dicts"))["ignored"] == []
 
 
 def test_save_to_disk_folder_converts_all_600_as_arrow(tmp_path, monkeypatch):
@@ -104,8 +114,12 @@ def test_save_to_disk_folder_converts_all_600_as_arrow(tmp_path, monkeypatch):
     assert_all_kept(out, folder, 600, "data-00000-of-00001")
     m = manifest(out)
     assert m["source"]["layout"] == "arrow"
-    assert sorted(e["path"] for e in m["ignored"]) == ["dataset_info.json", "state.json"]
-    assert m["accounting"]["files_seen"] == 600 * 3
+    assert sorted(e["path"] for e in m["ignored"]) == ["data-00000-of-00001.arrow/column caption",
+                                                       "dataset_info.json", "state.json"]
+    assert m["accounting"]["files_seen"] == 600
+    dsconvert.convert(str(tmp_path / "saved"), str(tmp_path / "dicts"), workers=1, label=False)
+    assert_all_kept(str(tmp_path / "dicts"), folder, 600, "data-00000-of-00001", dicts=True)
+    assert manifest(str(tmp_path / "dicts"))["accounting"]["files_seen"] == 600 * 2
 
 
 def test_a_dataset_object_converts(tmp_path, monkeypatch):
@@ -128,7 +142,7 @@ def test_a_dataset_object_converts(tmp_path, monkeypatch):
     assert dsconvert.convert(head, str(tmp_path / "out-head"), workers=1).manifest.num_samples == 10
 
     picked = loaded.select([5, 2])  # rows through an indices mapping: saved as selected
-    result = dsconvert.convert(picked, str(tmp_path / "out3"), workers=1)
+    result = dsconvert.convert(picked, str(tmp_path / "out3"), workers=1, label=False)
     got = members(str(tmp_path / "out3"))
     assert [json.loads(got[f"data-00000-of-00001/{i:09d}.json"])["caption"] for i in range(2)] == \
         ["photo number 5", "photo number 2"]
@@ -175,8 +189,8 @@ def test_with_a_label_named_the_other_columns_are_listed_as_ignored(tmp_path, mo
     assert set(reasons) == {"t.parquet/column caption", "t.parquet/column thumb"}
     assert reasons["t.parquet/column caption"].startswith("not kept: label='label' makes (image, label) samples")
     assert "binary data" in reasons["t.parquet/column thumb"]
-    # without label=, the dict samples keep the caption (json) and list the binary column
-    dsconvert.convert(str(tmp_path / "t.parquet"), str(tmp_path / "out2"), workers=1)
+    # label=False: dict samples keep the caption (json) and list the binary column
+    dsconvert.convert(str(tmp_path / "t.parquet"), str(tmp_path / "out2"), workers=1, label=False)
     m = manifest(str(tmp_path / "out2"))
     assert m["sample_type"] == "dict" and [e["path"] for e in m["ignored"]] == ["t.parquet/column thumb"]
 
@@ -303,3 +317,97 @@ def test_docs_page_blocks_run(tmp_path, monkeypatch):
         cmd = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
         done = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"{lang} block failed:\n{code}\n{done.stdout}\n{done.stderr}"
+
+
+# --- image classification found by itself (issue 40, item 15) ------------------------------------
+
+
+def _as_built(paths: List[str], n: int, how: str) -> Dataset:
+    """A Dataset built the usual ways: an image column and one label column, of each kind."""
+    labels = [i % 3 for i in range(n)]
+    if how == "int64":  # the first hour's: from_dict of paths and ints, the image cast
+        return Dataset.from_dict({"image": paths, "label": labels}).cast_column("image", Image())
+    if how in ("int8", "int32", "uint16"):
+        return Dataset.from_dict({"image": paths, "label": labels}).cast_column("image", Image()).cast_column(
+            "label", Value(how))
+    if how == "labels":
+        return Dataset.from_dict({"image": paths, "labels": labels}).cast_column("image", Image())
+    if how == "classlabel":
+        return Dataset.from_dict({"image": paths, "label": labels}).cast_column("image", Image()).cast_column(
+            "label", ClassLabel(names=NAMES))
+    if how == "int64+caption":
+        return Dataset.from_dict({"image": paths, "caption": [f"c{i}" for i in range(n)], "label": labels}
+                                 ).cast_column("image", Image())
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["int64", "int8", "int32", "uint16", "labels", "classlabel", "int64+caption"])
+def test_an_image_and_one_label_column_is_image_classification(tmp_path, monkeypatch, capsys, how):
+    """Every way of saying 'image and label' (to_parquet of paths, save_to_disk, the Dataset
+    object; read in place and converted) gives (image, label) samples as ImageFolder does, with
+    its classes, and info says what was chosen; --no-label gives dict samples back."""
+    from dsconvert.cli import main
+
+    monkeypatch.chdir(str(tmp_path))
+    rel = image_files(str(tmp_path), 9)
+    ds = _as_built(rel, 9, how)
+    ds.to_parquet("t.parquet")
+    ds.save_to_disk("saved")
+    column = "labels" if how == "labels" else "label"
+    classes = NAMES if how == "classlabel" else ["0", "1", "2"]
+    pixels = [np.asarray(PILImage.open(p).convert("RGB")) for p in rel]
+    for src in ("t.parquet", "saved", ds):
+        out = str(tmp_path / f"out-{len(os.listdir(tmp_path))}")
+        m = dsconvert.convert(src, out, workers=1).manifest
+        assert m.sample_type == "classification" and m.classes == classes, (src, m.source)
+        assert f"label column {column!r}" in m.source["chosen"]
+        readers = [dsconvert.open_dataset(out)] + ([dsconvert.open_dataset(src)] if isinstance(src, str) else [])
+        for read in readers:
+            assert read.classes == classes and len(read) == 9
+            for i in range(9):
+                image, label = read[i]
+                assert label == i % 3 and image.mode == "RGB" and np.array_equal(np.asarray(image), pixels[i])
+        assert main(["info", out]) == 0
+        chosen = [line for line in capsys.readouterr().out.splitlines() if line.startswith("chosen:")]
+        assert len(chosen) == 1 and f"label column {column!r}" in chosen[0] and "--no-label" in chosen[0]
+    # explicit options still work: --no-label (dicts of every column), --label naming the column
+    assert main(["shard", "saved", "-o", "dicts", "--no-label", "-q"]) == 0
+    sample = dsconvert.open_dataset("dicts")[4]
+    assert isinstance(sample, dict) and json.loads(json.dumps(sample["json"]))[column] == 1
+    assert dsconvert.open_dataset("t.parquet", label=False)[4]["json"][column] == 1
+    assert main(["shard", "t.parquet", "-o", "named", "--label", column, "-q"]) == 0
+    assert dsconvert.open_dataset("named").classes == classes
+
+
+@pytest.mark.parametrize("columns, why", [
+    ({"label": ClassLabel(names=NAMES), "coarse": ClassLabel(names=["a", "b", "c"])}, "several ClassLabel columns"),
+    ({"label": Value("int64"), "labels": Value("int64")}, "both 'label' and 'labels'"),
+    ({"label": Value("float32")}, "no ClassLabel column and no integer column named"),
+    ({"label": Value("string")}, "no ClassLabel column and no integer column named"),
+    ({"class_id": Value("int64")}, "no ClassLabel column and no integer column named"),
+])
+def test_no_label_or_several_candidates_stay_dicts_and_say_why(tmp_path, monkeypatch, columns, why):
+    """Where which column is the label is not clear, the samples are dicts of every column, and
+    the manifest says why (--label names the one)."""
+    monkeypatch.chdir(str(tmp_path))
+    rel = image_files(str(tmp_path), 4)
+    data: Dict[str, Any] = {"image": rel}
+    for name, feature in columns.items():
+        data[name] = ["cat", "dog", "eel", "cat"] if getattr(feature, "dtype", "") == "string" else [0, 1, 2, 0]
+    Dataset.from_dict(data, features=Features({"image": Image(), **columns})).to_parquet("t.parquet")
+    m = dsconvert.convert("t.parquet", "out", workers=1).manifest
+    assert m.sample_type == "dict" and m.classes is None and why in m.source["chosen"], m.source
+    assert set(dsconvert.open_dataset("out")[1]["json"]) == set(columns)
+
+
+def test_integer_labels_name_classes_up_to_the_largest(tmp_path, monkeypatch):
+    """classes[label] names each label, and len(classes) is the outputs a model needs: labels
+    1..5 with 3 missing are classes '0'..'5'; ids past 100,000 name no classes."""
+    monkeypatch.chdir(str(tmp_path))
+    rel = image_files(str(tmp_path), 4)
+    Dataset.from_dict({"image": rel, "label": [1, 5, 2, 4]}).cast_column("image", Image()).to_parquet("t.parquet")
+    ds = dsconvert.open_dataset("t.parquet")
+    assert ds.classes == ["0", "1", "2", "3", "4", "5"] and [ds[i][1] for i in range(4)] == [1, 5, 2, 4]
+    Dataset.from_dict({"image": rel, "label": [7, 10**9, 3, 0]}).cast_column("image", Image()).to_parquet("ids.parquet")
+    ids = dsconvert.open_dataset("ids.parquet")
+    assert ids.classes is None and ids[1][1] == 10**9

@@ -193,7 +193,7 @@ def test_explicit_label_columns(tmp_path):
     assert {s.path: s.reason for s in by_name.skipped} == {"d.parquet/row 3": "no label (null)",
                                                            "d.parquet/row 4": "empty class name"}
     by_int = parquet_source(path, "idx")
-    assert by_int.classes is None and [s.label for s in by_int.samples] == [4, 3, 1, 0]
+    assert by_int.classes == ["0", "1", "2", "3", "4"] and [s.label for s in by_int.samples] == [4, 3, 1, 0]
     assert [s.path for s in by_int.skipped] == ["d.parquet/row 2"]
     with pytest.raises(SourceError, match="no column 'nope'"):
         parquet_source(path, "nope")

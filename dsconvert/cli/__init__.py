@@ -7,13 +7,12 @@ skipped inputs exits 3, so scripts notice.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import List, Optional
 
 from .. import __version__
 from . import analyze, bench, cache, diagnose, info, shard, upgrade, verify
-from .args import Shared
+from .args import Parser, Shared
 from .messages import (
     errors_as_messages,
     exit_status,
@@ -30,8 +29,8 @@ __all__ = ["main", "build_parser", "COMMANDS"]
 COMMANDS = (shard, analyze, bench, diagnose, verify, cache, info, upgrade)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="dsconvert",
         description="Find and remove the data-loading bottleneck in deep-learning training: "
         "rewrite many small files into shards that a DataLoader reads fast.",
@@ -45,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     shared = Shared.make()  # arguments that several subcommands share, each defined once (listed first in --help)
     for command in COMMANDS:
         command.add_parser(sub, shared)
+    # every subcommand's parser is a Parser too: argparse makes them of the top parser's class
+    parser.commands = dict(sub.choices)
+    for name, command_parser in parser.commands.items():  # its own name: a command's arguments may use "command"
+        command_parser.set_defaults(cli_command=name)
     return parser
 
 

@@ -4,17 +4,55 @@ and makes a bad one a usage error (exit 2) naming it, not a traceback."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, NoReturn, Optional
 
 from ..codecs import parse_compression, parse_hw
 from ..errors import OptionError
 from ..plan import parse_size
 
-__all__ = ["quality", "compression", "positive_int", "path_arg", "finite", "positive_float", "seconds", "byte_size",
-           "byte_limit", "int_list", "option", "quiet_option", "json_option", "storage_options", "height_width",
-           "Shared"]
+__all__ = ["Parser", "quality", "compression", "positive_int", "path_arg", "finite", "positive_float", "seconds",
+           "byte_size", "byte_limit", "int_list", "option", "quiet_option", "json_option", "storage_options",
+           "height_width", "Shared"]
+
+
+class Parser(argparse.ArgumentParser):
+    """dsconvert's parsers: no abbreviated options (``--worker 2`` is an error, not ``--workers
+    2``: an abbreviation that works today breaks silently when an option is added), and a usage
+    error is the error and one hint line, not the usage first (the line that matters came last,
+    below fifteen lines of options)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.commands: Dict[str, Parser] = {}  # a command's parser, by name (filled by build_parser)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but options no parser knows are said by the subcommand's parser, whose
+        options the hint names (argparse says them in the top parser's name)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            target = self.commands.get(getattr(parsed, "cli_command", None) or "", self)
+            target.error(f"unrecognized arguments: {' '.join(extras)}{guess(extras, target, self)}")
+        return parsed
+
+
+    def error(self, message: str) -> NoReturn:
+        """The error, then where the options are: exit status 2, as argparse's."""
+        self.exit(2, f"{self.prog}: error: {message}\nsee `{self.prog} --help` for the options\n")
+
+
+def guess(extras: List[str], *parsers: argparse.ArgumentParser) -> str:
+    """' (did you mean --workers?)' for the first unknown option close to one the parsers know."""
+    known = [s for p in parsers for a in p._actions for s in a.option_strings if s.startswith("--")]
+    for word in extras:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def quality(text: str) -> int:
@@ -111,7 +149,7 @@ def int_list(minimum: int):
 def option(*names: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A parent parser holding one argument, for ``add_parser(..., parents=[...])``: an argument
     that several subcommands share is defined once."""
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = Parser(add_help=False)
     parent.add_argument(*names, **kwargs)
     return parent
 

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"format:      {m.format} (schema {m.schema_version}, written by {_known(m.created_by)})")
     print(f"source:      {_known(m.source.get('url'))} (layout {_known(m.source.get('layout'))})")
     print(f"samples:     {m.num_samples} ({m.sample_type}, {m.stored})")
+    if m.source.get("chosen"):
+        print(f"chosen:      {m.source['chosen']}")
     if m.stored == "decoded":
         o = m.options
         shape = f"resize {o['resize']}" if o.get("resize") else (

@@ -53,9 +53,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], shared:
                    help="source layout; auto detects ImageFolder class folders, flat "
                    "basename-grouped files with sidecars, a list file, tar shards, Parquet files or a "
                    "dsconvert output (default: %(default)s)")
-    p.add_argument("--label", metavar="FIELD",
-                   help="tar shards and Parquet: where the class label is (cls, a JSON key such as "
-                   "json.label, or a Parquet column); makes (image, label) samples")
+    labels = p.add_mutually_exclusive_group()
+    labels.add_argument("--label", metavar="FIELD",
+                        help="tar shards and Parquet/Arrow: where the class label is (cls, a JSON key such as "
+                        "json.label, or a column); makes (image, label) samples. Parquet/Arrow find it by "
+                        "themselves: the one ClassLabel column, else an integer column named label or labels")
+    labels.add_argument("--no-label", dest="label", action="store_const", const=False,
+                        help="Parquet/Arrow: no label column, dict samples keeping every column (the image and json)")
     p.add_argument("--samples-per-shard", type=positive_int, default=10000, metavar="N",
                    help="at most N samples per shard (default: %(default)s)")
     p.add_argument("--shard-size", type=byte_size, default="1GB", metavar="SIZE",
@@ -157,6 +161,11 @@ def _shard(args: argparse.Namespace, executor: Any) -> int:
                 per = max(MIN_SPREAD_SAMPLES, -(-m.num_samples // result.workers))
                 print(f"note: {len(m.shards)} shard(s) for {result.workers} workers left {result.idle_workers} "
                       f"idle (one worker writes one shard); --samples-per-shard {per} gives each one work")
+        columns = sorted({e["path"].rsplit("/column ", 1)[1] for e in m.ignored
+                          if "/column " in e["path"] and "--no-label" in e["reason"]})
+        if columns:  # a label column was found or named: say what the samples leave out, and how to keep it
+            print(f"note: (image, label) samples; column(s) not kept: {', '.join(columns)} (--no-label keeps every "
+                  "column, as dict samples)")
         if m.skipped:
             print("\n".join(skip_summary(m, 10)), file=sys.stderr)
     return EXIT_SKIPPED if m.skipped else 0

@@ -14,9 +14,12 @@ import contextlib
 import errno
 import fcntl
 import os
-from typing import Iterator, Set
+import stat
+import struct
+import sys
+from typing import Iterator, Optional, Set
 
-__all__ = ["file_lock"]
+__all__ = ["file_lock", "lock_held"]
 
 _held: Set[str] = set()  # process=True locks this process holds
 
@@ -50,3 +53,44 @@ def file_lock(path: str, shared: bool = False, wait: bool = True, process: bool 
         if got and process:
             _held.discard(path)
         os.close(fd)  # releases the lock
+
+
+# struct flock, for asking who holds a record lock: its layout is the platform's
+_FLOCK: Optional[str] = ("hhqqi" if sys.platform.startswith("linux")
+                         else "qqihh" if sys.platform == "darwin" or "bsd" in sys.platform else None)
+
+
+def lock_held(path: str) -> Optional[bool]:
+    """Whether some process holds the ``process=True`` lock on ``path`` (this one included),
+    asked of the kernel (``F_GETLK``) and never taken: asking cannot make a conversion that
+    starts at that moment fail, and needs no write permission. The file is opened read-only,
+    not created and not followed through a symlink. False when there is no such file (no
+    conversion ever ran there, or it is not a regular file); None when it cannot be told."""
+    real = os.path.realpath(path)
+    if path in _held or any(os.path.realpath(p) == real for p in _held):
+        return True  # before opening: closing a descriptor of the file would drop this process's lock
+    if _FLOCK is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        return False if exc.errno == errno.ELOOP else None  # a link is never our lock file
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, *_query()))
+        kind = struct.unpack(_FLOCK, got)[0 if _FLOCK.startswith("h") else 3]
+        return kind != fcntl.F_UNLCK
+    except OSError:  # a file system without record locks
+        return None
+    finally:
+        os.close(fd)
+
+
+def _query() -> tuple:
+    """The whole file, for writing (what ``lockf(LOCK_EX)`` takes), in ``_FLOCK``'s order."""
+    if _FLOCK == "hhqqi":
+        return (fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    return (0, 0, 0, fcntl.F_WRLCK, os.SEEK_SET)

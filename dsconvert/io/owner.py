@@ -23,9 +23,10 @@ from typing import Dict, Optional, Set, Tuple
 from .localfs import open_regular, stream_sha256
 from .location import Location
 
-__all__ = ["OWNER_NAME", "owner_token", "note", "Owned"]
+__all__ = ["OWNER_NAME", "LOCK_NAME", "owner_token", "note", "Owned"]
 
 OWNER_NAME = ".dsconvert.owner"
+LOCK_NAME = ".dsconvert.lock"  # held (io.locks, process=True) while a conversion writes; kept after
 _LINE_OBJECT = ".dsconvert.owned."  # + the line's sha256 (object stores)
 _HEADER = "dsconvert-owner"
 _TOKEN = re.compile(r"[0-9a-f]{32}")

@@ -10,6 +10,7 @@ from ..errors import OptionError, UpgradeWarning
 from ..formats import FORMATS, get
 from ..io.localfs import is_latency_bound
 from ..io.location import local_form
+from ..io.owner import LOCK_NAME, OWNER_NAME
 from ..io.shard_cache import ShardAccess
 from ..manifest import MANIFEST_NAME, Manifest
 from ..source import scan
@@ -108,8 +109,10 @@ def open_dataset(
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
     # a remote output's manifest is kept in the cache, and read from there when the remote is out of reach
     kept = load_manifest(access) if access.cache is not None and access.remote else None
-    # tars without a manifest are read in place; a damaged manifest is a damaged output, never foreign data
-    if kept is not None or access.location.exists(MANIFEST_NAME) or not looks_like_tars(path, storage_options):
+    # tars without a manifest are read in place; a damaged manifest is a damaged output, never foreign data, and
+    # an output being written (or stopped before it finished) is never read as the tars it holds so far
+    if (kept is not None or access.location.exists(MANIFEST_NAME) or _output_folder(access)
+            or not looks_like_tars(path, storage_options)):
         if label is not None or index_dir is not None:
             raise OptionError(f"label= and index_dir= are for tar shards without a manifest, and {path} is not one "
                               "(a dsconvert output keeps its labels)")
@@ -130,6 +133,15 @@ def open_dataset(
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,
                    decode=decode, access=access, **options)
+
+
+def _output_folder(access: ShardAccess) -> bool:
+    """Whether a folder holds a dsconvert conversion's control files (its lock, its owner
+    journal): an output, finished or not, whose manifest then says what it is."""
+    try:
+        return any(access.location.exists(name) for name in (LOCK_NAME, OWNER_NAME))
+    except Exception:  # an unreachable store: the manifest's own read says why
+        return False
 
 
 def _in_place_table(path: str, storage_options: Optional[Dict[str, Any]]) -> bool:

@@ -9,7 +9,7 @@ Reading the inputs a scan found is :mod:`dsconvert.inputs`' (for a conversion) a
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from ..errors import SourceError
 from ..io.location import Location, local_form
@@ -26,11 +26,12 @@ __all__ = ["scan", "container_layout", "LAYOUTS", "SourceFile", "Sample", "Skipp
 
 
 def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
-         storage_options: Optional[Dict[str, Any]] = None, label: Optional[str] = None) -> Source:
+         storage_options: Optional[Dict[str, Any]] = None, label: Union[str, bool, None] = None) -> Source:
     """Scan ``src`` (a folder or list file: a path, or a URL fsspec reaches) into a
     :class:`Source`, reading no contents; or the samples of what another tool packed: tar
     shards (:mod:`.tars`), Parquet files (:mod:`.parquet`), a dsconvert output (:mod:`.outputs`),
-    reading their headers and metadata (and labels: ``label``, where a sample's class label is).
+    reading their headers and metadata (and labels: ``label``, where a sample's class label is;
+    for Parquet and Arrow None finds it, False asks for dict samples of every column).
 
     ``progress`` is called with the number of files found in each folder walked.
     """
@@ -39,8 +40,11 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
     src = local_form(src)  # file:// URLs as the paths they name
     container = (layout if layout in CONTAINER_LAYOUTS else
                  container_layout(src, storage_options) if layout == "auto" else None)
+    if label is not None and not isinstance(label, str) and not (label is False and container in ("parquet", "arrow")):
+        raise SourceError(f"label must be a column or field name (or False for Parquet and Arrow: dict samples), "
+                          f"not {label!r}", src)
     if container == "tars":
-        return tar_source(src, label, storage_options)
+        return tar_source(src, label or None, storage_options)
     if container in ("parquet", "arrow"):  # Arrow files (save_to_disk folders) are read as Parquet files are
         return parquet_source(src, label, storage_options, arrow=container == "arrow")
     if container == "output":

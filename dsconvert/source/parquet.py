@@ -11,10 +11,12 @@ readable Parquet. The image column is, in this order: the Hugging Face ``Image``
 else a struct column with a binary ``bytes`` child, else a top-level binary column; with
 several candidates the first in schema order is taken (``--label`` does not change that).
 The label is the column ``label`` names, or, when none is named, the one ``ClassLabel``
-feature of a Hugging Face export (with several, none): ``ClassLabel`` ints index its ``names``, a
-plain integer column gives the labels as they are, a string column gives class names, sorted
-into indices as ImageFolder's folders are. Without a label the samples are dicts: the image
-and a ``json`` field holding the row's other (JSON-able) columns, built when the row is read.
+feature of a Hugging Face export, else the one integer column named ``label`` or ``labels``
+(several candidates: none, and the source's ``chosen`` says so); ``label=False``: none.
+``ClassLabel`` ints index its ``names``, a plain integer column gives the labels as they are
+(classes "0" .. the largest), a string column gives class names, sorted into indices as
+ImageFolder's folders are. Without a label the samples are dicts: the image and a ``json``
+field holding the row's other (JSON-able) columns, built when the row is read.
 
 Each row is one sample, keyed ``STEM/NNNNNNNNN`` (the file's name without ``.parquet`` and the
 row number); its inputs name the file (``container``) and the row (``offset``). Conversion
@@ -35,11 +37,10 @@ path in a remote Parquet file is a skipped row with its reason. Where the scan r
 group's image column (groups of path-only rows are small), it stats each file: sizes are
 known before reading and a missing file is skipped at scan.
 
-**Columns.** Every column is accounted for. Without a label (or with the automatic
-``ClassLabel`` label and other columns beside it) the samples are dicts: the image, ``cls``
-(the label, where there is one) and ``json`` (every other column). With ``label`` named, the
-samples are ``(image, label)`` and each other column is listed in the source's ``ignored``
-with the reason; so is a column holding binary data (not JSON), in either case.
+**Columns.** Every column is accounted for. Without a label the samples are dicts: the image
+and ``json`` (every other column). With a label (named or found), the samples are ``(image,
+label)`` and each other column is listed in the source's ``ignored`` with the reason; so is a
+column holding binary data (not JSON), in either case.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import BadInputError, NotRegularFileError, SourceError
 from ..io.localfs import open_regular, regular_size
@@ -239,10 +240,41 @@ def image_column(schema: Any, features: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def _class_label(features: Dict[str, Any]) -> Optional[str]:
-    """The one ClassLabel feature's column, or None (none, or several)."""
-    found = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"]
-    return found[0] if len(found) == 1 else None
+LABEL_NAMES = ("label", "labels")  # an integer column of one of these names is the label, found by itself
+INT_CLASSES_MAX = 100_000  # integer labels name their classes "0".."N-1" up to this many; more: no class names
+
+
+def _found_label(schema: Any, features: Dict[str, Any], image: str) -> Tuple[Optional[str], str]:
+    """The label column found without being named, and how (for ``info``): the one ``ClassLabel``
+    feature, else the one integer column named ``label`` or ``labels``; None with the reason
+    when there is none, or more than one (which one is the label is then the user's say)."""
+    import pyarrow as pa
+
+    found = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"
+             and n in schema.names and n != image]
+    if len(found) == 1:
+        return found[0], "its ClassLabel column"
+    if found:
+        return None, f"several ClassLabel columns ({', '.join(found)}): --label names the one to use"
+
+    def integer(name: str) -> bool:
+        t = schema.field(name).type
+        return pa.types.is_integer(t.value_type if pa.types.is_dictionary(t) else t)
+
+    named = [n for n in LABEL_NAMES if n in schema.names and n != image and integer(n)]
+    if len(named) == 1:
+        return named[0], f"an integer column named {named[0]!r}"
+    if named:
+        return None, "integer columns named both 'label' and 'labels': --label names the one to use"
+    return None, "no ClassLabel column and no integer column named 'label' or 'labels' (--label names one)"
+
+
+def int_classes(labels: List[Any]) -> Optional[List[str]]:
+    """The class names of integer labels: "0" .. "N-1" for the largest label N-1 (so that
+    ``classes[label]`` names a sample's class and ``len(classes)`` is the number of outputs a
+    model needs, as ImageFolder's), or None past ``INT_CLASSES_MAX`` (ids, not classes)."""
+    top = max((v for v in labels if type(v) is int and 0 <= v), default=-1)
+    return [str(i) for i in range(top + 1)] if top < INT_CLASSES_MAX else None
 
 
 def _label_kind(schema: Any, features: Dict[str, Any], column: str, where: str) -> Tuple[str, Optional[List[str]]]:
@@ -466,12 +498,14 @@ class _Runs:
             self.first = -1
 
 
-def parquet_source(src: str, label: Optional[str] = None,
+def parquet_source(src: str, label: Union[str, bool, None] = None,
                    storage_options: Optional[Dict[str, Any]] = None, arrow: bool = False) -> Source:
     """The rows of a Parquet file, or of a folder's ``.parquet`` files (sorted by name), as a
     :class:`Source` of kind ``parquet``: see the module doc. Reads footers and the label
     column only. A file that is not readable Parquet (or lacks the columns the first readable
-    file has) is skipped whole; with no image column at all, a one-line SourceError. ``arrow``:
+    file has) is skipped whole; with no image column at all, a one-line SourceError. ``label``:
+    the label column; None finds it (:func:`_found_label`); False: none, dict samples of every
+    column. The source's ``chosen`` says which, and why. ``arrow``:
     a folder's ``.arrow`` files are read (:mod:`.arrow`), as they are in a ``save_to_disk``
     folder without asking."""
     import_pyarrow()
@@ -516,9 +550,10 @@ def parquet_source(src: str, label: Optional[str] = None,
     files: List[_File] = []
     image: Optional[str] = None
     field: Optional[str] = None
-    label_col = label
+    label_col = label if isinstance(label, str) else None
     kind, names = "", None
-    dicts = True  # dict samples (image, cls where labelled, json), else (image, label)
+    dicts = True  # dict samples (image and json), else (image, label)
+    how = "--label" if isinstance(label, str) else "label=False (--no-label)"
     for name, e in listed:
         try:
             pf_info = _File(name, mtime_ns_of(e) if location.remote else os.stat(location.path(name)).st_mtime_ns)
@@ -531,8 +566,8 @@ def parquet_source(src: str, label: Optional[str] = None,
                         raise SourceError(
                             f"no image column in {escape_path(name)} (looked for a Hugging Face Image feature, a "
                             f"struct with binary 'bytes', a binary column; columns: {', '.join(schema.names)})", src)
-                    if label_col is None:
-                        label_col = _class_label(features)
+                    if label is None:
+                        label_col, how = _found_label(schema, features, image)
                     if label_col is not None:
                         if label_col not in schema.names:
                             raise SourceError(f"no column {label_col!r} in {escape_path(name)} (--label); columns: "
@@ -540,7 +575,7 @@ def parquet_source(src: str, label: Optional[str] = None,
                         if label_col == image:
                             raise SourceError(f"--label {label_col} names the image column", src)
                         kind, names = _label_kind(schema, features, label_col, escape_path(name))
-                    dicts = label is None and (label_col is None or bool(kept_columns(schema, image, label_col)))
+                    dicts = label_col is None
                     ignored.extend(_left_out(schema, image, label_col, label, escape_path(name)))
                 missing = [c for c in (image, label_col) if c is not None and c not in schema.names]
                 if missing:
@@ -597,6 +632,9 @@ def parquet_source(src: str, label: Optional[str] = None,
     elif kind == "name":
         classes = sorted({v for f in files for v in (f.labels or []) if isinstance(v, str) and v})
         index = {c: i for i, c in enumerate(classes)}
+    elif kind == "int":
+        classes = int_classes([v for f in files for v in (f.labels or [])])
+    chosen = _chosen(image, label_col, how, kind, classes)
 
     samples: List[Sample] = []
     seen: Dict[str, int] = {}
@@ -641,8 +679,6 @@ def parquet_source(src: str, label: Optional[str] = None,
                 if count:
                     key = disambiguate(key, str(count))
                 inputs = [SourceFile(field, path, row_size, f.mtime_ns, f.name, row)]
-                if dicts and sample_label is not None:
-                    inputs.append(SourceFile("cls", f"{path}/cls", 0, f.mtime_ns, f.name, row))
                 if dicts:
                     inputs.append(SourceFile("json", f"{path}/json", 0, f.mtime_ns, f.name, row))
                 samples.append(Sample(key, tuple(inputs), sample_label))
@@ -650,13 +686,32 @@ def parquet_source(src: str, label: Optional[str] = None,
     if not samples and not skipped:
         raise SourceError(f"no rows in the {what} files of {escape_path(src)}", src)
     return Source(location.url, "arrow" if arrow else "parquet", samples, classes, skipped, ignored, kind="parquet",
-                  labelled=not dicts, options={"label": label} if label is not None else {})
+                  labelled=not dicts, options={"label": label} if label is not None else {}, chosen=chosen)
 
 
-def _left_out(schema: Any, image: str, label_col: Optional[str], label: Optional[str], shown: str) -> List[Skipped]:
+def _chosen(image: Optional[str], label_col: Optional[str], how: str, kind: str, classes: Optional[List[str]]) -> str:
+    """What the samples are and why, in one line (``dsconvert info`` prints it)."""
+    if label_col is None:
+        return (f"dict samples (the image and json, every other column) from image column {image!r}: no label, "
+                f"{how}")
+    if classes is None:
+        named = "no class names (labels past 100,000: ids, not classes)" if kind == "int" else "no class names"
+    elif kind == "classlabel":
+        named = f"classes: the ClassLabel's {len(classes)} names"
+    elif kind == "name":
+        named = f"classes: its {len(classes)} distinct names, sorted (labels index them)"
+    else:
+        named = f"classes: '0'..'{len(classes) - 1}' (the labels as they are, up to the largest)"
+    return (f"(image, label) samples: image column {image!r}, label column {label_col!r} ({how}); {named}; "
+            "--no-label (label=False) keeps every column as dict samples instead")
+
+
+def _left_out(schema: Any, image: str, label_col: Optional[str], label: Union[str, bool, None],
+              shown: str) -> List[Skipped]:
     """The columns the samples do not keep, each with the reason (see the module doc)."""
     out = []
-    dicts = label is None and (label_col is None or bool(kept_columns(schema, image, label_col)))
+    dicts = label_col is None
+    given = f"label={label!r}" if isinstance(label, str) else f"the label column {label_col!r}"
     for fld in schema:
         if fld.name in (image, label_col):
             continue
@@ -666,8 +721,8 @@ def _left_out(schema: Any, image: str, label_col: Optional[str], label: Optional
             out.append(Skipped(where, f"not kept: it holds {other} ({fld.type}); one image column is read "
                                       f"({image!r}), and the json field holds JSON only"))
         elif not dicts:
-            out.append(Skipped(where, f"not kept: label={label!r} makes (image, label) samples; leave the label out "
-                                      "to keep every column (dict samples: the image, cls and json)"))
+            out.append(Skipped(where, f"not kept: {given} makes (image, label) samples; --no-label (label=False) "
+                                      "keeps every column (dict samples: the image and json)"))
     return out
 
 
