@@ -284,9 +284,10 @@ def out_of_space_is_resumable(out: Location) -> Iterator[None]:
 
 
 def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar,
-         owned: Optional[Owned] = None) -> List[ShardResult]:
+         owned: Optional[Owned] = None, pool: Optional[cf.ProcessPoolExecutor] = None) -> List[ShardResult]:
     """Write every spec, reporting each finished shard; the first error cancels the rest.
-    With ``owned``, a file this output cannot prove it wrote where a shard goes stops it first."""
+    With ``owned``, a file this output cannot prove it wrote where a shard goes stops it first.
+    ``pool``: a process pool started before the scan (:func:`started_pool`), used as this run's own."""
     if not specs:
         return []
     fmt = get(specs[0].format)
@@ -316,14 +317,16 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
     # a format whose native library may crash on a failed write is written in a child process
     # even for one worker, so that a crash there is one clear error here
     isolate = bool(todo) and fmt.write_in_child
-    if executor is None and ((workers > 1 and len(todo) > 1) or isolate):
+    if executor is None and pool is not None and todo:
+        executor = pool
+    elif executor is None and ((workers > 1 and len(todo) > 1) or isolate):
         own_pool = executor = process_pool(min(workers, len(todo)))
     try:
         if executor is None:
             for spec in todo:
                 finished(spec, write_shard(spec))
         else:
-            task = _write_shard if own_pool is not None else write_shard
+            task = _write_shard if own_pool is not None or executor is pool else write_shard
             futures = {executor.submit(task, spec): spec for spec in todo}
             try:
                 for future in cf.as_completed(futures):
@@ -337,6 +340,14 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
         if own_pool is not None:
             own_pool.shutdown(wait=True, cancel_futures=True)
     return [results[spec.index] for spec in specs]
+
+
+def started_pool(workers: int) -> cf.ProcessPoolExecutor:
+    """A process pool whose workers are forked now (a fork pool starts them all at its first
+    task): what the parent builds afterwards (the scan, the plan) is not in their memory."""
+    pool = process_pool(workers)
+    pool.submit(os.getpid).result()
+    return pool
 
 
 def _quiet_unraisable(unraisable: Any) -> None:
@@ -554,7 +565,7 @@ def convert(
     location.makedirs()
     claim_output(location, overwrite)
     lock = contextlib.nullcontext() if location.remote else output_lock(out_dir)
-    with lock, out_of_space_is_resumable(location):
+    with lock, out_of_space_is_resumable(location), contextlib.ExitStack() as stack:
         owned = Owned(location, owner_token(location))
         if location.exists(MANIFEST_NAME):
             previous = Manifest.load(location)
@@ -575,6 +586,11 @@ def convert(
                 _adopt(owned, previous)
             location.remove(MANIFEST_NAME)
 
+        # the workers are forked now, before the scan: they never hold (nor touch, making them
+        # private) the parent's object of every input; each is sent one shard's spec at a time
+        pool = started_pool(workers) if executor is None and workers > 1 else None
+        if pool is not None:
+            stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         if scanned is not None:
             source = scanned
         else:
@@ -613,7 +629,7 @@ def convert(
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}),
                             positions, owned.token)
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
-            results = _run(specs, workers, executor, bar, None if overwrite else owned)
+            results = _run(specs, workers, executor, bar, None if overwrite else owned, pool)
 
         keep = {name for r in results for name in fmt.files_of(r.entry)}
         remove_stale(location, prefix, keep, Owned(location, owned.token))  # read again: the writers added
