@@ -9,6 +9,8 @@ import os
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from ..codecs import is_image_field
 from ..errors import BadInputError, ManifestError, SourceError
 from ..formats.base import part_of
@@ -28,12 +30,14 @@ class TarAccess(ShardAccess):
 
     def __init__(self, root: str, storage_options: Optional[Dict[str, Any]], cache_dir: Optional[str],
                  cache_size: Any, index_dir: str, label: Optional[str], classes: Optional[List[str]],
-                 keep: Dict[str, List[int]], unsaved: Optional[Dict[str, bytes]] = None):
+                 keep: Dict[str, Any], unsaved: Optional[Dict[str, bytes]] = None):
         super().__init__(root, storage_options, cache_dir, cache_size)
         self.index_dir = index_dir
         self.label = label
         self.classes = classes
-        self.keep = keep  # per tar, the samples read (those with a label and an image, for ``label``)
+        # per tar, the samples read (those with a label and an image, for ``label``): a range, or an
+        # int64 array, never a list of ints (the access is pickled into every DataLoader worker)
+        self.keep = keep
         self.unsaved = dict(unsaved or {})  # by index name: indexes open_tars could not save
         self.compressed = False  # set by open_tars where any tar is compressed
 
@@ -59,7 +63,7 @@ class TarAccess(ShardAccess):
         if self.label is None:
             return data
         d = json.loads(data)
-        keep = self.keep[tar]
+        keep = self.keep[tar].tolist() if isinstance(self.keep[tar], np.ndarray) else self.keep[tar]
         values = d["label_values"][self.label]
         d["keys"] = [d["keys"][j] for j in keep]
         d["labels"] = [label_index(values[j], self.classes) for j in keep]
@@ -95,21 +99,21 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
     check_label_field(shards, path)
     classes = shards.classes()
     entries: List[ShardEntry] = []
-    keep: Dict[str, List[int]] = {}
+    keep: Dict[str, Any] = {}
     fields: Dict[str, str] = {}
     left_out = 0
     for name in shards.names:
         record = shards.records[name]
         members = record["members"]
         if label is None:
-            keep[name] = list(range(record["num_samples"]))
+            keep[name] = range(record["num_samples"])  # O(1), pickled into every worker
             fields.update(record["fields"])
         else:
             values = shards.labels_of(name)
             images = {f: c for f, c in members.items() if is_image_field(f)}
-            keep[name] = [j for j in range(record["num_samples"])
-                          if not isinstance(label_index(values[j], classes), BadInputError)
-                          and any(c["offset"][j] >= 0 for c in images.values())]
+            keep[name] = np.array([j for j in range(record["num_samples"])
+                                   if not isinstance(label_index(values[j], classes), BadInputError)
+                                   and any(c["offset"][j] >= 0 for c in images.values())], dtype=np.int64)
             left_out += record["num_samples"] - len(keep[name])
             fields.update({f: "image" for f in images})
         entries.append(ShardEntry(name, len(keep[name]), record["bytes"], record["sha256"], name + ".json",
