@@ -2,7 +2,10 @@
 is state, like the wds reader's: a ``DistributedSampler`` that resumes mid-epoch, on the
 same number of ranks or another.
 
-The epoch's global order is a permutation of all indices fixed by ``(seed, epoch)`` alone;
+The epoch's global order is a permutation of all indices fixed by ``(seed, epoch)`` alone,
+computed per position (a keyed Feistel network, :class:`FeistelPermutation`), so a rank holds
+nothing per sample at any size: torch's ``RandomSampler`` (``shuffle=True``) materialises
+``randperm(N)``, 8 bytes a sample in the main process (3.2 GB at 400M samples);
 rank r takes every world-th of the positions not yet consumed (as ``DistributedSampler``
 does), so after every rank has taken k batches the job has consumed exactly the first
 ``k * batch * world`` positions, and ``{"epoch", "samples_seen"}`` says where to continue
@@ -13,15 +16,15 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Optional, Sized, Union
 
-import numpy as np
-
 from ..distributed import world_info
 from ..manifest import Manifest
 from .base import _torch_data
-from .order import Deal, check_state, remaining, seeded_rng
+from .mixture import FeistelPermutation
+from .order import Deal, check_state, remaining
 
 __all__ = ["ResumableSampler"]
 
+_CHUNK = 1 << 16  # indices computed at once
 
 _Sampler: Any = _torch_data.Sampler if _torch_data is not None else object
 
@@ -74,10 +77,12 @@ class ResumableSampler(_Sampler):
         self._start, self._yielded = seen, 0
         if not deal.length:
             return
-        order = seeded_rng(self.seed, self.epoch).permutation(self.n) if self.shuffle else np.arange(self.n)
-        for i in order[seen + deal.offsets(0, deal.length) % (self.n - seen)].tolist():
-            self._yielded += 1
-            yield i
+        perm = FeistelPermutation(self.n, self.seed, "sampler", self.epoch) if self.shuffle else None
+        for start in range(0, deal.length, _CHUNK):  # O(chunk) memory at any n: no permutation of n is held
+            positions = seen + deal.offsets(start, min(deal.length, start + _CHUNK)) % (self.n - seen)
+            for i in (perm(positions) if perm is not None else positions).tolist():
+                self._yielded += 1
+                yield i
 
     def state_dict(self) -> Dict[str, Any]:
         """``{"epoch", "samples_seen"}`` (and ``dataset``, its identity, over open_dataset's
