@@ -15,7 +15,7 @@ import pytest
 
 from dsconvert import OptionError, convert, mix, open_dataset, subsample
 from dsconvert.data import ResumableSampler
-from dsconvert.readers.mixture import FeistelPermutation, Mixture, apportion
+from dsconvert.readers.mix_draws import FeistelPermutation, Mixture, apportion
 
 from conftest import ROOT, make_image_folder
 

@@ -1,6 +1,6 @@
 """``mix`` and ``subsample``: a mixture's arguments checked and made into its
-:class:`dsconvert.readers.mixture.Mixture`, and the Dataset that reads it
-(:mod:`dsconvert.readers.mixed`). Torch-free to import (``import dsconvert`` exports them)."""
+:class:`dsconvert.readers.mix_draws.Mixture`, and the Dataset that reads it
+(:mod:`dsconvert.readers.mix_datasets`). Torch-free to import (``import dsconvert`` exports them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from typing import Any, List, Optional, Sequence, Union
 
 from ..errors import OptionError
-from .mixture import Mixture, apportion
+from .mix_draws import Mixture, apportion
 
 __all__ = ["mix", "subsample", "mixture_of"]
 
@@ -90,18 +90,18 @@ def mix(datasets: Sequence[Any], weights: Optional[Sequence[float]] = None, *,
     not with ``epochs``). A source drawn more than its size repeats its samples, each once
     before any twice; ``replacement=True`` draws each sample independently instead.
 
-    Map-style by default (:class:`dsconvert.readers.mixed.MixedDataset`): ``len``, ``ds[i]``,
+    Map-style by default (:class:`dsconvert.readers.mix_datasets.MixedDataset`): ``len``, ``ds[i]``,
     so ``DataLoader(shuffle=True)``, ``DistributedSampler`` and
     :class:`dsconvert.data.ResumableSampler` work, and a resume is exact; ``set_epoch(e)`` draws
     epoch e's samples (a subsample or a repeat takes the next part of each source's order).
     ``stream=True`` or ``infinite=True``: an IterableDataset
-    (:class:`dsconvert.readers.mixed.MixedStream`) dealing each epoch's draws over ranks and
+    (:class:`dsconvert.readers.mix_datasets.MixedStream`) dealing each epoch's draws over ranks and
     DataLoader workers (``rank``, ``world_size``, ``even`` as ``open_dataset``'s streams), with
     ``state_dict``/``load_state_dict``; ``infinite=True`` never ends, one epoch after another.
-    See :mod:`dsconvert.readers.mixture` for the arithmetic.
+    See :mod:`dsconvert.readers.mix_draws` for the arithmetic.
     """
     mixture = mixture_of(datasets, weights, epochs, length, seed, replacement)
-    from .mixed import MixedDataset, MixedStream  # here: the Dataset modules import torch
+    from .mix_datasets import MixedDataset, MixedStream  # here: the Dataset modules import torch
 
     if stream or infinite:
         return MixedStream(list(datasets), mixture, infinite=infinite, rank=rank, world_size=world_size, even=even)
@@ -115,7 +115,7 @@ def mix(datasets: Sequence[Any], weights: Optional[Sequence[float]] = None, *,
 def subsample(dataset: Any, size: Union[int, float], seed: object = 0, replacement: bool = False) -> Any:
     """A seeded subset of a map-style dataset: ``size`` samples (an int) or that fraction of it
     (a float in (0, 1]); with ``replacement``, ``size`` independent draws (an int may then
-    exceed ``len(dataset)``, a float 1). A :class:`dsconvert.readers.mixed.MixedDataset` of one
+    exceed ``len(dataset)``, a float 1). A :class:`dsconvert.readers.mix_datasets.MixedDataset` of one
     source: ``set_epoch(e)`` takes the next part of the dataset's seeded order."""
     n = _sized([dataset])[0]
     if isinstance(size, numbers.Real) and not _whole(size):

@@ -1,7 +1,7 @@
 """Mixtures of datasets, subsamples and resampling as arithmetic: which source, and which of its
 samples, each position of a mixture reads. Pure numpy, no torch: the Datasets over it are in
-:mod:`dsconvert.readers.mixed`; :func:`dsconvert.mix` and :func:`dsconvert.subsample`
-(:mod:`dsconvert.readers.mixing`) make them.
+:mod:`dsconvert.readers.mix_datasets`; :func:`dsconvert.mix` and :func:`dsconvert.subsample`
+(:mod:`dsconvert.readers.mix`) make them.
 
 A mixture of K sources of ``sizes`` n_s is read in **rounds** of P positions (the mixture's
 length; by default the sources' total), of which source s holds ``counts`` c_s (the weights

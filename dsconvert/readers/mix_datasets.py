@@ -1,4 +1,4 @@
-"""The Datasets over a :class:`dsconvert.readers.mixture.Mixture`: ``MixedDataset`` (map-style)
+"""The Datasets over a :class:`dsconvert.readers.mix_draws.Mixture`: ``MixedDataset`` (map-style)
 and ``MixedStream`` (iterable, dealt over ranks and DataLoader workers, resumable). Made by
 :func:`dsconvert.mix` and :func:`dsconvert.subsample`.
 
@@ -21,7 +21,7 @@ from ..distributed import distributed_initialized, worker_info, world_info
 from ..processes import settle_worker
 from .base import TorchDataset, TorchIterableDataset
 from .epoch import SharedEpoch, begin_iteration
-from .mixture import Mixture
+from .mix_draws import Mixture
 from .order import Deal, check_state, remaining, worker_place
 
 __all__ = ["MixedDataset", "MixedStream"]
@@ -44,7 +44,7 @@ def _read(datasets: Sequence[Any], sources: np.ndarray, samples: np.ndarray) -> 
 
 class MixedDataset(TorchDataset):
     """A map-style mixture: index i of epoch e is (source, sample) by the mixture's arithmetic
-    (:mod:`dsconvert.readers.mixture`), the same in every process. ``datasets``: the sources;
+    (:mod:`dsconvert.readers.mix_draws`), the same in every process. ``datasets``: the sources;
     ``mixture``: the arithmetic; ``source_of(i)`` names where index i reads."""
 
     def __init__(self, datasets: Sequence[Any], mixture: Mixture):
