@@ -40,7 +40,7 @@ from ..errors import ManifestError
 from ..io.localfs import atomic_write
 from ..io.locks import file_lock
 from ..processes import ProcessLocal, settle_worker
-from .base import TorchDataset, Transforms
+from .base import TorchDataset, Transforms, sample_index
 
 __all__ = ["CachedDataset"]
 
@@ -252,11 +252,7 @@ class CachedDataset(Transforms, TorchDataset):
         return len(st.entries) == self.n
 
     def __getitem__(self, index: int) -> Tuple[Any, Any]:
-        i = int(index)
-        if i < 0:
-            i += self.n
-        if not 0 <= i < self.n:
-            raise IndexError(f"sample index {index} out of range for {self.n} samples")
+        i = sample_index(index, self.n)
         st = self._st()
         pixels = self._pixels(st, i)
         if pixels is None and time.monotonic() - st.last_refresh > REFRESH_SECONDS:

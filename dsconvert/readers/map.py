@@ -10,7 +10,6 @@ at once, concurrently, so the round trips overlap instead of adding up."""
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -22,7 +21,7 @@ from ..io.shard_cache import ShardAccess
 from ..manifest import ORDER_NAME, Manifest
 from ..processes import ProcessLocal, settle_worker
 from ..shuffle import load_order
-from .base import ShardDataset, TorchDataset, cumulative, locate
+from .base import ShardDataset, TorchDataset, cumulative, locate, sample_index
 
 __all__ = ["MapDataset"]
 
@@ -86,14 +85,7 @@ class MapDataset(ShardDataset, TorchDataset):
 
     def where(self, index: int) -> Tuple[int, int]:
         """(shard, sample in it) of the source's sample ``index``."""
-        n = self.manifest.num_samples
-        if isinstance(index, bool) or not isinstance(index, numbers.Integral):  # ImageFolder takes ints only
-            raise TypeError(f"sample indices are integers, not {type(index).__name__}")
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample index {index} out of range for {n} samples")
+        i = sample_index(index, self.manifest.num_samples)  # what ImageFolder's indexing takes, tensors too
         if self._order is not None:
             i = int(self._order[i])
         return locate(self._ends, i, self._sizes)

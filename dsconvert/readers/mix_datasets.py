@@ -19,7 +19,7 @@ import numpy as np
 
 from ..distributed import distributed_initialized, worker_info, world_info
 from ..processes import settle_worker
-from .base import TorchDataset, TorchIterableDataset
+from .base import TorchDataset, TorchIterableDataset, sample_index
 from .epoch import SharedEpoch, begin_iteration
 from .mix_draws import Mixture
 from .order import Deal, check_state, remaining, worker_place
@@ -67,22 +67,13 @@ class MixedDataset(TorchDataset):
 
     def locate(self, indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
         """(source, sample index in it) of each index, in the current epoch."""
-        idx = np.asarray(indices, dtype=np.int64)
         n = self.mixture.length
-        idx = np.where(idx < 0, idx + n, idx)
-        bad = (idx < 0) | (idx >= n)
-        if bad.any():
-            raise IndexError(f"index {np.asarray(indices)[bad][0]} out of range for a mixture of {n} samples")
+        idx = np.array([sample_index(i, n) for i in indices], dtype=np.int64)
         return self.mixture.locate(self.epoch, idx)
 
     def source_of(self, index: int) -> Tuple[int, int]:
         """(source, sample index in it) of ``index``, in the current epoch."""
-        i, n = int(index), self.mixture.length
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} out of range for a mixture of {n} samples")
-        return self.mixture.locate_one(self.epoch, i)
+        return self.mixture.locate_one(self.epoch, sample_index(index, self.mixture.length))
 
     def __getitem__(self, index: int) -> Any:
         s, k = self.source_of(index)
