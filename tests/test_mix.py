@@ -4,11 +4,13 @@ streaming, dealt over ranks and DataLoader workers, resumable; and docs/mixing.m
 run as written."""
 
 import collections
+import fractions
 import hashlib
 import itertools
 import os
 import pickle
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -221,6 +223,44 @@ def test_bad_mixtures_are_refused_in_one_line(outputs):
         mix([[], []])
     with pytest.raises(OptionError, match="empty source"):
         mix([a, []], weights=[1, 1])
+
+
+NUMBERS = [0, 1, 2, 0.5, 5e-324, 1e-300, 1e300, 1e308, sys.float_info.max, 10 ** 400, 2 ** 62, 2 ** 63,
+           float("inf"), float("-inf"), float("nan"), -1, -0.0, -5e-324, np.float32(3e38), np.float64(1e308),
+           np.int64(2 ** 62), np.uint64(2 ** 64 - 1), fractions.Fraction(1, 3), True, "1", None, 1 + 0j]
+
+
+def test_any_numbers_make_a_mixture_or_one_line_option_error(torch):
+    """Issue 40, item 10, the whole class: weights, epochs, length and subsample sizes from
+    zero to 10**400, subnormals, infinities, NaN, numpy scalars and non-numbers, in every pair:
+    each makes a mixture whose len, first and last sample, and stream length all work, or is
+    refused with a one-line OptionError, never numpy's ValueError or an OverflowError."""
+    a, b = list(range(10)), list(range(7))
+
+    def check(sub=(), **args):
+        try:
+            sources = [subsample(a, *sub)] if sub else [a, b]
+            m = mix(sources, **args)
+        except OptionError as exc:
+            assert "\n" not in str(exc)
+            return "refused"
+        n = len(m)
+        assert 1 <= n <= 2 ** 62 and m[0] in a + b and m[n - 1] in a + b and m[-1] == m[n - 1]
+        assert len(mix(sources, stream=True, **args)) == n
+        return "made"
+
+    seen = collections.Counter()
+    for x, y in itertools.product(NUMBERS, repeat=2):
+        seen[check(weights=[x, y])] += 1
+        seen[check(epochs=[x, y])] += 1
+    for x in NUMBERS:
+        seen[check(length=x)] += 1
+        seen[check(weights=[x, 1], length=2 ** 62)] += 1
+        for replacement in (False, True):
+            seen[check((x, 0, replacement))] += 1
+    assert seen["made"] > 200 and seen["refused"] > 200, seen
+    assert mix([a, b], weights=[1e308, 1e308]).mixture.counts == [9, 8]  # shares, whatever their scale
+    assert mix([a, b], weights=[10 ** 400, 10 ** 399], length=11).mixture.counts == [10, 1]
 
 
 def test_the_arithmetic():
