@@ -308,3 +308,67 @@ def test_set_epoch_reaches_persistent_workers(outputs, torch):
         assert [sha(s) for batch in loader for s in batch] == want
         seen.update(want)
     assert len(seen) == len(a)  # four epochs of a quarter: every sample once
+
+
+class EpochTagged:
+    """A foreign map-style source with its own ``set_epoch``: each sample says the epoch its
+    copy of the dataset was told."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return ("tagged", i, self.epoch)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+def test_a_mixture_reads_its_sources_at_its_epoch(outputs, torch):
+    """Issue 40, item 4, the whole class: whether the epoch is set (map-style, also in
+    persistent DataLoader workers) or advances by itself (a finite stream iterated again, an
+    infinite one), at any depth of nesting, a subsample mixed in reads the samples it reads
+    alone in that epoch (so four epochs of a quarter cover the source), and a foreign source
+    with ``set_epoch`` is told the epoch."""
+    a, b = opened(outputs, "a", "b")
+    alone = subsample(a, 5, seed=0)
+
+    def quarter(epoch):
+        alone.set_epoch(epoch)
+        return sorted(sha(alone[i]) for i in range(5))
+
+    theirs = {sha(a[i]) for i in range(len(a))}
+
+    def of_a(samples):
+        return sorted(sha(s) for s in samples if sha(s) in theirs)
+
+    wanted = [quarter(e) for e in range(4)]
+    assert len(set().union(*wanted)) == len(a)
+    for make in (lambda **kw: mix([subsample(a, 5, seed=0), b], seed=1, **kw),
+                 lambda **kw: mix([mix([subsample(a, 5, seed=0)], seed=2), b], seed=1, **kw)):
+        m = make()
+        loader = torch.utils.data.DataLoader(m, batch_size=7, num_workers=2, persistent_workers=True,
+                                             collate_fn=list)
+        for epoch in range(4):
+            m.set_epoch(epoch)
+            assert of_a(m[i] for i in range(len(m))) == of_a(m.__getitems__(list(range(len(m))))) == wanted[epoch]
+            assert of_a(s for batch in loader for s in batch) == wanted[epoch]  # workers started in epoch 0
+        stream = make(stream=True)
+        for epoch in range(4):  # each iteration the next epoch, by itself
+            assert of_a(stream) == wanted[epoch]
+        endless = iter(make(infinite=True))
+        for epoch in range(4):
+            assert of_a(next(endless) for _ in range(len(m))) == wanted[epoch]
+        endless = torch.utils.data.DataLoader(make(infinite=True), batch_size=None, num_workers=2)
+        read = set(of_a(itertools.islice(endless, 5 * len(m))))
+        assert read == theirs  # two workers moving on by themselves: every sample of a within 5 epochs
+
+    tagged = mix([EpochTagged(6), b], seed=3)
+    tagged.set_epoch(7)
+    assert {s[2] for s in (tagged[i] for i in range(len(tagged))) if s[0] == "tagged"} == {7}
+    stream = mix([EpochTagged(6), b], seed=3, stream=True)
+    for epoch in range(3):
+        assert {s[2] for s in stream if s[0] == "tagged"} == {epoch}
