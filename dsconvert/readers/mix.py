@@ -8,7 +8,7 @@ import numbers
 import reprlib
 import sys
 from fractions import Fraction
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..errors import OptionError
 from .mix_draws import Mixture, apportion, exact
@@ -72,14 +72,15 @@ def mixture_of(datasets: Sequence[Any], weights: Optional[Sequence[float]] = Non
         raise OptionError("every dataset to mix is empty")
     if weights is not None and epochs is not None:
         raise OptionError("give weights= (shares of the draws) or epochs= (epochs of each source), not both")
-    shares = {}
+    shares: Dict[str, List[Fraction]] = {}
     for name, values in (("weights", weights), ("epochs", epochs)):
         if values is not None:
             values = list(values)
             if len(values) != k:
                 raise OptionError(f"{name} needs one value per dataset: {len(values)} for {k} datasets")
-            shares[name] = [_share(v) for v in values]
-            if any(v is None for v in shares[name]) or not sum(shares[name]):
+            exact_values = [_share(v) for v in values]
+            shares[name] = [v for v in exact_values if v is not None]
+            if len(shares[name]) != k or not sum(shares[name]):
                 raise OptionError(f"{name} must be finite numbers >= 0, not all 0: {reprlib.repr(values)}")
     if length is not None and (not _whole(length) or not 1 <= length <= MAX_LENGTH):
         raise OptionError(f"length must be a positive int up to 2**62, not {reprlib.repr(length)}")
