@@ -29,7 +29,7 @@ from .errors import (  # noqa: E402
 )
 from .manifest import Manifest  # noqa: E402
 from .monitor import DataLoadingMonitor  # noqa: E402
-from .readers.mixing import mix, subsample  # noqa: E402
+from .readers.mix import mix, subsample  # noqa: E402
 from .readers.open import open_dataset, open_source  # noqa: E402
 from .source import scan  # noqa: E402
 from .version import __version__

@@ -281,13 +281,67 @@ def test_verify_finds_an_order_that_no_longer_names_the_source(sorted_source, tm
     assert not report["ok"] and len(report["source"]["misplaced"]) == 2
 
 
-def test_indices_are_integers_as_imagefolder_takes_them(sorted_source):
-    _, out = sorted_source
-    ds = open_dataset(out, decode="raw")
-    assert ds[np.int64(3)] == ds[3]
-    for bad in (2.7, "3", True, None):
-        with pytest.raises(TypeError):
-            ds[bad]
+def _digest(sample):
+    """A sample's bytes and label, whatever its kind (encoded bytes, arrays, PIL images)."""
+    parts = sample if isinstance(sample, tuple) else [sample[k] for k in sorted(sample)]
+    out = []
+    for part in parts:
+        if isinstance(part, (bytes, bytearray, memoryview)):
+            out.append(bytes(part))
+        elif hasattr(part, "tobytes"):
+            out.append(np.asarray(part).tobytes())
+        else:
+            out.append(repr(part).encode())
+    return out
+
+
+def test_every_dataset_takes_the_indices_imagefolder_takes(sorted_source, tmp_path):
+    """Issue 40, item 14, the whole class: every dsconvert Dataset (an output of each map-style
+    reader, a source read in place, a cache, a mixture, a subsample) takes exactly the indices
+    ImageFolder's list indexing takes (the oracle: a list), giving the same sample as the int,
+    and raises TypeError for every other (never reads sample 1 for 1.7 or '1');
+    ``Subset(ds, torch.randperm(n)[:k])`` reads through a DataLoader as with ImageFolder."""
+    from dsconvert import mix, open_source, subsample
+    from dsconvert.data import CachedDataset
+
+    src, out = sorted_source
+    h5 = str(tmp_path / "h5")
+    convert(src, h5, format="hdf5", workers=1)
+    wds = open_dataset(out, decode="raw")
+    datasets = {
+        "wds": wds,
+        "hdf5": open_dataset(h5, decode="raw"),
+        "source": open_source(src, decode="raw"),
+        "cached": CachedDataset(ReferenceImageFolder(src), str(tmp_path / "cache"), decode="numpy"),
+        "mix": mix([wds, open_dataset(h5, decode="raw")], seed=1),
+        "subsample": subsample(wds, 20, seed=2),
+    }
+    indices = [3, -2, np.int64(3), np.int32(-1), np.uint8(4), np.array(2), True, torch.tensor(3),
+               torch.tensor(-2), torch.tensor([3]), torch.tensor(3, dtype=torch.int16), torch.tensor(True),
+               2.7, 1.0, "3", "1", None, b"1", 3 + 0j, np.float64(3), np.array([1, 2]), np.array(1.0),
+               torch.tensor(3.0), torch.tensor([1, 2]), [3], (3,)]
+    for name, ds in datasets.items():
+        n = len(ds)
+        oracle = list(range(n))
+        for index in indices:
+            try:
+                expected = oracle[index]
+            except TypeError:
+                with pytest.raises(TypeError, match="sample indices are integers"):
+                    ds[index]
+                with pytest.raises(TypeError, match="sample indices are integers"):
+                    ds.__getitems__([0, index]) if hasattr(ds, "__getitems__") else ds[index]
+                continue
+            assert _digest(ds[index]) == _digest(ds[expected]), (name, index)
+            if hasattr(ds, "__getitems__"):
+                assert [_digest(x) for x in ds.__getitems__([index, 0])] == \
+                    [_digest(ds[expected]), _digest(ds[0])], (name, index)
+        for index in (n, -n - 1, torch.tensor(n), np.int64(-n - 1)):
+            with pytest.raises(IndexError):
+                ds[index]
+        picked = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:9]
+        loader = DataLoader(Subset(ds, picked), batch_size=4, collate_fn=list)
+        assert [_digest(x) for batch in loader for x in batch] == [_digest(ds[int(i)]) for i in picked], name
 
 
 def test_encoded_hdf5_gives_buffers_by_index(sorted_source, tmp_path):

@@ -310,9 +310,8 @@ _check_all(ds, sys.argv[1])
 @pytest.mark.slow
 @pytest.mark.usefixtures("torch")  # the trainers are subprocesses with DataLoader workers
 def test_two_trainers_filling_one_cache(tmp_path, photos):
-    from dsconvert.data import CachedDataset
 
-    from test_cached import Folder, _check_all
+    from test_cached import _check_all, cached_only
 
     src = str(tmp_path / "src")
     make_image_folder(src, photos, {"a": 20, "b": 20}, size=(64, 48))
@@ -322,7 +321,7 @@ def test_two_trainers_filling_one_cache(tmp_path, photos):
     here = os.path.join(ROOT, "tests")
     procs = [subprocess.Popen([sys.executable, str(script), src, cache, here]) for _ in range(2)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    final = CachedDataset(Folder(src, forbid=True), cache)
+    final = cached_only(src, cache)
     assert final.is_complete
     _check_all(final, src)
 

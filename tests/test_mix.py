@@ -4,18 +4,20 @@ streaming, dealt over ranks and DataLoader workers, resumable; and docs/mixing.m
 run as written."""
 
 import collections
+import fractions
 import hashlib
 import itertools
 import os
 import pickle
 import re
+import sys
 
 import numpy as np
 import pytest
 
 from dsconvert import OptionError, convert, mix, open_dataset, subsample
 from dsconvert.data import ResumableSampler
-from dsconvert.readers.mixture import FeistelPermutation, Mixture, apportion
+from dsconvert.readers.mix_draws import FeistelPermutation, Mixture, apportion
 
 from conftest import ROOT, make_image_folder
 
@@ -223,6 +225,44 @@ def test_bad_mixtures_are_refused_in_one_line(outputs):
         mix([a, []], weights=[1, 1])
 
 
+NUMBERS = [0, 1, 2, 0.5, 5e-324, 1e-300, 1e300, 1e308, sys.float_info.max, 10 ** 400, 2 ** 62, 2 ** 63,
+           float("inf"), float("-inf"), float("nan"), -1, -0.0, -5e-324, np.float32(3e38), np.float64(1e308),
+           np.int64(2 ** 62), np.uint64(2 ** 64 - 1), fractions.Fraction(1, 3), True, "1", None, 1 + 0j]
+
+
+def test_any_numbers_make_a_mixture_or_one_line_option_error(torch):
+    """Issue 40, item 10, the whole class: weights, epochs, length and subsample sizes from
+    zero to 10**400, subnormals, infinities, NaN, numpy scalars and non-numbers, in every pair:
+    each makes a mixture whose len, first and last sample, and stream length all work, or is
+    refused with a one-line OptionError, never numpy's ValueError or an OverflowError."""
+    a, b = list(range(10)), list(range(7))
+
+    def check(sub=(), **args):
+        try:
+            sources = [subsample(a, *sub)] if sub else [a, b]
+            m = mix(sources, **args)
+        except OptionError as exc:
+            assert "\n" not in str(exc)
+            return "refused"
+        n = len(m)
+        assert 1 <= n <= 2 ** 62 and m[0] in a + b and m[n - 1] in a + b and m[-1] == m[n - 1]
+        assert len(mix(sources, stream=True, **args)) == n
+        return "made"
+
+    seen = collections.Counter()
+    for x, y in itertools.product(NUMBERS, repeat=2):
+        seen[check(weights=[x, y])] += 1
+        seen[check(epochs=[x, y])] += 1
+    for x in NUMBERS:
+        seen[check(length=x)] += 1
+        seen[check(weights=[x, 1], length=2 ** 62)] += 1
+        for replacement in (False, True):
+            seen[check((x, 0, replacement))] += 1
+    assert seen["made"] > 200 and seen["refused"] > 200, seen
+    assert mix([a, b], weights=[1e308, 1e308]).mixture.counts == [9, 8]  # shares, whatever their scale
+    assert mix([a, b], weights=[10 ** 400, 10 ** 399], length=11).mixture.counts == [10, 1]
+
+
 def test_the_arithmetic():
     for n in (1, 2, 3, 7, 64, 1000, 4097):
         assert sorted(FeistelPermutation(n, 0, "k")(np.arange(n)).tolist()) == list(range(n))  # a permutation
@@ -268,3 +308,67 @@ def test_set_epoch_reaches_persistent_workers(outputs, torch):
         assert [sha(s) for batch in loader for s in batch] == want
         seen.update(want)
     assert len(seen) == len(a)  # four epochs of a quarter: every sample once
+
+
+class EpochTagged:
+    """A foreign map-style source with its own ``set_epoch``: each sample says the epoch its
+    copy of the dataset was told."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return ("tagged", i, self.epoch)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+def test_a_mixture_reads_its_sources_at_its_epoch(outputs, torch):
+    """Issue 40, item 4, the whole class: whether the epoch is set (map-style, also in
+    persistent DataLoader workers) or advances by itself (a finite stream iterated again, an
+    infinite one), at any depth of nesting, a subsample mixed in reads the samples it reads
+    alone in that epoch (so four epochs of a quarter cover the source), and a foreign source
+    with ``set_epoch`` is told the epoch."""
+    a, b = opened(outputs, "a", "b")
+    alone = subsample(a, 5, seed=0)
+
+    def quarter(epoch):
+        alone.set_epoch(epoch)
+        return sorted(sha(alone[i]) for i in range(5))
+
+    theirs = {sha(a[i]) for i in range(len(a))}
+
+    def of_a(samples):
+        return sorted(sha(s) for s in samples if sha(s) in theirs)
+
+    wanted = [quarter(e) for e in range(4)]
+    assert len(set().union(*wanted)) == len(a)
+    for make in (lambda **kw: mix([subsample(a, 5, seed=0), b], seed=1, **kw),
+                 lambda **kw: mix([mix([subsample(a, 5, seed=0)], seed=2), b], seed=1, **kw)):
+        m = make()
+        loader = torch.utils.data.DataLoader(m, batch_size=7, num_workers=2, persistent_workers=True,
+                                             collate_fn=list)
+        for epoch in range(4):
+            m.set_epoch(epoch)
+            assert of_a(m[i] for i in range(len(m))) == of_a(m.__getitems__(list(range(len(m))))) == wanted[epoch]
+            assert of_a(s for batch in loader for s in batch) == wanted[epoch]  # workers started in epoch 0
+        stream = make(stream=True)
+        for epoch in range(4):  # each iteration the next epoch, by itself
+            assert of_a(stream) == wanted[epoch]
+        endless = iter(make(infinite=True))
+        for epoch in range(4):
+            assert of_a(next(endless) for _ in range(len(m))) == wanted[epoch]
+        endless = torch.utils.data.DataLoader(make(infinite=True), batch_size=None, num_workers=2)
+        read = set(of_a(itertools.islice(endless, 5 * len(m))))
+        assert read == theirs  # two workers moving on by themselves: every sample of a within 5 epochs
+
+    tagged = mix([EpochTagged(6), b], seed=3)
+    tagged.set_epoch(7)
+    assert {s[2] for s in (tagged[i] for i in range(len(tagged))) if s[0] == "tagged"} == {7}
+    stream = mix([EpochTagged(6), b], seed=3, stream=True)
+    for epoch in range(3):
+        assert {s[2] for s in stream if s[0] == "tagged"} == {epoch}

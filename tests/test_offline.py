@@ -173,3 +173,85 @@ def test_the_servers_manifest_wins_while_it_answers(server, tmp_path, photos):
     server.stop()
     with pytest.warns(OfflineCacheWarning):
         assert read_all(url, server, cache) == want  # and offline, the newer one it kept
+
+
+@pytest.fixture
+def read_only():
+    """Makes a folder read-only where it stands with a real read-only bind mount (as root);
+    unmounted after the test."""
+    import gc
+    import subprocess
+
+    mounts = []
+
+    def make(folder):
+        if os.geteuid() != 0:
+            pytest.skip("a read-only bind mount needs root")
+        for argv in (["mount", "--bind", folder, folder], ["mount", "-o", "remount,bind,ro", folder]):
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode:
+                if mounts and mounts[-1] == folder:
+                    subprocess.run(["umount", folder], check=False)
+                    mounts.pop()
+                pytest.skip(f"no read-only bind mount here: {done.stderr.strip()[:200]}")
+            if argv[1] == "--bind":
+                mounts.append(folder)
+        with pytest.raises(OSError):  # really read-only, for root too
+            open(os.path.join(folder, "probe"), "w")
+
+    yield make
+    gc.collect()  # datasets holding the mount's files open
+    for folder in reversed(mounts):
+        if subprocess.run(["umount", folder], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", folder], check=False)
+
+
+def test_a_full_cache_on_a_read_only_file_system_reads(server, tmp_path, photos, read_only):
+    """Issue 40, item 11, the whole class: a cache filled and verified, then mounted read-only,
+    reads every format map-style and streamed, with a size cap, with a copy whose marker is gone
+    (checked by hash, nothing recorded), online (the manifest kept already) and offline (the
+    server stopped); what it lacks fails in one line naming the copy, never EROFS from a lock."""
+    classes = {"a": 7, "b": 6, "c": 5}
+    local = {fmt: str(tmp_path / fmt) for fmt in ("wds", "hdf5", "npy")}
+    src = str(tmp_path / "src")
+    make_image_folder(src, photos, classes, size=(40, 32))
+    for fmt, out in local.items():
+        convert(src, out, fmt, samples_per_shard=5, workers=1)
+    decode = {"wds": "raw", "hdf5": "raw", "npy": "numpy"}  # npy stores pixels
+    want = {fmt: sample_digests(open_dataset(out, decode=decode[fmt])) for fmt, out in local.items()}
+    url = server.put(local["wds"], "train")
+    cache = str(tmp_path / "cache")
+    readers = [(fmt, dict(path=out)) for fmt, out in local.items()]
+    readers += [("wds", dict(path=local["wds"], stream=True)), ("wds", dict(path=local["wds"], cache_size="1GB")),
+                ("wds", dict(path=url, storage_options=server.options)),
+                ("wds", dict(path=url, storage_options=server.options, stream=True))]
+
+    def read(fmt, kw):
+        kw = dict(kw)
+        got = sample_digests(open_dataset(kw.pop("path"), decode=decode[fmt], cache_dir=cache, **kw))
+        assert sorted(got) == sorted(want[fmt]) and (kw.get("stream") or got == want[fmt])
+
+    for fmt, kw in readers:  # fill and verify
+        read(fmt, kw)
+    files = os.path.join(cache, "files")
+    shard = sorted(f for f in os.listdir(files) if f.endswith(".tar"))
+    os.remove(os.path.join(files, shard[0] + ".sha256"))  # a copy never marked: hashed on each read
+    before = {f: os.stat(os.path.join(files, f)).st_mtime_ns for f in os.listdir(files)}
+    read_only(cache)
+    for fmt, kw in readers:  # online: the output (or the server) answers; nothing is written
+        read(fmt, kw)
+    server.stop()
+    for stream in (False, True):  # offline
+        with pytest.warns(OfflineCacheWarning):
+            read("wds", dict(path=url, storage_options=server.options, stream=stream))
+    assert before == {f: os.stat(os.path.join(files, f)).st_mtime_ns for f in os.listdir(files)}
+
+    # what a read-only cache lacks: one line naming the copy
+    lacking = str(tmp_path / "lacking")
+    shutil.copytree(cache, lacking)
+    os.remove(os.path.join(lacking, "files", shard[1]))
+    read_only(lacking)
+    ds = open_dataset(local["wds"], decode="raw", cache_dir=lacking)
+    with pytest.raises(OSError, match="cannot be written.*holds no verified copy") as err:
+        sample_digests(ds)
+    assert "\n" not in str(err.value) and shard[1].split("-", 1)[1] in str(err.value)

@@ -3,6 +3,7 @@ after k steps, its state saved, and a new process resuming it must read exactly 
 uninterrupted run reads after k, for every format; on real gloo ranks too, and on another
 number of ranks and workers from ``{"epoch", "samples_seen"}`` alone."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -163,7 +164,8 @@ def test_an_elastic_resume_in_the_trainer_process(outputs, even):
             ds.set_epoch(2)
             if seen is not None:
                 ds.load_state_dict({"epoch": 2, "samples_seen": seen})
-                assert ds.state_dict() == {"epoch": 2, "samples_seen": seen, "dataset": ds.manifest.identity()}
+                assert ds.state_dict() == {"epoch": 2, "samples_seen": seen, "dataset": ds.manifest.identity(),
+                                           "seed": 4, "shuffle": 1000}
             keys = _keys(DataLoader(ds, batch_size=B))
             got.append(keys if steps is None else keys[: steps * B])
             if seen is not None:
@@ -287,8 +289,8 @@ def test_a_state_of_another_dataset_or_past_the_epoch_is_refused(outputs, tmp_pa
             for source, saved in states.items():
                 for state in saved:
                     if source == path:
-                        if "worker" not in state:
-                            r.load_state_dict(state)
+                        if "worker" not in state and state["shuffle"] == r.state_dict()["shuffle"]:
+                            r.load_state_dict(state)  # (another order is refused: the next test)
                         continue
                     with pytest.raises(ValueError, match="another dataset") as err:
                         r.load_state_dict(state)
@@ -297,6 +299,64 @@ def test_a_state_of_another_dataset_or_past_the_epoch_is_refused(outputs, tmp_pa
                 with pytest.raises(ValueError, match="beyond the epoch"):
                     r.load_state_dict({"epoch": 0, "samples_seen": seen})
             r.load_state_dict({"epoch": 0, "samples_seen": N})  # the end: an empty rest
+
+
+def test_a_state_of_another_order_is_refused(outputs):
+    """Issue 40, item 7, the whole class: a stream state (the trainer's, and a worker's place
+    mid-epoch) and a sampler state, saved under each of several seeds and shuffles, loaded into
+    a reader of each: taken exactly when the two read the same order (the oracle: the epoch's
+    samples as each reads them), and then it resumes exactly; else refused in one line, naming
+    the seed. A state that names no order (an older version's) is taken."""
+    from dsconvert import open_dataset
+    from dsconvert.data import ResumableSampler
+
+    stream_orders = [dict(shuffle=True, seed=0), dict(shuffle=True, seed=1), dict(shuffle=True, seed="x"),
+                     dict(shuffle=True, seed=0, buffer_size=7), dict(shuffle=False, seed=0),
+                     dict(shuffle=False, seed=1)]
+    mapped = open_dataset(outputs["wds"], decode="raw", stream=False)
+    readers = {f"stream {o}": (lambda o=o: open_dataset(outputs["wds"], decode="raw", **o)) for o in stream_orders}
+    readers.update({f"sampler {o}": (lambda o=o: ResumableSampler(mapped, rank=0, world_size=1, **o))
+                    for o in (dict(shuffle=True, seed=0), dict(shuffle=True, seed=5), dict(shuffle=False, seed=0),
+                              dict(shuffle=False, seed=5))})
+
+    def epoch(reader):
+        reader.set_epoch(1)
+        return [x if isinstance(x, int) else hashlib.sha1(bytes(x[0])).hexdigest() for x in reader]
+
+    whole = {name: epoch(make()) for name, make in readers.items()}
+    states = {}
+    for name, make in readers.items():
+        r = make()
+        r.set_epoch(1)
+        r.load_state_dict({"epoch": 1, "samples_seen": 9})
+        states[name] = [r.state_dict()]
+        if name.startswith("stream"):
+            r = make()
+            r.set_epoch(1)
+            it = iter(r)
+            for _ in range(9):
+                next(it)
+            states[name].append(r.state_dict())  # a worker's place (num_workers=0)
+    for saved_by, saved in states.items():
+        for name, make in readers.items():
+            if saved_by.split()[0] != name.split()[0]:
+                continue
+            same = whole[saved_by] == whole[name]
+            for state in saved:
+                r = make()
+                if same:
+                    r.load_state_dict(state)
+                    assert epoch(r) == whole[name][9:]  # the rest of the epoch, exactly
+                    continue
+                with pytest.raises(ValueError, match="another order") as err:
+                    r.load_state_dict(state)
+                assert "\n" not in str(err.value) and "seed=" in str(err.value), (saved_by, name)
+                older = {k: v for k, v in state.items() if k not in ("seed", "shuffle")}
+                make().load_state_dict(older)  # names no order: taken
+    for bad in ({"seed": 1.5}, {"seed": None}, {"shuffle": -1}, {"shuffle": "all"}, {"seed": "x" * 1000}):
+        with pytest.raises(ValueError) as err:
+            open_dataset(outputs["wds"], decode="raw", stream=True).load_state_dict(dict(epoch=0, **bad))
+        assert "\n" not in str(err.value) and len(str(err.value)) < 300
 
 
 def test_a_worker_state_from_another_topology_says_how_to_resume(outputs):

@@ -21,16 +21,24 @@ as if whole); a cache shared by training processes needs:
   exclusive lock that downloads hold shared, so nothing being fetched or verified is
   removed. A copy another process has memory-mapped stays readable after its removal (the
   kernel keeps it until it is unmapped).
+
+Locks are taken only when something will be written (a download, a marker, a kept manifest):
+a copy already verified (its marker names the sha256 the manifest gives, its size matches) is
+handed out without one, since every copy under its final name is whole (renamed into place
+after its check). So a cache on a read-only file system (or one this user may not write)
+reads, online and offline; only what it lacks fails, in one line naming the copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import mmap
 import os
 import shutil
+import stat
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
@@ -47,7 +55,7 @@ __all__ = ["ShardCache", "ShardAccess"]
 
 MARKER = ".sha256"
 # local files whose sha256 this process checked: path -> (device, inode, size, mtime_ns, sha256)
-_verified: Dict[str, Tuple[int, int, int, int, str]] = {}
+_hashed: Dict[str, Tuple[int, int, int, int, str]] = {}
 
 
 def _write_marker(local: str, sha256: str) -> None:
@@ -62,6 +70,46 @@ def _read_text(path: str) -> str:
             return f.read().strip()
     except (OSError, UnicodeDecodeError):
         return ""
+
+
+def _unwritable(exc: OSError) -> bool:
+    """Whether ``exc`` says the cache cannot be written here (a read-only file system, or
+    files this user may not write)."""
+    return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _verified(local: str, sha256: Optional[str], size: Optional[int]) -> bool:
+    """Whether ``local`` is a regular file of ``size`` whose marker names ``sha256`` (a copy
+    checked against it), read without writing or locking anything."""
+    try:
+        st = os.stat(local)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
+        return False
+    return sha256 is None or _read_text(local + MARKER) == sha256
+
+
+def _touch(local: str) -> bool:
+    """Stamp a copy as just used (LRU); False if it was removed meanwhile (evicted). A cache
+    that cannot be written keeps its stamps."""
+    try:
+        os.utime(local)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if not _unwritable(exc):
+            raise
+    return True
+
+
+def _read_kept(local: str) -> Optional[Tuple[bytes, str]]:
+    try:
+        with open_regular(local) as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return data, _read_text(local + MARKER)
 
 
 class ShardCache:
@@ -81,8 +129,12 @@ class ShardCache:
         self.downloads = 0  # files fetched (and verified) by this instance, for reports
         self.downloaded_bytes = 0
         self._counter = threading.Lock()
-        os.makedirs(self.files, exist_ok=True)
-        os.makedirs(self.locks, exist_ok=True)
+        try:
+            os.makedirs(self.files, exist_ok=True)
+            os.makedirs(self.locks, exist_ok=True)
+        except OSError as exc:
+            if not (_unwritable(exc) and os.path.isdir(self.files)):
+                raise  # a read-only cache that holds copies reads them; one that holds nothing cannot
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
@@ -130,14 +182,31 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
 
+    def _unwritable_here(self, exc: OSError) -> bool:
+        return _unwritable(exc) or (exc.errno == errno.ENOENT and not os.path.isdir(self.locks))
+
     def get(self, url: str, sha256: Optional[str] = None, size: Optional[int] = None,
             refresh: bool = False, counted: bool = True) -> str:
         """A local path holding ``url``'s bytes, fetched on first use; with ``sha256`` (and
         ``size``) verified against them. ``refresh`` fetches it again (a stale copy).
-        ``counted``: whether a fetch counts in ``downloads`` (shards do; their small files not)."""
-        fetched = False
+        ``counted``: whether a fetch counts in ``downloads`` (shards do; their small files not).
+        A verified copy is handed out without a lock (the module doc)."""
         local = self._local_path(url)
-        with file_lock(os.path.join(self.dir, "evict.lock"), shared=True), file_lock(self._lock_path(url)):
+        if not refresh and _verified(local, sha256, size) and _touch(local):
+            return local
+        fetched = False
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(file_lock(os.path.join(self.dir, "evict.lock"), shared=True))
+                held.enter_context(file_lock(self._lock_path(url)))
+            except OSError as exc:
+                if not self._unwritable_here(exc):
+                    raise
+                if not refresh and self._present(local, sha256, size, record=False):
+                    return local  # a copy never marked, checked now (a read-only cache cannot record it)
+                raise OSError(exc.errno, f"the cache {self.dir} cannot be written ({os.strerror(exc.errno or 0)}) "
+                                         f"and holds no verified copy of {url}: fill it where it is writable "
+                                         "(dsconvert cache), or read without cache_dir") from None
             present = not refresh and self._present(local, sha256, size)
             if not present:
                 self._remove(local)
@@ -153,14 +222,15 @@ class ShardCache:
         return local
 
     @staticmethod
-    def _present(local: str, sha256: Optional[str], size: Optional[int]) -> bool:
+    def _present(local: str, sha256: Optional[str], size: Optional[int], record: bool = True) -> bool:
         """Whether the copy ``local`` is there and, with ``sha256``, checked against it (hashed
-        now when its marker names another digest or none). Caller holds the file's lock."""
+        now when its marker names another digest or none, and the result marked if ``record``).
+        Caller holds the file's lock, or the cache cannot be written."""
         present = os.path.exists(local)
         if present and sha256 is not None and _read_text(local + MARKER) != sha256:
             # a copy checked against another digest (the output was rewritten), or never checked
             present = (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256
-            if present:
+            if present and record:
                 _write_marker(local, sha256)
         return present
 
@@ -168,13 +238,20 @@ class ShardCache:
         """Whether ``url``'s copy is in the cache (with ``sha256``, checked against it), without
         fetching anything: what a read with the remote unreachable can count on."""
         local = self._local_path(url)
-        with file_lock(os.path.join(self.dir, "evict.lock"), shared=True), file_lock(self._lock_path(url)):
-            try:
-                if size is not None and regular_size(local) != size:
-                    return False
-            except OSError:  # not there, or not a regular file
+        if _verified(local, sha256, size):
+            return True
+        try:
+            if size is not None and regular_size(local) != size:
                 return False
-            return self._present(local, sha256, size)
+        except OSError:  # not there, or not a regular file
+            return False
+        try:
+            with file_lock(os.path.join(self.dir, "evict.lock"), shared=True), file_lock(self._lock_path(url)):
+                return self._present(local, sha256, size)
+        except OSError as exc:
+            if not self._unwritable_here(exc):
+                raise
+            return self._present(local, sha256, size, record=False)
 
     def _kept_path(self, url: str) -> str:
         digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40]
@@ -186,34 +263,50 @@ class ShardCache:
         copy is what :meth:`kept` gives when ``url`` cannot be reached."""
         local = self._kept_path(url)
         digest = hashlib.sha256(data).hexdigest()
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        with file_lock(self._lock_path(url)):
-            if _read_text(local + MARKER) == digest and os.path.exists(local):
-                return
-            tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                # the marker first: a crash between the two leaves copy and marker disagreeing, a
-                # copy :meth:`kept` refuses (and the next read of ``url`` replaces)
-                _write_marker(local, digest)
-                os.replace(tmp, local)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
+        if _read_text(local + MARKER) == digest and os.path.exists(local):
+            return  # kept already: nothing to write (a read-only cache opens online too)
+        try:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with file_lock(self._lock_path(url)):
+                self._keep(local, digest, data)
+        except OSError as exc:
+            if not self._unwritable_here(exc):
+                raise
+            # a cache that cannot be written keeps the copy it has: read offline, that copy and
+            # the shards it names (verified as ever) are what the cache holds
+
+    @staticmethod
+    def _keep(local: str, digest: str, data: bytes) -> None:
+        """Write the kept copy and its marker; the caller holds the file's lock."""
+        if _read_text(local + MARKER) == digest and os.path.exists(local):
+            return
+        tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            # the marker first: a crash between the two leaves copy and marker disagreeing, a
+            # copy :meth:`kept` refuses (and the next read of ``url`` replaces)
+            _write_marker(local, digest)
+            os.replace(tmp, local)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
     def kept(self, url: str) -> Optional[bytes]:
         """The copy of ``url`` that :meth:`keep` made, checked against its sha256; None when
         there is none. A copy that does not match its sha256 (edited, or cut short) is never
         handed out: ManifestError."""
         local = self._kept_path(url)
-        with file_lock(self._lock_path(url)):
-            try:
-                with open_regular(local) as f:
-                    data = f.read()
-            except FileNotFoundError:
-                return None
-            digest = _read_text(local + MARKER)
+        try:
+            with file_lock(self._lock_path(url)):
+                found = _read_kept(local)
+        except OSError as exc:
+            if not self._unwritable_here(exc):
+                raise
+            found = _read_kept(local)  # nothing can write a read-only cache meanwhile
+        if found is None:
+            return None
+        data, digest = found
         if hashlib.sha256(data).hexdigest() != digest:
             raise ManifestError(f"{local}: the cache's copy of {url} does not match its sha256 (edited or damaged): "
                                 f"not trusted; remove it, and read {url} once while it is reachable", local)
@@ -317,12 +410,12 @@ class ShardAccess:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if want is not None and self.cache is None:
             identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, want)
-            if _verified.get(path) != identity:
+            if _hashed.get(path) != identity:
                 if hashlib.sha256(mm).hexdigest() != want:
                     mm.close()
                     raise ManifestError(f"{self.url_of(name)}: its sha256 differs from the manifest's (was the output "
                                         "rewritten while being read?)", self.url_of(name))
-                _verified[path] = identity
+                _hashed[path] = identity
         return mm
 
     def local_shard(self, entry: ShardEntry) -> Optional[str]:

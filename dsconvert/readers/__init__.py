@@ -13,7 +13,7 @@ map-style, cached.
 ``tars.py``    tar shards another tool wrote, opened without a manifest (their indexes stand in)
 ``prefetch.py`` ``prefetch``: every shard of an output fetched into a local cache ahead of training
 ``offline.py`` a remote output's manifest kept in the cache, read from there when the remote is out of reach
-``mixture.py`` mixtures, subsamples and resampling as arithmetic (pure: position -> source, sample)
-``mixed.py``   ``MixedDataset``, ``MixedStream``: the Datasets over a mixture (map-style; dealt, resumable)
-``mixing.py``  ``mix``, ``subsample``: a mixture's arguments checked, its Dataset made (torch-free to import)
+``mix.py``     ``mix``, ``subsample``: a mixture's arguments checked, its Dataset made (torch-free to import)
+``mix_draws.py`` which source and which of its samples each position of a mixture draws (pure arithmetic)
+``mix_datasets.py`` ``MixedDataset``, ``MixedStream``: the Datasets that read those draws (map-style; dealt, resumable)
 """

@@ -9,6 +9,7 @@ with the same interface.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from bisect import bisect_right
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -24,7 +25,7 @@ from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
 from ..optional import optional_import
 
-__all__ = ["TorchDataset", "TorchIterableDataset", "Transforms", "ShardDataset", "locate"]
+__all__ = ["TorchDataset", "TorchIterableDataset", "Transforms", "ShardDataset", "locate", "sample_index"]
 
 _torch_data = optional_import("torch.utils.data")
 # Any to the type checker, as sampler.py's _Sampler: torch's classes, or the stand-ins below
@@ -106,6 +107,25 @@ def collate(samples: List[Any], encoded: bool = False) -> Any:
                              f"fields ({sorted(fields ^ set(odd))} in one only), so they cannot be batched: "
                              "read without batch_size, or give the DataLoader a collate_fn")
     return default_collate(samples)
+
+
+def sample_index(index: Any, n: int) -> int:
+    """``index`` as a sample number in [0, n), by the one rule of every dsconvert Dataset: what
+    ImageFolder's list indexing takes (anything with ``__index__``: ints, numpy integers,
+    integer tensors of one element, as ``Subset(ds, torch.randperm(n)[:k])`` passes), negative
+    counting from the end. Anything else (a float, a string, a float tensor) is a TypeError,
+    never rounded; out of range an IndexError."""
+    try:
+        i = operator.index(index)
+    except TypeError:
+        raise TypeError(f"sample indices are integers (what a list takes), not {type(index).__name__} "
+                        f"{index!r:.40}") from None
+    given = i
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"sample index {given} out of range for {n} samples")
+    return i
 
 
 def locate(ends: List[int], position: int, sizes: Sequence[int]) -> Tuple[int, int]:

@@ -18,14 +18,25 @@ Cache folder layout, lock-free for any number of DataLoader workers writing at o
     written (atomically) once every sample is cached and every CRC has been checked: later
     processes load it instead of replaying the logs, and trust it without re-checking CRCs.
 ``cache.json``
-    the number of samples, so a cache is never reused for a different dataset.
+    the cache's identity, taken when it is made and checked each time it is opened, so that a
+    cache is not reused for another dataset: the number of samples; an identity, the one the
+    caller passes (``identity=``) or the one the dataset names itself (a dsconvert output's
+    manifest digest, a ``Mixture``'s, the digest of an ``ImageFolder``'s (path, label) list, a
+    Hugging Face dataset's fingerprint); and digests of the pixels and labels of a few samples
+    (the first, the last and two seeded ones), read again through the wrapped dataset at every
+    open. A dataset that agrees on all of these but differs elsewhere (files edited in place
+    under the same names) is not told apart: give it a new ``identity`` (a version) then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import json
 import os
+import random
+import reprlib
 import struct
 import time
 import uuid
@@ -36,11 +47,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from ..errors import ManifestError
+from ..errors import ManifestError, OptionError
 from ..io.localfs import atomic_write
 from ..io.locks import file_lock
 from ..processes import ProcessLocal, settle_worker
-from .base import TorchDataset, Transforms
+from .base import TorchDataset, Transforms, sample_index
 
 __all__ = ["CachedDataset"]
 
@@ -65,6 +76,58 @@ def _as_pixels(image: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+SCHEMA = 2  # cache.json: 2 holds an identity and sampled digests (1 held the count only)
+
+
+def sampled_positions(n: int) -> List[int]:
+    """The samples whose digests identify a cache of ``n``: the first, the last, two seeded."""
+    rng = random.Random(f"cache-identity:{n}")
+    return sorted({0, n - 1, rng.randrange(n), rng.randrange(n)}) if n else []
+
+
+def own_identity(dataset: Any) -> Optional[str]:
+    """The identity a dataset names itself, where it does: a dsconvert output's manifest
+    digest (or any ``identity`` string), an ``ImageFolder``'s (path, label) list, a Hugging
+    Face dataset's fingerprint. None otherwise (the sampled digests still identify it)."""
+    manifest = getattr(dataset, "manifest", None)
+    ident = getattr(manifest, "identity", None) or getattr(dataset, "identity", None)
+    ident = ident() if callable(ident) else ident
+    if isinstance(ident, str):
+        return ident
+    fingerprint = getattr(dataset, "_fingerprint", None)
+    if isinstance(fingerprint, str):
+        return f"hf:{fingerprint}"
+    samples = getattr(dataset, "samples", None)
+    if isinstance(samples, list) and all(isinstance(x, tuple) and len(x) == 2 for x in samples[:1]):
+        root = getattr(dataset, "root", None)  # the folder may be reached by another path later
+        digest = hashlib.sha256()
+        for path, label in samples:
+            path = os.fspath(path)
+            if isinstance(root, (str, os.PathLike)) and os.path.isabs(path):
+                path = os.path.relpath(path, os.fspath(root))
+            digest.update(f"{path}\0{label!r}\n".encode("utf-8", "surrogateescape"))
+        return f"samples:{digest.hexdigest()[:32]}"
+    return None
+
+
+def _create_once(path: str, meta: Dict[str, Any]) -> Any:
+    """Write ``meta`` to ``path`` unless it exists (a link of a complete temp file: never
+    half a file, never replacing another process's); return what ``path`` then holds."""
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        return meta
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
 class _State:
     """What one process knows of the cache, and its own append-only files."""
 
@@ -86,28 +149,61 @@ class CachedDataset(Transforms, TorchDataset):
     """Map-style dataset caching a wrapped map-style dataset's decoded ``(image, label)``."""
 
     def __init__(self, dataset: Any, cache_dir: str, transform: Optional[Callable] = None,
-                 target_transform: Optional[Callable] = None, decode: str = "pil"):
+                 target_transform: Optional[Callable] = None, decode: str = "pil", identity: Optional[str] = None):
+        """``identity``: what the wrapped dataset is (a name and version, say), recorded when the
+        cache is made and compared at every open; by default the dataset's own where it names
+        one. Sampled pixels are compared as well (the module doc)."""
         super().__init__(transform, target_transform, decode, getattr(dataset, "classes", None),
                          modes=("pil", "numpy"))
         self.dataset = dataset
         self.cache_dir = os.path.abspath(cache_dir)
         self.n = len(dataset)
+        if identity is not None and not isinstance(identity, str):
+            raise OptionError(f"identity is a string naming the dataset, not {type(identity).__name__}")
+        self.identity = identity if identity is not None else own_identity(dataset)
         os.makedirs(self.cache_dir, exist_ok=True)
-        meta_path = os.path.join(self.cache_dir, "cache.json")
+        self._check_identity(os.path.join(self.cache_dir, "cache.json"))
+        self._local: Dict[str, _State] = ProcessLocal()  # file descriptors and maps belong to one process
+
+    def _sampled(self) -> Dict[str, str]:
+        """Digests of the pixels and labels of the sampled samples, read through the wrapped dataset."""
+        out = {}
+        for i in sampled_positions(self.n):
+            image, label = self.dataset[i]
+            pixels = _as_pixels(image)
+            digest = hashlib.sha256(f"{pixels.shape}:{label!r}:".encode())
+            digest.update(pixels.data)
+            out[str(i)] = digest.hexdigest()[:32]
+        return out
+
+    def _check_identity(self, meta_path: str) -> None:
+        """Make the cache's identity on first use, or check the wrapped dataset against it."""
+        sampled = self._sampled()
+        mine = {"schema_version": SCHEMA, "num_samples": self.n, "identity": self.identity, "sampled": sampled}
         try:
-            with open(meta_path) as f:
+            with open(meta_path, encoding="utf-8") as f:
                 meta = json.load(f)
         except FileNotFoundError:
-            meta = {"schema_version": 1, "num_samples": self.n}
-            with atomic_write(meta_path, "w") as f:
-                json.dump(meta, f)
+            meta = _create_once(meta_path, mine)  # two processes making it at once: one wins, both check
         except ValueError as exc:
             raise ManifestError(f"{meta_path}: not valid JSON ({exc}); remove the cache folder", meta_path) from None
+        where = f"{self.cache_dir} caches"
+        if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA:
+            raise ManifestError(f"{where} a dataset it cannot identify (made by an earlier dsconvert, or edited): "
+                                "remove it (the next epoch fills it again) or use another cache_dir", self.cache_dir)
         if meta.get("num_samples") != self.n:
+            raise ManifestError(f"{where} a dataset of {meta.get('num_samples')} samples, not {self.n}; use another "
+                                "cache_dir or remove this one", self.cache_dir)
+        theirs = meta.get("identity")
+        if theirs is not None and self.identity is not None and theirs != self.identity:
+            raise ManifestError(f"{where} the dataset {reprlib.repr(theirs)}, not {reprlib.repr(self.identity)}: use "
+                                "another cache_dir or remove this one", self.cache_dir)
+        differs = sorted(int(i) for i, d in sampled.items() if (meta.get("sampled") or {}).get(i) != d)
+        if differs:
             raise ManifestError(
-                f"{self.cache_dir} caches a dataset of {meta.get('num_samples')} samples, not {self.n}; "
-                "use another cache_dir or remove this one", self.cache_dir)
-        self._local: Dict[str, _State] = ProcessLocal()  # file descriptors and maps belong to one process
+                f"{where} another dataset: sample {differs[0]}'s pixels or label differ from the ones it was made "
+                "with; use another cache_dir or remove this one (a wrapped dataset that augments at random "
+                "cannot be cached: pass the augmentation as transform=)", self.cache_dir)
 
     def __len__(self) -> int:
         return self.n
@@ -252,11 +348,7 @@ class CachedDataset(Transforms, TorchDataset):
         return len(st.entries) == self.n
 
     def __getitem__(self, index: int) -> Tuple[Any, Any]:
-        i = int(index)
-        if i < 0:
-            i += self.n
-        if not 0 <= i < self.n:
-            raise IndexError(f"sample index {index} out of range for {self.n} samples")
+        i = sample_index(index, self.n)
         st = self._st()
         pixels = self._pixels(st, i)
         if pixels is None and time.monotonic() - st.last_refresh > REFRESH_SECONDS:

@@ -26,10 +26,12 @@ the resume that is already pending changes nothing (every rank loads it).
 from __future__ import annotations
 
 import multiprocessing
+import numbers
+import reprlib
 from multiprocessing.context import get_spawning_popen
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["SharedEpoch", "MAX_SLOTS", "MAX_RANKS", "begin_iteration"]
+__all__ = ["SharedEpoch", "MAX_SLOTS", "MAX_RANKS", "begin_iteration", "order_of", "check_order"]
 
 MAX_SLOTS = 1 << 16  # ranks x workers per rank that an elastic resume can tell apart
 MAX_RANKS = 1 << 14  # ranks whose rounds of iterations are counted apart
@@ -182,3 +184,33 @@ def begin_iteration(shared: SharedEpoch, resume: Optional[Dict[str, Any]], here:
             "shape with ds.load_state_dict({'epoch': e, 'samples_seen': n}), n the samples it consumed")
     shared.resumed(rank, wid, nworkers, resume["epoch"])
     return resume["epoch"], resume["samples_seen"], resume["yielded"]
+
+
+def order_of(seed: object, shuffle: int) -> Dict[str, Any]:
+    """What a reading state records of the order it counts positions in, beside its dataset:
+    ``seed`` (an int or a string as given, another object as its text) and ``shuffle`` (the
+    window permuted at once; 0 when not shuffled, and then the seed plays no part)."""
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        seed = int(seed)
+    elif not isinstance(seed, str):
+        seed = str(seed)
+    return {"seed": seed, "shuffle": int(shuffle)}
+
+
+def check_order(state: Dict[str, Any], seed: object, shuffle: int) -> None:
+    """Refuse, in one line, a state saved in another order than the one ``seed`` and
+    ``shuffle`` give (its positions would name other samples: some read twice, some never). A
+    state that names no order (an older version's, or one written by hand) is taken."""
+    ours = order_of(seed, shuffle)
+    theirs = {key: state[key] for key in ("seed", "shuffle") if key in state}
+    if "shuffle" in theirs and (type(theirs["shuffle"]) is not int or theirs["shuffle"] < 0):
+        raise ValueError(f"a reading state's 'shuffle' is a window size >= 0, not {reprlib.repr(theirs['shuffle'])}")
+    if "seed" in theirs and (type(theirs["seed"]) not in (int, str) or len(str(theirs["seed"])) > 200):
+        raise ValueError(f"a reading state's 'seed' is an int or a short string, not {reprlib.repr(theirs['seed'])}")
+    shuffle_differs = theirs.get("shuffle", ours["shuffle"]) != ours["shuffle"]
+    seed_differs = ours["shuffle"] and theirs.get("seed", ours["seed"]) != ours["seed"]
+    if shuffle_differs or seed_differs:
+        said = ", ".join(f"{k}={reprlib.repr(v)}" for k, v in theirs.items())
+        raise ValueError(f"this reading state was saved in another order ({said}; this dataset reads with "
+                         f"seed={reprlib.repr(ours['seed'])}, shuffle={ours['shuffle']}): open it as it was "
+                         "opened to resume")

@@ -16,7 +16,6 @@ shard holds no per-sample Python object."""
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -29,7 +28,7 @@ from ..io.shard_cache import ShardAccess
 from ..manifest import ORDER_NAME, Manifest
 from ..processes import ProcessLocal, settle_worker
 from ..shuffle import mapped_order
-from .base import ShardDataset, TorchDataset, cumulative, locate
+from .base import ShardDataset, TorchDataset, cumulative, locate, sample_index
 
 __all__ = ["MapDataset"]
 
@@ -109,16 +108,12 @@ class MapDataset(ShardDataset, TorchDataset):
     def where(self, index: int) -> Tuple[int, int]:
         """(shard, sample in it) of the source's sample ``index``."""
         n = self.manifest.num_samples
-        if isinstance(index, bool) or not isinstance(index, numbers.Integral):  # ImageFolder takes ints only
-            raise TypeError(f"sample indices are integers, not {type(index).__name__}")
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample index {index} out of range for {n} samples")
+        i = sample_index(index, n)  # what ImageFolder's indexing takes, tensors too
         if self.manifest.order is not None:
             order = self._local.get("order")
-            i = int((order if order is not None else self._order_map())[i])
+            if order is None:
+                order = self._order_map()
+            i = int(order[i])  # type: ignore[index]
             if not 0 <= i < n:
                 raise ManifestError(f"{self.access.url_of(ORDER_NAME)}: position {i} outside 0..{n - 1} (a damaged "
                                     "order file)", self.access.url_of(ORDER_NAME))

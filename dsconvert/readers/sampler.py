@@ -19,7 +19,8 @@ from typing import Any, Dict, Iterator, Optional, Sized, Union
 from ..distributed import world_info
 from ..manifest import Manifest
 from .base import _torch_data
-from .mixture import FeistelPermutation
+from .epoch import check_order, order_of
+from .mix_draws import FeistelPermutation
 from .order import Deal, check_state, remaining
 
 __all__ = ["ResumableSampler"]
@@ -85,12 +86,13 @@ class ResumableSampler(_Sampler):
                 yield i
 
     def state_dict(self) -> Dict[str, Any]:
-        """``{"epoch", "samples_seen"}`` (and ``dataset``, its identity, over open_dataset's
-        datasets): samples the whole job has drawn, assuming every rank
+        """``{"epoch", "samples_seen", "seed", "shuffle"}`` (and ``dataset``, its identity, over
+        open_dataset's datasets): samples the whole job has drawn, assuming every rank
         drew as many as this one (DDP's lock step). A DataLoader with workers draws ahead of
         what the model consumed, so for an elastic resume take samples_seen from the training
         loop; torchdata's StatefulDataLoader snapshots this at the right moment by itself."""
         ours = {"dataset": self.identity} if self.identity is not None else {}
+        ours.update(order_of(self.seed, self.n if self.shuffle else 0))
         if self._pending is not None:
             return {"epoch": self.epoch, "samples_seen": self._pending, **ours}
         return {"epoch": self.epoch, "samples_seen": min(self.n, self._start + self._yielded * self.world_size), **ours}
@@ -98,8 +100,9 @@ class ResumableSampler(_Sampler):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next iteration continues epoch ``state["epoch"]`` after its first
         ``state["samples_seen"]`` positions, dealt over this sampler's ranks. A state of another
-        dataset, or past the epoch's end, is refused (:func:`check_state`)."""
+        dataset or order (seed, shuffle), or past the epoch's end, is refused."""
         epoch, seen = check_state(state, self.identity, self.n, self.world_size, self.even)
+        check_order(state, self.seed, self.n if self.shuffle else 0)
         self.epoch = epoch
         self._pending = seen
         self._iterated = False

@@ -23,7 +23,7 @@ from ..inputs.tars import OpenTar
 from ..io.location import Location
 from ..processes import settle_worker
 from ..samples import Source, SourceFile
-from .base import TorchDataset, Transforms
+from .base import TorchDataset, Transforms, sample_index
 
 __all__ = ["SourceDataset"]
 
@@ -60,7 +60,7 @@ class SourceDataset(Transforms, TorchDataset):
     def paths(self, index: int) -> List[str]:
         """The files sample ``index`` is read from (paths, or URLs for remote sources; for
         inputs inside containers, the container files)."""
-        files = self.source.samples[index].files
+        files = self.source.samples[sample_index(index, len(self.source.samples))].files
         names = list(dict.fromkeys(f.container for f in files)) if self.source.kind != "files" else \
             [f.path for f in files]
         return [p if os.path.isabs(p) else self.location.url_of(p) for p in names]
@@ -89,7 +89,7 @@ class SourceDataset(Transforms, TorchDataset):
 
     def __getitem__(self, index: int) -> Any:
         settle_worker()  # a DataLoader worker freezes what it inherited (dsconvert.processes), as the readers do
-        sample = self.source.samples[index]
+        sample = self.source.samples[sample_index(index, len(self.source.samples))]
         if self.classification:
             return self._finish(self._image(self._read(sample.files[0])), sample.label)
         out: Dict[str, Any] = {"__key__": sample.key}

@@ -29,7 +29,7 @@ from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest
 from ..processes import settle_worker
 from .base import ShardDataset, TorchIterableDataset, collate
-from .epoch import SharedEpoch, begin_iteration
+from .epoch import SharedEpoch, begin_iteration, check_order, order_of
 from .order import Deal, GlobalOrder, check_state, epoch_order, remaining, worker_place
 
 __all__ = ["StreamDataset"]
@@ -120,12 +120,17 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         that has not iterated (the trainer's, when workers read) cannot see the workers'
         progress: it returns where its next iteration starts, ``{"epoch", "samples_seen"}``;
         save the StatefulDataLoader's state, or count samples in the training loop. Every state
-        names its dataset (``dataset``: :meth:`Manifest.identity`)."""
+        names its dataset (``dataset``: :meth:`Manifest.identity`) and its order (``seed``,
+        ``shuffle``)."""
         if self._state is None:
             pending = self._epoch.pending()
-            return {"epoch": self.epoch, "samples_seen": pending or 0, "dataset": self.identity}
+            return {"epoch": self.epoch, "samples_seen": pending or 0, "dataset": self.identity, **self._order_named()}
         # samples, whether items are samples or batches
-        return dict(self._state, yielded=self._yielded, dataset=self.identity)
+        return dict(self._state, yielded=self._yielded, dataset=self.identity, **self._order_named())
+
+    def _order_named(self) -> Dict[str, Any]:
+        """The seed and shuffle window a state names (:func:`dsconvert.readers.epoch.order_of`)."""
+        return order_of(self.seed, self.buffer_size if self.shuffle else 0)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue an epoch. ``{"epoch": e, "samples_seen": n}``, n the number of samples the
@@ -134,9 +139,11 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         whatever their number (exact when the consumed ones were a prefix: see
         :mod:`dsconvert.readers.order`). A state from :meth:`state_dict` inside a worker
         (with ``worker`` and ``yielded``) resumes that worker where it stopped. A state naming
-        another dataset (``dataset``), or past the epoch's end, is refused in one line."""
+        another dataset (``dataset``) or another order (``seed``, ``shuffle``), or past the epoch's
+        end, is refused in one line."""
         epoch, seen = check_state(state, self.identity, self.manifest.num_samples,
                                   world_info(self.rank, self.world_size)[1], self.even)
+        check_order(state, self.seed, self.buffer_size if self.shuffle else 0)
         if "worker" in state or "yielded" in state:
             where, yielded = worker_place(state)
             self._resume = {"epoch": epoch, "samples_seen": seen, "worker": where, "yielded": yielded}

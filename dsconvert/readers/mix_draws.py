@@ -1,7 +1,7 @@
 """Mixtures of datasets, subsamples and resampling as arithmetic: which source, and which of its
 samples, each position of a mixture reads. Pure numpy, no torch: the Datasets over it are in
-:mod:`dsconvert.readers.mixed`; :func:`dsconvert.mix` and :func:`dsconvert.subsample`
-(:mod:`dsconvert.readers.mixing`) make them.
+:mod:`dsconvert.readers.mix_datasets`; :func:`dsconvert.mix` and :func:`dsconvert.subsample`
+(:mod:`dsconvert.readers.mix`) make them.
 
 A mixture of K sources of ``sizes`` n_s is read in **rounds** of P positions (the mixture's
 length; by default the sources' total), of which source s holds ``counts`` c_s (the weights
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
+from fractions import Fraction
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -36,16 +38,25 @@ import numpy as np
 from ..errors import OptionError
 from .order import seeded_rng
 
-__all__ = ["apportion", "Mixture", "FeistelPermutation"]
+__all__ = ["apportion", "exact", "Mixture", "FeistelPermutation"]
 
 _DRAW_BLOCK = 4096
 _MASK64 = (1 << 64) - 1
 
 
-def apportion(total: int, weights: Sequence[float]) -> List[int]:
+def exact(value: Any) -> Fraction:
+    """A weight, an epoch count or a size as an exact fraction (ints of any size, floats up to
+    1e308, numpy scalars), so that shares and counts never overflow or round to NaN."""
+    if isinstance(value, numbers.Rational):
+        return Fraction(int(value.numerator), int(value.denominator))
+    return Fraction(float(value))  # ValueError / OverflowError for NaN and infinities
+
+
+def apportion(total: int, weights: Sequence[Any]) -> List[int]:
     """``total`` split in proportion to ``weights`` by largest remainders (ties to the earlier
-    source): integers summing to ``total``, each within one of its exact share."""
-    w = [float(x) for x in weights]
+    source): integers summing to ``total``, each within one of its exact share (exact
+    arithmetic: a weight of 1e308 or 10**400 is a share like any other)."""
+    w = [exact(x) for x in weights]
     whole = sum(w)
     shares = [total * x / whole for x in w]
     counts = [int(s) for s in shares]

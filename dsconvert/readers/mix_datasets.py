@@ -1,4 +1,4 @@
-"""The Datasets over a :class:`dsconvert.readers.mixture.Mixture`: ``MixedDataset`` (map-style)
+"""The Datasets over a :class:`dsconvert.readers.mix_draws.Mixture`: ``MixedDataset`` (map-style)
 and ``MixedStream`` (iterable, dealt over ranks and DataLoader workers, resumable). Made by
 :func:`dsconvert.mix` and :func:`dsconvert.subsample`.
 
@@ -9,6 +9,10 @@ themselves as :class:`dsconvert.readers.stream.StreamDataset`'s do. A stream dea
 positions exactly as the streaming reader deals its samples (:mod:`dsconvert.readers.order`):
 a state ``{"epoch", "samples_seen"}`` continues on any number of ranks and workers, a worker's
 own state (torchdata's StatefulDataLoader) where it stopped.
+
+The sources are read at the mixture's epoch, whichever process reads them: a mixture among the
+sources (``mix([subsample(a, 3), b])``) reads its own draws of that epoch, so the subsample moves
+on each epoch as it does alone; any other source with ``set_epoch`` is told the epoch.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ import numpy as np
 
 from ..distributed import distributed_initialized, worker_info, world_info
 from ..processes import settle_worker
-from .base import TorchDataset, TorchIterableDataset
+from .base import TorchDataset, TorchIterableDataset, sample_index
 from .epoch import SharedEpoch, begin_iteration
-from .mixture import Mixture
+from .mix_draws import Mixture
 from .order import Deal, check_state, remaining, worker_place
 
 __all__ = ["MixedDataset", "MixedStream"]
@@ -29,14 +33,29 @@ __all__ = ["MixedDataset", "MixedStream"]
 _PIECE = 256  # positions located (and each source's share requested) at once
 
 
-def _read(datasets: Sequence[Any], sources: np.ndarray, samples: np.ndarray) -> List[Any]:
-    """The samples at (source, index) pairs, in order; each source's read as one batch."""
+def _at_epoch(ds: Any, epoch: int) -> None:
+    """Tell a source (other than a mixture, read at an epoch directly) the mixture's epoch, in
+    the process that reads it, when it has ``set_epoch`` and is not there yet."""
+    set_epoch = getattr(ds, "set_epoch", None)
+    if callable(set_epoch) and getattr(ds, "epoch", None) != epoch:
+        set_epoch(epoch)
+
+
+def _read(datasets: Sequence[Any], sources: np.ndarray, samples: np.ndarray, epoch: int) -> List[Any]:
+    """The samples at (source, index) pairs, in order; each source's read as one batch, at the
+    mixture's ``epoch``: a mixture among the sources (a ``subsample``) reads that epoch's draws
+    (no shared state is changed, so workers at different epochs never disturb each other), any
+    other source with ``set_epoch`` is told it."""
     out: List[Any] = [None] * len(sources)
     for s in np.unique(sources).tolist():
         where = np.flatnonzero(sources == s).tolist()
-        wanted = samples[sources == s].tolist()
+        wanted = samples[sources == s]
         ds = datasets[s]
-        got = ds.__getitems__(wanted) if hasattr(ds, "__getitems__") else [ds[i] for i in wanted]
+        if isinstance(ds, MixedDataset):
+            got = _read(ds.datasets, *ds.mixture.locate(epoch, wanted), epoch)
+        else:
+            _at_epoch(ds, epoch)
+            got = ds.__getitems__(wanted.tolist()) if hasattr(ds, "__getitems__") else [ds[i] for i in wanted.tolist()]
         for w, item in zip(where, got):
             out[w] = item
     return out
@@ -44,7 +63,7 @@ def _read(datasets: Sequence[Any], sources: np.ndarray, samples: np.ndarray) -> 
 
 class MixedDataset(TorchDataset):
     """A map-style mixture: index i of epoch e is (source, sample) by the mixture's arithmetic
-    (:mod:`dsconvert.readers.mixture`), the same in every process. ``datasets``: the sources;
+    (:mod:`dsconvert.readers.mix_draws`), the same in every process. ``datasets``: the sources;
     ``mixture``: the arithmetic; ``source_of(i)`` names where index i reads."""
 
     def __init__(self, datasets: Sequence[Any], mixture: Mixture):
@@ -62,34 +81,35 @@ class MixedDataset(TorchDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch``'s draws (a subsample or repeat moves on along each source's seeded
-        order); reaches persistent DataLoader workers. Call it with the sampler's."""
+        order), and the sources at that epoch (a subsample among them, nested at any depth, takes
+        its own epoch's draws; another source with ``set_epoch`` is told it); reaches persistent
+        DataLoader workers. Call it with the sampler's."""
         self._epoch.set_epoch(int(epoch))
 
     def locate(self, indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
         """(source, sample index in it) of each index, in the current epoch."""
-        idx = np.asarray(indices, dtype=np.int64)
+        return self._locate(self.epoch, indices)
+
+    def _locate(self, epoch: int, indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
         n = self.mixture.length
-        idx = np.where(idx < 0, idx + n, idx)
-        bad = (idx < 0) | (idx >= n)
-        if bad.any():
-            raise IndexError(f"index {np.asarray(indices)[bad][0]} out of range for a mixture of {n} samples")
-        return self.mixture.locate(self.epoch, idx)
+        return self.mixture.locate(epoch, np.array([sample_index(i, n) for i in indices], dtype=np.int64))
 
     def source_of(self, index: int) -> Tuple[int, int]:
         """(source, sample index in it) of ``index``, in the current epoch."""
-        i, n = int(index), self.mixture.length
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} out of range for a mixture of {n} samples")
-        return self.mixture.locate_one(self.epoch, i)
+        return self.mixture.locate_one(self.epoch, sample_index(index, self.mixture.length))
 
     def __getitem__(self, index: int) -> Any:
-        s, k = self.source_of(index)
-        return self.datasets[s][k]
+        epoch = self.epoch
+        s, k = self.mixture.locate_one(epoch, sample_index(index, self.mixture.length))
+        ds = self.datasets[s]
+        if isinstance(ds, MixedDataset):  # a subsample among the sources: its draws of this epoch
+            return _read([ds], np.zeros(1, dtype=np.int64), np.array([k]), epoch)[0]
+        _at_epoch(ds, epoch)
+        return ds[k]
 
     def __getitems__(self, indices: Sequence[int]) -> List[Any]:
-        return _read(self.datasets, *self.locate(indices))
+        epoch = self.epoch
+        return _read(self.datasets, *self._locate(epoch, indices), epoch)
 
     def state_dict(self) -> Dict[str, Any]:
         """``{"epoch", "dataset"}``: the draws; the position in the epoch is the sampler's."""
@@ -128,7 +148,8 @@ class MixedStream(TorchIterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (on every rank); reaches persistent workers. Without it,
-        each new iteration reads the epoch after the previous one's."""
+        each new iteration reads the epoch after the previous one's. The sources are read at
+        the epoch being read (see :meth:`MixedDataset.set_epoch`), an infinite stream's too."""
         self._epoch.set_epoch(int(epoch))
 
     def _deal(self, seen: int, wid: int, nworkers: int) -> Deal:
@@ -184,7 +205,7 @@ class MixedStream(TorchIterableDataset):
             left = n - seen
             for a in range(skip, deal.length, _PIECE):
                 positions = seen + deal.offsets(a, a + _PIECE) % left  # past the end wraps (even="pad")
-                for item in _read(self.datasets, *self.mixture.locate(epoch, positions)):
+                for item in _read(self.datasets, *self.mixture.locate(epoch, positions), epoch):
                     self._yielded += 1
                     yield item
             if not self.infinite:

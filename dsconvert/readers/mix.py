@@ -1,15 +1,19 @@
 """``mix`` and ``subsample``: a mixture's arguments checked and made into its
-:class:`dsconvert.readers.mixture.Mixture`, and the Dataset that reads it
-(:mod:`dsconvert.readers.mixed`). Torch-free to import (``import dsconvert`` exports them)."""
+:class:`dsconvert.readers.mix_draws.Mixture`, and the Dataset that reads it
+(:mod:`dsconvert.readers.mix_datasets`). Torch-free to import (``import dsconvert`` exports them)."""
 
 from __future__ import annotations
 
 import numbers
+import reprlib
 import sys
-from typing import Any, List, Optional, Sequence, Union
+from fractions import Fraction
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..errors import OptionError
-from .mixture import Mixture, apportion
+from .mix_draws import Mixture, apportion, exact
+
+MAX_LENGTH = 1 << 62  # positions and epochs are int64 (shared with workers)
 
 __all__ = ["mix", "subsample", "mixture_of"]
 
@@ -17,6 +21,22 @@ __all__ = ["mix", "subsample", "mixture_of"]
 def _whole(value: Any) -> bool:
     """An int (numpy's included), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _magnitude(count: int) -> str:
+    """A count for a message: exact, or its power of ten when it is beyond any dataset."""
+    return f"{count:,}" if count < 10 ** 15 else f"about 10**{len(str(count)) - 1}"
+
+
+def _share(value: Any) -> Optional[Fraction]:
+    """A weight or an epoch count as an exact fraction; None for anything but a finite real >= 0."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return None
+    try:
+        share = exact(value)
+    except (ValueError, OverflowError, TypeError):  # NaN, infinities
+        return None
+    return share if share >= 0 else None
 
 
 def _identity(ds: Any) -> Optional[str]:
@@ -52,25 +72,30 @@ def mixture_of(datasets: Sequence[Any], weights: Optional[Sequence[float]] = Non
         raise OptionError("every dataset to mix is empty")
     if weights is not None and epochs is not None:
         raise OptionError("give weights= (shares of the draws) or epochs= (epochs of each source), not both")
+    shares: Dict[str, List[Fraction]] = {}
     for name, values in (("weights", weights), ("epochs", epochs)):
         if values is not None:
             values = list(values)
             if len(values) != k:
                 raise OptionError(f"{name} needs one value per dataset: {len(values)} for {k} datasets")
-            if any(not isinstance(v, numbers.Real) or isinstance(v, bool) or not v >= 0 or v == float("inf")
-                   for v in values) or not sum(values) > 0:
-                raise OptionError(f"{name} must be finite numbers >= 0, not all 0: {values}")
-    if length is not None and (not _whole(length) or length < 1):
-        raise OptionError(f"length must be a positive int, not {length!r}")
+            exact_values = [_share(v) for v in values]
+            shares[name] = [v for v in exact_values if v is not None]
+            if len(shares[name]) != k or not sum(shares[name]):
+                raise OptionError(f"{name} must be finite numbers >= 0, not all 0: {reprlib.repr(values)}")
+    if length is not None and (not _whole(length) or not 1 <= length <= MAX_LENGTH):
+        raise OptionError(f"length must be a positive int up to 2**62, not {reprlib.repr(length)}")
     if epochs is not None:
         if length is not None:
             raise OptionError("epochs= fixes the mixture's length (the sum of epochs x sizes): leave length= out")
-        counts = [int(round(e * n)) for e, n in zip(epochs, sizes)]
+        counts = [round(e * n) for e, n in zip(shares["epochs"], sizes)]
     else:
         total = int(length) if length is not None else sum(sizes)
-        counts = apportion(total, weights if weights is not None else sizes)
+        counts = apportion(total, shares["weights"] if weights is not None else sizes)
     if not sum(counts):
         raise OptionError("this mixture draws no sample: raise length, weights or epochs")
+    if sum(counts) > MAX_LENGTH:
+        raise OptionError(f"these epochs draw {_magnitude(sum(counts))} samples an epoch, more than a mixture "
+                          "can count (2**62): lower them")
     if replacement and any(c and not n for c, n in zip(counts, sizes)):
         raise OptionError("an empty source cannot be drawn from")
     identities = [_identity(ds) or str(n) for ds, n in zip(datasets, sizes)]
@@ -90,18 +115,18 @@ def mix(datasets: Sequence[Any], weights: Optional[Sequence[float]] = None, *,
     not with ``epochs``). A source drawn more than its size repeats its samples, each once
     before any twice; ``replacement=True`` draws each sample independently instead.
 
-    Map-style by default (:class:`dsconvert.readers.mixed.MixedDataset`): ``len``, ``ds[i]``,
+    Map-style by default (:class:`dsconvert.readers.mix_datasets.MixedDataset`): ``len``, ``ds[i]``,
     so ``DataLoader(shuffle=True)``, ``DistributedSampler`` and
     :class:`dsconvert.data.ResumableSampler` work, and a resume is exact; ``set_epoch(e)`` draws
     epoch e's samples (a subsample or a repeat takes the next part of each source's order).
     ``stream=True`` or ``infinite=True``: an IterableDataset
-    (:class:`dsconvert.readers.mixed.MixedStream`) dealing each epoch's draws over ranks and
+    (:class:`dsconvert.readers.mix_datasets.MixedStream`) dealing each epoch's draws over ranks and
     DataLoader workers (``rank``, ``world_size``, ``even`` as ``open_dataset``'s streams), with
     ``state_dict``/``load_state_dict``; ``infinite=True`` never ends, one epoch after another.
-    See :mod:`dsconvert.readers.mixture` for the arithmetic.
+    See :mod:`dsconvert.readers.mix_draws` for the arithmetic.
     """
     mixture = mixture_of(datasets, weights, epochs, length, seed, replacement)
-    from .mixed import MixedDataset, MixedStream  # here: the Dataset modules import torch
+    from .mix_datasets import MixedDataset, MixedStream  # here: the Dataset modules import torch
 
     if stream or infinite:
         return MixedStream(list(datasets), mixture, infinite=infinite, rank=rank, world_size=world_size, even=even)
@@ -115,17 +140,21 @@ def mix(datasets: Sequence[Any], weights: Optional[Sequence[float]] = None, *,
 def subsample(dataset: Any, size: Union[int, float], seed: object = 0, replacement: bool = False) -> Any:
     """A seeded subset of a map-style dataset: ``size`` samples (an int) or that fraction of it
     (a float in (0, 1]); with ``replacement``, ``size`` independent draws (an int may then
-    exceed ``len(dataset)``, a float 1). A :class:`dsconvert.readers.mixed.MixedDataset` of one
+    exceed ``len(dataset)``, a float 1). A :class:`dsconvert.readers.mix_datasets.MixedDataset` of one
     source: ``set_epoch(e)`` takes the next part of the dataset's seeded order."""
     n = _sized([dataset])[0]
     if isinstance(size, numbers.Real) and not _whole(size):
-        if not 0 < size <= (float("inf") if replacement else 1.0):
-            raise OptionError(f"a fraction to subsample is within (0, 1], not {size}")
-        count = int(round(size * n))
+        share = _share(size)
+        if share is None or not 0 < share <= (share if replacement else 1):
+            raise OptionError(f"a fraction to subsample is within (0, 1] (any finite size > 0 with replacement), "
+                              f"not {size}")
+        count = round(share * n)
     elif _whole(size) and size >= 1:
         count = int(size)
     else:
-        raise OptionError(f"subsample size must be a positive int or a fraction, not {size!r}")
+        raise OptionError(f"subsample size must be a positive int or a fraction, not {reprlib.repr(size)}")
+    if count > MAX_LENGTH:
+        raise OptionError(f"a subsample of {_magnitude(count)} samples is more than a mixture can count (2**62)")
     if count > n and not replacement:
         raise OptionError(f"cannot take {count} samples of {n} without replacement: pass replacement=True, or "
                           "use mix([ds], length=N) to repeat it")
