@@ -4,13 +4,19 @@ proves ours (temporary files included), control files are never followed through
 values and bad options are one-line errors at the moment they are given, field names are
 unique as webdataset reads them, and optimize recognises its own inputs in any process."""
 
+import glob
 import os
 import subprocess
+import sys
 import threading
 
+import numpy as np
 import pytest
 
+import dsconvert
 from dsconvert import (
+    BadInputError,
+    OptionError,
     OutputExistsError,
     Writer,
     convert,
@@ -24,6 +30,8 @@ from dsconvert.io.location import Location
 from dsconvert.io.owner import Owned, owner_token, temp_noter
 from dsconvert.manifest import MANIFEST_NAME
 from dsconvert.verify import verify
+
+from conftest import ROOT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONTROL = (".dsconvert.lock", ".dsconvert.owner")
@@ -284,3 +292,225 @@ def test_a_control_file_that_is_not_a_regular_file_is_refused(tmp_path, name, ki
         n for n in os.listdir(tmp_path / "outside") if n.startswith("file-"))  # nothing made outside OUT
     if other_before is not None:
         assert _tree(str(other)) == other_before
+
+
+# --- 8. values that cannot be stored: one line naming the field --------------------------------
+
+
+def _nested(depth, kind):
+    value = leaf = [] if kind == "list" else {}
+    for _ in range(depth):
+        inner = [] if kind == "list" else {}
+        if isinstance(leaf, list):
+            leaf.append(inner)
+        else:
+            leaf["k"] = inner
+        leaf = inner
+    return value
+
+
+BAD_VALUES = [
+    ({"json": _nested(5000, "list")}, "json", "nested too deeply"),
+    ({"json": _nested(5000, "dict")}, "json", "nested too deeply"),
+    ({"json": {"a": [1, {"b": _nested(3000, "list")}]}}, "json", "nested too deeply"),
+    ({"txt": "\ud800"}, "txt", "lone surrogate"),
+    ({"txt": "caption \udfff end"}, "txt", "lone surrogate"),
+    ({"caption.txt": "a\udc80"}, "caption.txt", "lone surrogate"),
+    ({"cls": "\ud83d"}, "cls", "lone surrogate"),
+    ({"json": {"text": "x\ud800"}}, "json", "lone surrogate"),
+    ({"json": {"\udc00": 1}}, "json", "lone surrogate"),
+    ({"json": ["ok", ["\ud800"]]}, "json", "lone surrogate"),
+    ({"__key__": "a/b\ud800", "txt": "x"}, "__key__", "lone surrogate"),
+]
+
+
+@pytest.mark.parametrize("sample,field,match", BAD_VALUES, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD_VALUES)])
+def test_values_that_cannot_be_stored_are_one_line_errors_naming_the_field(tmp_path, sample, field, match):
+    out = str(tmp_path / "out")
+    with Writer(out, samples_per_shard=2) as w:
+        w.write(text_sample(0))
+        with pytest.raises(BadInputError, match=match) as err:
+            w.write(sample)
+        assert "\n" not in str(err.value) and (f"field {field!r}" in str(err.value) or field == "__key__")
+        w.write(text_sample(1))  # the Writer goes on
+    assert verify(out)["ok"] and len(open_dataset(out)) == 2
+
+
+def bad_value(i):
+    return dict(BAD_VALUES[i][0])
+
+
+def test_optimize_names_the_field_too(tmp_path):
+    for i, (_, field, match) in enumerate(BAD_VALUES):
+        with pytest.raises(BadInputError, match=match) as err:
+            optimize(bad_value, [i], str(tmp_path / f"o{i}"), workers=1)
+        assert "\n" not in str(err.value) and field in str(err.value)
+
+
+# --- 9. options are checked when the Writer is made ---------------------------------------------
+
+BAD_OPTIONS = [
+    {"classes": [1, 2]}, {"classes": ["cat", None]}, {"classes": "cats"}, {"classes": {"cat", "dog"}},
+    {"classes": ["cat", "cat"]}, {"classes": []}, {"classes": [b"cat"]}, {"classes": 3},
+    {"shard_size": -1}, {"shard_size": 0}, {"shard_size": 1.5}, {"shard_size": None}, {"shard_size": True},
+    {"shard_size": "lots"}, {"decode": "yes"}, {"decode": None}, {"overwrite": "no"}, {"overwrite": 1},
+    {"storage_options": 5}, {"storage_options": [("anon", True)]}, {"prefix": 5}, {"prefix": "a/b"},
+    {"format": ["wds"]}, {"format": None}, {"sample_type": None}, {"sample_type": ["dict"]},
+    {"quality": 0}, {"quality": 95.0}, {"samples_per_shard": 0}, {"samples_per_shard": "10"},
+    {"compress": 5}, {"compress": "gzip"},
+]
+
+
+@pytest.mark.parametrize("options", BAD_OPTIONS, ids=[repr(o) for o in BAD_OPTIONS])
+def test_a_bad_writer_option_is_refused_when_the_writer_is_made(tmp_path, options):
+    out = str(tmp_path / "out")
+    with pytest.raises(OptionError) as err:
+        Writer(out, **options)
+    assert "\n" not in str(err.value) and os.path.basename(out) not in os.listdir(tmp_path)  # nothing made
+
+
+def never_called(i):
+    raise AssertionError("fn ran with a bad option")
+
+
+OPTIMIZE_ONLY = [{"workers": 0}, {"workers": "2"}, {"workers": 1.0}, {"min_shards": 0}, {"progress": "yes"},
+                 {"executor": object()}]
+
+
+@pytest.mark.parametrize("options", [o for o in BAD_OPTIONS if "shard_size" not in o] + OPTIMIZE_ONLY,
+                         ids=[repr(o) for o in BAD_OPTIONS if "shard_size" not in o] + [repr(o) for o in OPTIMIZE_ONLY])
+def test_a_bad_optimize_option_is_refused_before_fn_runs(tmp_path, options):
+    out = str(tmp_path / "out")
+    with pytest.raises(OptionError) as err:
+        optimize(never_called, range(3), out, **options)
+    assert "\n" not in str(err.value) and not os.path.exists(out)
+
+
+def test_good_class_names_are_kept_in_label_order(tmp_path):
+    out = str(tmp_path / "out")
+    image = np.zeros((8, 8, 3), np.uint8)
+    with Writer(out, classes=("zebra", "ant")) as w:
+        w.write({"png": image, "cls": 1})
+    assert open_dataset(out).classes == ["zebra", "ant"]
+
+
+# --- 12. field names are unique as webdataset reads them (it lowercases them) ---------------------
+
+CASE_FIELDS = [
+    ({"txt": "a", "TXT": "b"}, None), ({"A_B": "a", "a_b": "b"}, None), ({"Txt": "a", "tXt": "b"}, None),
+    ({"seg.PNG": b"a", "seg.png": b"b"}, None), ({"json": {}, "JSON": []}, None), ({"cls": 1, "CLS": 2}, None),
+    ({"txt": "a", "TXT.zst": b"b"}, "zstd"), ({"json": {"a": 1}, "JSON.ZST": b"b"}, "zstd"),
+    ({"txt": "a", "Txt.Zst": b"b"}, "zstd"), ({"txt": "a", "txt.zst": b"b"}, "zstd"),
+    # one name each as webdataset reads them: written, and read back alike by both
+    ({"TXT": "upper", "Json": {"a": 1}}, None), ({"A_B": "a", "a_c": "b"}, None), ({"txt": "a", "TXT.zst": b"z"}, None),
+    ({"Seg.PNG": b"x", "TXT": "y", "Json": [1]}, "zstd"),
+]
+
+
+@pytest.mark.parametrize("fields,compress", CASE_FIELDS, ids=[",".join(f) + f"-{c}" for f, c in CASE_FIELDS])
+def test_field_names_that_webdataset_would_merge_are_refused_and_others_read_alike(tmp_path, fields, compress):
+    """Refused at write (two names one as webdataset reads them), or, under compress, a field
+    and its .zst twin a counted skip (as conversion does) naming the member; whatever is
+    written, webdataset reads with the field names dsconvert reads."""
+    pytest.importorskip("webdataset")
+    if compress:
+        pytest.importorskip("zstandard")
+    import webdataset
+
+    out = str(tmp_path / "out")
+    refused = False
+    with Writer(out, compress=compress) as w:
+        w.write({"__key__": "k0", "txt": "first"})
+        try:
+            w.write({"__key__": "k1", **fields})
+        except BadInputError as exc:
+            assert "\n" not in str(exc) and all(repr(n) in str(exc) for n in fields), str(exc)
+            refused = True
+        w.write({"__key__": "k2", "json": {"last": True}})
+    m = dsconvert.Manifest.load(out)
+    if not refused and m.num_samples == 2:  # the twin skip
+        (skip,) = m.skipped
+        assert compress and "would both be stored as member" in skip["reason"], skip
+    urls = sorted(glob.glob(os.path.join(out, "*.tar")))
+    theirs = list(webdataset.WebDataset(urls, shardshuffle=False))  # raises on a duplicate field name
+    ours = list(open_dataset(out, decode="raw"))
+    assert [t["__key__"] for t in theirs] == [o["__key__"] for o in ours]
+    stored = {n + ".zst" if compress and n in ("txt", "json") else n for n in (f.lower() for f in fields)}
+    for t, o in zip(theirs, ours):
+        names = {n for n in o if not n.startswith("__")}
+        assert {n for n in t if not n.startswith("__")} == (
+            {n + ".zst" if compress and n in ("txt", "json") else n for n in names})
+        if t["__key__"] == "k1":
+            assert not refused and names == {n.lower() for n in fields} and set(t) - {"__key__", "__url__",
+                                                                                      "__local_path__"} == stored
+
+
+# --- 13. optimize recognises its inputs in every process ---------------------------------------
+
+FINGERPRINT_JOB = """
+import dataclasses, sys
+sys.path.insert(0, {tests!r})
+import dsconvert
+
+
+@dataclasses.dataclass
+class Holder:
+    tags: set
+
+
+class Tags(frozenset):
+    pass
+
+
+def fn(x):
+    return {{"txt": repr(type(x).__name__)}}
+
+
+INPUTS = {{
+    "sets": [{{"cat", "dog", "emu", "fox", f"n{{i}}"}} for i in range(6)],
+    "frozensets in tuples": [("x", frozenset({{"p", "q", "r", str(i)}})) for i in range(6)],
+    "dicts of sets": [{{"tags": {{"a", "b", "c"}}, "i": i, "nested": [{{"u", "v"}}, set()]}} for i in range(6)],
+    "objects holding sets": [Holder({{"s1", "s2", f"s{{i + 3}}"}}) for i in range(6)],
+    "set subclasses": [Tags({{"u", "v", "w", str(i)}}) for i in range(6)],
+    "sets of tuples of strings": [{{("a", "b"), ("c", str(i)), ("d", "e")}} for i in range(6)],
+}}
+
+if __name__ == "__main__":
+    r = dsconvert.optimize(fn, INPUTS[sys.argv[2]], sys.argv[1], workers=1, samples_per_shard=2)
+    print(r.already_complete, r.shards_resumed, r.shards_written)
+"""
+
+UNORDERED_KINDS = ["sets", "frozensets in tuples", "dicts of sets", "objects holding sets", "set subclasses",
+                   "sets of tuples of strings"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", UNORDERED_KINDS)
+def test_optimize_recognises_its_inputs_under_any_hash_seed(tmp_path, kind):
+    job = tmp_path / "job.py"
+    job.write_text(FINGERPRINT_JOB.format(tests=HERE))
+    out = str(tmp_path / "out")
+
+    def run(seed):
+        env = dict(os.environ, PYTHONHASHSEED=str(seed),
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        done = subprocess.run([sys.executable, str(job), out, kind], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    first = run(1)
+    shards = int(first[2])
+    assert first == ["False", "0", str(shards)] and shards > 1
+    assert run(2) == ["True", "0", "0"]  # the finished output, recognised
+    os.remove(os.path.join(out, MANIFEST_NAME))  # as if killed before the manifest
+    assert run(3) == ["False", str(shards), "0"]  # every shard kept
+
+
+def test_an_input_with_no_stable_identity_is_refused_in_one_line(tmp_path):
+    class Local:  # does not pickle (a local class), and its repr names an address
+        pass
+
+    with pytest.raises(OptionError, match="input 1 .*memory address") as err:
+        optimize(text_sample, [0, Local()], str(tmp_path / "out"), workers=1)
+    assert "\n" not in str(err.value)
