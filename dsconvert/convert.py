@@ -122,8 +122,8 @@ def _linked_control_file(out_dir: str, name: str) -> OutputExistsError:
     path = os.path.join(out_dir, name)
     return OutputExistsError(
         f"{path} is a symbolic link or not a regular file: dsconvert never follows its control files (lock, owner "
-        f"journal), and a folder copied with links (cp -rs) is not an output of its own; remove {name} (and "
-        f"{OWNER_NAME}) from {out_dir}, or choose another folder", path)
+        f"journal), and a folder copied with links (cp -rs) is not an output of its own; remove {name} from "
+        f"{out_dir} (and any other linked control file), or choose another folder", path)
 
 
 def check_control_files(out_dir: str) -> None:
