@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import os
 import re
+import stat
 import sys
 import tempfile
 import time
@@ -47,7 +48,7 @@ from .inputs import read_samples
 from .io.localfs import free_bytes, mount_of
 from .io.location import Location, is_remote, local_form
 from .io.locks import file_lock
-from .io.owner import LOCK_NAME, OWNER_NAME, Owned, owner_token
+from .io.owner import LOCK_NAME, OWNER_NAME, Owned, owner_token, temp_noter
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest
 from .plan import (
@@ -96,14 +97,45 @@ class ConvertResult:
 
 @contextlib.contextmanager
 def output_lock(out_dir: str) -> Iterator[None]:
-    """An exclusive lock on OUT/.dsconvert.lock: two conversions never share an output. A
-    process lock (:func:`dsconvert.io.locks.file_lock`), so a killed conversion's lock dies
-    with its main process, whatever its pool workers do."""
-    path = os.path.join(out_dir, LOCK_NAME)
-    with file_lock(path, wait=False, process=True) as got:
+    """An exclusive lock on OUT/.dsconvert.lock: two conversions (or Writers) never share an
+    output, in two processes or in one. A process lock (:func:`dsconvert.io.locks.file_lock`),
+    so a killed conversion's lock dies with its main process, whatever its pool workers do;
+    taken on the folder's resolved path and held by the lock file's identity, so that another
+    spelling of the folder (a symlink to it) is the same lock."""
+    path = os.path.join(os.path.realpath(out_dir), LOCK_NAME)
+    check_control_files(out_dir)
+    with contextlib.ExitStack() as stack:
+        try:
+            got = stack.enter_context(file_lock(path, wait=False, process=True))
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:  # a link put there since the check
+                raise
+            raise _linked_control_file(out_dir, LOCK_NAME) from None
         if not got:
-            raise OutputLockedError(f"another dsconvert process is writing into {out_dir}", path)
+            raise OutputLockedError(f"another dsconvert process (or another conversion or Writer in this one) "
+                                    f"is writing into {out_dir}", path)
         yield
+
+
+def _linked_control_file(out_dir: str, name: str) -> OutputExistsError:
+    path = os.path.join(out_dir, name)
+    return OutputExistsError(
+        f"{path} is a symbolic link or not a regular file: dsconvert never follows its control files (lock, owner "
+        f"journal), and a folder copied with links (cp -rs) is not an output of its own; remove {name} from "
+        f"{out_dir} (and any other linked control file), or choose another folder", path)
+
+
+def check_control_files(out_dir: str) -> None:
+    """A local output whose lock file or owner journal is a link (or anything but a regular
+    file) is refused: appending to it, or creating it, would write where the link points,
+    outside the output (another output's journal, a file anywhere)."""
+    for name in (LOCK_NAME, OWNER_NAME):
+        try:
+            st = os.lstat(os.path.join(out_dir, name))
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise _linked_control_file(out_dir, name)
 
 
 def claim_output(out: Location, overwrite: bool) -> None:
@@ -113,6 +145,8 @@ def claim_output(out: Location, overwrite: bool) -> None:
     removed as a stale shard of an earlier plan."""
     # one listing, not an exists() check then a listing: a conversion started a moment earlier
     # makes its lock file (before any other) in between, and was taken for a foreign file
+    if not out.remote:
+        check_control_files(out.url)
     present = out.listdir()
     if MANIFEST_NAME in present or LOCK_NAME in present or OWNER_NAME in present:
         return
@@ -160,13 +194,12 @@ def _shard_files(prefix: str) -> str:
 
 def remove_stale(out: Location, prefix: str, keep: set, owned: Owned) -> None:
     """Remove our shards and indexes that the current plan does not contain, and temp files
-    left by killed writers (``.NAME.PID.tmp``, see :func:`dsconvert.io.localfs.atomic_write`).
-    Only files the owner journal proves ours: a user's file named like a shard stays."""
-    shard = _shard_files(prefix)
-    stale = re.compile(rf"^{shard}$")
-    temp = re.compile(rf"^\.({shard}|{re.escape(MANIFEST_NAME)}|{re.escape(ORDER_NAME)})\.\d+\.tmp$")
+    left by killed writers (``.NAME.RANDOM.tmp``, see :func:`dsconvert.io.localfs.atomic_write`).
+    Only files the owner journal proves ours: a user's file named like a shard, or like a
+    temporary file, stays."""
+    stale = re.compile(rf"^{_shard_files(prefix)}$")
     for name in out.listdir():
-        if temp.match(name) or (stale.match(name) and name not in keep and owned.proves(name)):
+        if owned.proves_temp(name) or (stale.match(name) and name not in keep and owned.proves(name)):
             out.remove(name)
 
 
@@ -636,8 +669,8 @@ def convert(
         manifest = build_manifest(src_abs, source, format, results, options, decode, compression)
         if shuffled or source.positions is not None:  # before the manifest, which names it: a kill in between
             # leaves no finished output
-            manifest.order = _save_order(location, results)
-        manifest.save(location)
+            manifest.order = _save_order(location, results, owned.token)
+        manifest.save(location, temp_noter(location, owned.token))
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,
                          time.perf_counter() - started, workers if executor is None else 0)
@@ -665,7 +698,7 @@ def _drop_over_limit(source: Source, limit: Optional[int]) -> Source:
     return dataclasses.replace(source, samples=kept, skipped=skipped, positions=positions)
 
 
-def _save_order(out: Location, results: List[ShardResult]) -> Dict[str, Any]:
+def _save_order(out: Location, results: List[ShardResult], owner: str = "") -> Dict[str, Any]:
     """Write the order file of a shuffled output (:mod:`dsconvert.shuffle`); its manifest entry."""
     stored: List[int] = []
     for r in results:
@@ -673,7 +706,7 @@ def _save_order(out: Location, results: List[ShardResult]) -> Dict[str, Any]:
             raise RuntimeError(f"internal error: shard {r.entry.name} has no source positions")
         stored.extend(r.positions)
     data = order_bytes(stored)
-    out.write_bytes(ORDER_NAME, data)
+    out.write_bytes(ORDER_NAME, data, temp_noter(out, owner))
     return {"name": ORDER_NAME, **part_of(data)}
 
 

@@ -51,7 +51,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from .errors import DsconvertError, ManifestError
 from .io.location import Location, is_remote
@@ -211,10 +211,11 @@ class Manifest:
             compression=compression,
         )
 
-    def save(self, out_dir: Union[str, Location]) -> str:
-        """Write the manifest into ``out_dir`` (a path, URL or Location), atomically."""
+    def save(self, out_dir: Union[str, Location], before: Optional[Callable[[str], None]] = None) -> str:
+        """Write the manifest into ``out_dir`` (a path, URL or Location), atomically;
+        ``before``: as :meth:`Location.write`'s (the output journals the temporary name)."""
         loc = out_dir if isinstance(out_dir, Location) else Location(out_dir)
-        loc.write_json(MANIFEST_NAME, self.to_dict())
+        loc.write_json(MANIFEST_NAME, self.to_dict(), before)
         return loc.url_of(MANIFEST_NAME)
 
     @classmethod

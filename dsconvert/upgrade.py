@@ -22,7 +22,7 @@ from .formats import get
 from .formats.base import part_of
 from .formats.columns import RECORD_SUFFIX, encode_record
 from .io.location import Location
-from .io.owner import note, owner_token
+from .io.owner import note, owner_token, temp_noter
 from .manifest import Manifest
 
 __all__ = ["upgrade", "needs_upgrade", "UPGRADE_HINT"]
@@ -63,7 +63,7 @@ def upgrade(out: str, storage_options: Optional[Dict[str, Any]] = None,
             binary = encode_record(record.d)
             new = name[: -len(".index.json")] + RECORD_SUFFIX
             note(location, token, new, len(binary), hashlib.sha256(binary).hexdigest())
-            location.write_bytes(new, binary)
+            location.write_bytes(new, binary, before=temp_noter(location, token))
             parts = {k: v for k, v in entry.parts.items() if k != name}
             parts[new] = part_of(binary)
             entry.index, entry.parts = new, dict(sorted(parts.items()))
@@ -72,7 +72,7 @@ def upgrade(out: str, storage_options: Optional[Dict[str, Any]] = None,
             before += len(data)
             after += len(binary)
         if rewritten:
-            manifest.save(location)  # the manifest names the new records from here on
+            manifest.save(location, temp_noter(location, token))  # it names the new records from here on
         for name in old:
             with contextlib.suppress(FileNotFoundError):
                 location.remove(name)

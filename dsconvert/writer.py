@@ -8,8 +8,11 @@ webdataset's ``ShardWriter`` takes it. Each value is stored as bytes by its fiel
 (:func:`encode_fields`): ``bytes`` as they are; a PIL image or an HWC uint8 array encoded as the
 image extension says (JPEG at ``quality``, PNG, WebP...); an array under ``npy`` by ``np.save``;
 ``str`` as UTF-8; an ``int`` under a class extension (``cls``) as decimal text; dicts, lists,
-numbers and booleans under ``json`` as JSON (sorted keys). Anything else is one
-:class:`BadInputError` naming the sample and the field.
+numbers and booleans under ``json`` as JSON (sorted keys). Anything else (text with a lone
+surrogate, JSON nested past the recursion limit included) is one :class:`BadInputError` naming
+the sample and the field. Field names are stored lowercased, as webdataset reads them; two that
+would then coincide are refused. Options are checked when the Writer is made (or before
+:func:`optimize` calls ``fn``), never found bad at ``close()``.
 
 Samples that are exactly one image and an ``int`` ``cls`` make an (image, label) output
 (``sample_type="classification"``: read back as ImageFolder's ``(image, class_index)``, and the
@@ -19,7 +22,8 @@ says to pass ``sample_type="dict"``.
 
 :func:`optimize` cuts the inputs into contiguous runs by index (``samples_per_shard``, spread
 over up to ``min_shards`` as :func:`dsconvert.plan.spread_plan` does), one shard per run, so the
-bytes do not depend on the number of workers. Each shard's spec carries a digest of its inputs;
+bytes do not depend on the number of workers. Each shard's spec carries a digest of its inputs
+(their pickles, sets in a fixed order: the same in every process, :func:`_fingerprint`);
 a killed run, started again, keeps every finished shard whose spec is unchanged and calls ``fn``
 only for the inputs of the others. Both share conversion's output handling
 (:mod:`dsconvert.convert`): the claim on the folder, its lock, the owner journal, the manifest.
@@ -36,6 +40,7 @@ import json
 import pickle
 import queue
 import re
+import sys
 import threading
 import time
 from typing import (
@@ -77,7 +82,7 @@ from .convert import (
 from .errors import BadInputError, OptionError, OutputExistsError
 from .formats import FORMATS, Format, get
 from .io.location import Location, local_form
-from .io.owner import Owned, owner_token
+from .io.owner import Owned, owner_token, temp_noter
 from .keys import encode_key
 from .manifest import MANIFEST_NAME, Manifest
 from .plan import MIN_SHARDS, ShardResult, ShardSpec, parse_size, spread_plan
@@ -148,19 +153,38 @@ def _value_bytes(value: Any, name: str, quality: int, where: str) -> bytes:
         takes = "a PIL image or a uint8 array" if kind == "image" else "a numpy array"
         raise BadInputError(f"field {name!r} takes bytes or {takes}, not {type(value).__name__}", where)
     if isinstance(value, str):
-        return value.encode("utf-8")
+        return _utf8(value, name, where)
     if kind == "class" and type(value) is int:
         return str(value).encode("ascii")
     if kind == "text" and type(value) is int:
         return str(value).encode("ascii")
     if kind == "json" and (value is None or isinstance(value, (dict, list, tuple, int, float, bool))):
         try:
-            return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False).encode("utf-8")
+            text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        except RecursionError:
+            raise BadInputError(f"field {name!r}: nested too deeply to store as JSON (past Python's recursion "
+                                f"limit, {sys.getrecursionlimit()} levels, which reading it back would hit too)",
+                                where) from None
         except (TypeError, ValueError) as exc:
-            raise BadInputError(f"field {name!r}: not JSON-able ({exc})", where) from None
+            raise BadInputError(f"field {name!r}: not JSON-able ({_one_line(exc)})", where) from None
+        return _utf8(text, name, where)
     raise BadInputError(f"field {name!r}: cannot store a {type(value).__name__} under a {kind} extension "
                         "(bytes, str, a PIL image or array under an image extension, an array under npy, an int "
                         "under cls, JSON-able values under json)", where)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _utf8(text: str, name: str, where: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (``"\\ud800"``: half of a pair, which UTF-8 cannot
+    hold) is one BadInputError naming the field."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadInputError(f"field {name!r}: its text holds a lone surrogate ({text[exc.start]!r}), which UTF-8 "
+                            "cannot store: mend the string, or give bytes", where) from None
 
 
 def _is_pil(value: Any) -> bool:
@@ -170,6 +194,11 @@ def _is_pil(value: Any) -> bool:
 def _check_key(key: Any, where: str) -> str:
     if not isinstance(key, str):
         raise BadInputError(f"__key__ must be a str, not {type(key).__name__}", where)
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError(f"__key__ {key!r} holds a lone surrogate, which UTF-8 (and a tar member name) cannot "
+                            "store", where) from None
     try:
         safe = encode_key(key)
     except ValueError:
@@ -192,28 +221,43 @@ def encode_fields(sample: Any, default_key: str, quality: int = QUALITY, num_cla
                   ) -> Tuple[str, Dict[str, bytes], Optional[int]]:
     """A sample dict as (key, fields as bytes, label): the label is the ``int`` ``cls`` of an
     (image, label)-shaped sample, else None. A BadInputError, in one line, for anything that
-    cannot be stored (see the module doc), or a label past ``num_classes`` (the classes named)."""
+    cannot be stored (see the module doc), or a label past ``num_classes`` (the classes named).
+
+    Field names are stored lowercased, as webdataset reads them (it lowercases every field
+    name, and raises on two that then coincide): ``TXT`` is stored and read back as ``txt``,
+    by dsconvert and webdataset alike, and two names that webdataset would read as one
+    (``txt`` and ``TXT``) are refused, naming both. (Under ``compress``, ``txt`` and
+    ``TXT.zst``, lowercased here, are the wds sink's field and its ``.zst`` twin: a counted
+    skip, as in conversion.)"""
     if not isinstance(sample, Mapping):
         raise BadInputError(f"a sample is a dict of fields, not a {type(sample).__name__}", default_key)
     key = _check_key(sample["__key__"], default_key) if "__key__" in sample else default_key
     fields: Dict[str, bytes] = {}
+    values: Dict[str, Any] = {}  # by the name as stored (lowercased)
+    given: Dict[str, str] = {}  # the name stored (and read by webdataset) -> the name given
     for name, value in sample.items():
         if name == "__key__":
             continue
-        if not isinstance(name, str) or not _FIELD.fullmatch(name) or _RESERVED.fullmatch(name):
+        if not isinstance(name, str) or not _FIELD.fullmatch(name) or _RESERVED.fullmatch(name.lower()):
             raise BadInputError(f"field name {name!r} is not a file extension (letters, digits, _ and -, parts "
                                 "joined by dots: jpg, seg.png, json)", key)
+        stored = name.lower()
+        if stored in given:
+            raise BadInputError(f"fields {given[stored]!r} and {name!r} would both be read as {stored!r} "
+                                "(webdataset lowercases field names): rename one", key)
+        given[stored] = name
         if _ext(name) in PICKLE_EXTENSIONS:
             raise BadInputError(f"field {name!r}: pickled fields are not written (they run code when read); "
                                 "store JSON, npy or bytes", key)
         if value is None:
             raise BadInputError(f"field {name!r} is None: leave the field out", key)
-        fields[name] = _value_bytes(value, name, quality, key)
+        fields[stored] = _value_bytes(value, name, quality, key)
+        values[stored] = value
     if not fields:
         raise BadInputError("the sample has no fields besides __key__", key)
     label = None
-    if _classification_shaped(sample):
-        label = sample["cls"]
+    if _classification_shaped(values):
+        label = values["cls"]
         if not 0 <= label <= LABEL_MAX:
             raise BadInputError(f"cls {label} is outside 0..{LABEL_MAX}", key)
         if num_classes is not None and label >= num_classes:
@@ -263,18 +307,62 @@ def _format_options(fmt: Type[Format], decode: bool, classes: Optional[List[str]
                     **fmt.writer_options(source), **({"compress": compression} if compression else {})}
 
 
-def _check_common(format: str, sample_type: str, quality: int, prefix: str, samples_per_shard: int) -> Type[Format]:
-    if format not in FORMATS:
+def _check_common(format: Any, sample_type: Any, quality: Any, prefix: Any, samples_per_shard: Any,
+                  classes: Any = None, decode: Any = False, overwrite: Any = False,
+                  storage_options: Any = None) -> Type[Format]:
+    """Every option Writer and optimize share, checked before anything is written: a bad one
+    found at ``close()`` would lose a whole run's samples."""
+    if not isinstance(format, str) or format not in FORMATS:
         raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-    if sample_type not in SAMPLE_TYPES:
+    if not isinstance(sample_type, str) or sample_type not in SAMPLE_TYPES:
         raise OptionError(f"sample_type must be one of {SAMPLE_TYPES}, not {sample_type!r}")
     if type(quality) is not int or not 1 <= quality <= 100:
         raise OptionError(f"quality must be an int within 1..100, not {quality!r}")
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
+    if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
         raise OptionError(f"prefix must be a plain file name stem, not {prefix!r}")
     if type(samples_per_shard) is not int or samples_per_shard < 1:
         raise OptionError(f"samples_per_shard must be a positive int, not {samples_per_shard!r}")
+    _check_classes(classes)
+    for name, value in (("decode", decode), ("overwrite", overwrite)):
+        if not isinstance(value, bool):
+            raise OptionError(f"{name} must be True or False, not {value!r}")
+    if storage_options is not None and not (isinstance(storage_options, Mapping)
+                                            and all(isinstance(k, str) for k in storage_options)):
+        raise OptionError(f"storage_options must be a dict of option names to values, not {storage_options!r}")
     return get(format)
+
+
+def _check_classes(classes: Any) -> None:
+    """None, or the class names of an (image, label) output, in label order: a list (or tuple)
+    of distinct strings, as ImageFolder's ``classes`` are (a set has no order; a str would be
+    taken letter by letter)."""
+    if classes is None:
+        return
+    if not isinstance(classes, (list, tuple)):
+        raise OptionError(f"classes must be a list of class names (str) in label order, not a "
+                          f"{type(classes).__name__}")
+    if not classes:
+        raise OptionError("classes must name at least one class (or be None)")
+    for i, name in enumerate(classes):
+        if not isinstance(name, str):
+            raise OptionError(f"classes must be a list of class names (str): classes[{i}] is {name!r}")
+    if len(set(classes)) < len(classes):
+        twice = next(c for i, c in enumerate(classes) if c in classes[:i])
+        raise OptionError(f"classes names {twice!r} twice: class names are distinct")
+    if len(classes) > LABEL_MAX + 1:
+        raise OptionError(f"classes names {len(classes):,} classes, more than labels 0..{LABEL_MAX} hold")
+
+
+def _check_shard_size(shard_size: Any) -> int:
+    if isinstance(shard_size, str):
+        nbytes = parse_size(shard_size)
+    elif type(shard_size) is int:
+        nbytes = shard_size
+    else:
+        raise OptionError(f"shard_size must be a size (an int of bytes, or a str such as '1GB'), not {shard_size!r}")
+    if nbytes < 1:
+        raise OptionError(f"shard_size must be positive, not {shard_size!r}")
+    return nbytes
 
 
 def _open_output(location: Location, overwrite: bool, options: Dict[str, Any], url: str
@@ -303,7 +391,7 @@ def _finish(location: Location, fmt: Type[Format], prefix: str, owned: Owned, ur
     remove_stale(location, prefix, keep, Owned(location, owned.token))
     source = Source("", "auto", inputs, classes=classes, labelled=sample_type == "classification")
     manifest = build_manifest(url, source, fmt.id, results, options, decoded, compression)
-    manifest.save(location)
+    manifest.save(location, temp_noter(location, owned.token))
     return manifest
 
 
@@ -410,13 +498,14 @@ class Writer:
                  shard_size: Union[int, str] = "1GB", sample_type: str = "auto", classes: Optional[List[str]] = None,
                  quality: int = QUALITY, decode: bool = False, prefix: str = "shard", overwrite: bool = False,
                  storage_options: Optional[Dict[str, Any]] = None, compress: Optional[str] = None):
-        self.fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard)
+        self.fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard, classes, decode, overwrite,
+                                 storage_options)
+        self.shard_bytes = _check_shard_size(shard_size)
         self.compression = parse_compression(compress)
         self.decoded, self.format_options = _format_options(self.fmt, decode, classes, quality, sample_type,
                                                             self.compression)
         self.out = local_form(out)
         self.samples_per_shard = samples_per_shard
-        self.shard_bytes = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
         self.requested = sample_type
         self.sample_type: Optional[str] = None if sample_type == "auto" else sample_type
         self.classes = list(classes) if classes is not None else None
@@ -554,13 +643,43 @@ class Writer:
 # --- optimize ------------------------------------------------------------------------------
 
 
-def _fingerprint(value: Any) -> bytes:
-    """What an input is, for the resume check: its pickle (what a worker receives), or its
-    repr where it does not pickle (one worker, in-process)."""
+class _StablePickler(pickle.Pickler):
+    """pickle, but every set and frozenset (of any subclass, at any depth) written as its
+    elements' own fingerprints in sorted order: a set's iteration order, and so its plain
+    pickle, changes with the process's string hash seed (``PYTHONHASHSEED``). Everything else
+    is written exactly as ``pickle.dumps`` writes it, so inputs without sets keep the
+    fingerprints earlier versions recorded."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, (set, frozenset)):
+            state = getattr(obj, "__dict__", None)  # a subclass's own attributes
+            return ("dsconvert-unordered", f"{type(obj).__module__}.{type(obj).__qualname__}",
+                    tuple(sorted(_fingerprint(x) for x in obj)), _fingerprint(state) if state else b"")
+        return None
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _fingerprint(value: Any, index: Optional[int] = None) -> bytes:
+    """What an input is, for the resume check, the same in every process: its pickle (what a
+    worker receives) with sets in a fixed order (:class:`_StablePickler`), or, for an input
+    that does not pickle (one worker, in-process), its repr; a repr that names a memory address
+    (``<object at 0x7f...>``) differs in every process, and is refused."""
+    buf = io.BytesIO()
     try:
-        return pickle.dumps(value, protocol=4)
-    except Exception:
-        return repr(value).encode("utf-8", "surrogateescape")
+        _StablePickler(buf, protocol=4).dump(value)
+        return buf.getvalue()
+    except RecursionError:
+        raise
+    except Exception as exc:
+        text = repr(value)
+        if _ADDRESS.search(text):
+            where = f"input {index}" if index is not None else "an input"
+            raise OptionError(f"{where} (a {type(value).__name__}) does not pickle ({_one_line(exc)}) and its repr "
+                              "names a memory address, so a rerun could not tell it is the same input: give inputs "
+                              "that pickle (numbers, strings, paths, tuples, dicts...)") from None
+        return text.encode("utf-8", "surrogateescape")
 
 
 def _fn_name(fn: Callable[..., Any]) -> str:
@@ -637,15 +756,22 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
     """
     if not callable(fn):
         raise OptionError(f"fn must be callable, not {type(fn).__name__}")
-    fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard)
+    fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard, classes, decode, overwrite,
+                        storage_options)
     if type(min_shards) is not int or min_shards < 1:
         raise OptionError(f"min_shards must be a positive int, not {min_shards!r}")
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise OptionError(f"workers must be a positive int (or None: the CPUs), not {workers!r}")
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise OptionError(f"executor must be a concurrent.futures.Executor (or None), not {type(executor).__name__}")
+    if not isinstance(progress, bool):
+        raise OptionError(f"progress must be True or False, not {progress!r}")
     compression = parse_compression(compress)
     decoded, format_options = _format_options(fmt, decode, classes, quality, sample_type, compression)
     items = list(inputs)
     workers = available_cpus() if workers is None else max(1, int(workers))
     name = _fn_name(fn)
-    prints = [hashlib.sha256(_fingerprint(x)).hexdigest() for x in items]
+    prints = [hashlib.sha256(_fingerprint(x, i)).hexdigest() for i, x in enumerate(items)]
     all_inputs = hashlib.sha256("".join(prints).encode()).hexdigest()
     options = {"writer": "optimize", "fn": name, "inputs": len(items), "inputs_sha256": all_inputs, "format": format,
                "samples_per_shard": samples_per_shard, "min_shards": min_shards, "prefix": prefix,

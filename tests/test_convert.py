@@ -105,11 +105,12 @@ def test_changed_plan_without_manifest_removes_stale_shards(tmp_path, image_fold
     out = str(tmp_path / "out")
     convert(image_folder, out, samples_per_shard=2, workers=1)
     os.unlink(os.path.join(out, "dsconvert.json"))  # as if killed before the manifest
-    write(os.path.join(out, ".shard-000003.tar.4242.tmp"), b"half a shard")
+    # named like a temporary file, but not journalled as one: no proof it is ours, so it stays
+    write(os.path.join(out, ".shard-000003.tar.4242.tmp"), b"half a shard?")
     write(os.path.join(out, "notes.txt"), b"the user's own file stays")
     m = convert(image_folder, out, samples_per_shard=8, workers=1).manifest
     assert sorted(os.listdir(out)) == sorted(
-        [".dsconvert.lock", ".dsconvert.owner", "notes.txt"] + m.own_files()
+        [".dsconvert.lock", ".dsconvert.owner", "notes.txt", ".shard-000003.tar.4242.tmp"] + m.own_files()
         + [n for s in m.shards for n in (s.name, s.index)])
 
 

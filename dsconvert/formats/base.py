@@ -47,7 +47,7 @@ from ..codecs import decode_resized, field_kind, pixel_limit
 from ..errors import BadInputError, ManifestError
 from ..io.localfs import file_sha256, open_regular
 from ..io.location import Location, json_bytes
-from ..io.owner import note
+from ..io.owner import note, temp_noter
 from ..keys import escape_path
 from ..manifest import (
     Manifest,
@@ -207,7 +207,7 @@ def write_owned(out: Location, owner: str, name: str, data: bytes) -> None:
     """Write ``name`` whole, noted first as the output ``owner``'s (none when empty)."""
     if owner:
         note(out, owner, name, len(data), hashlib.sha256(data).hexdigest())
-    out.write_bytes(name, data)
+    out.write_bytes(name, data, temp_noter(out, owner))
 
 
 def part_problems(entry: ShardEntry, name: str, data: bytes) -> List[Problem]:
@@ -405,7 +405,7 @@ class Format(ABC):
         positions: List[int] = []
         fields: Dict[str, str] = {}
         out = Location(spec.out_dir, spec.storage_options)
-        with pixel_limit(spec.max_image_pixels), out.write(spec.name) as f:
+        with pixel_limit(spec.max_image_pixels), out.write(spec.name, before=temp_noter(out, spec.owner)) as f:
             sink = cls.open_sink(spec, f, f.name)
             # a reader yields the spec's own sample objects (not always in the spec's order)
             place = {id(s): p for s, p in zip(spec.samples, spec.positions)}

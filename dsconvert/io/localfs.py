@@ -12,24 +12,46 @@ import contextlib
 import hashlib
 import os
 import re
+import secrets
 import stat
-from typing import IO, Any, Dict, Iterable, Iterator, Optional, Protocol, Tuple
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Protocol, Tuple
 
 from ..errors import ManifestError, NotRegularFileError
 
-__all__ = ["open_regular", "regular_size", "SizeBoundedFile", "check_name", "atomic_write", "stream_sha256",
-           "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound", "storage_kind",
-           "LATENCY_BOUND_FS"]
+__all__ = ["open_regular", "regular_size", "SizeBoundedFile", "check_name", "atomic_write", "temp_name",
+           "stream_sha256", "file_sha256", "evict_page_cache", "free_bytes", "mount_of", "is_latency_bound",
+           "storage_kind", "LATENCY_BOUND_FS"]
+
+
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_name(base: str) -> str:
+    """The hidden name an atomic write of ``base`` goes through first: ``.BASE.RANDOM.tmp``,
+    random so that no two writes share one (two writers in one process, a pid reused)."""
+    return f".{base}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
 
 
 @contextlib.contextmanager
-def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
-    """Write ``path`` through a hidden temp file beside it (``.NAME.PID.tmp``) that replaces
-    ``path`` only when the block succeeds; a crash leaves the old file or none, never half."""
+def atomic_write(path: str, mode: str = "wb", before: Optional[Callable[[str], None]] = None) -> Iterator[IO]:
+    """Write ``path`` through a hidden temp file beside it (:func:`temp_name`) that replaces
+    ``path`` only when the block succeeds; a crash leaves the old file or none, never half.
+    ``before(temp name)`` runs before the temp file is made (an output journals it there, so
+    that cleaning up after a kill can prove the file its own). The temp file is created
+    exclusively and never through a link: an existing file (or link) of its name is never
+    written, nor, on failure, removed."""
     folder, base = os.path.split(path)
-    tmp = os.path.join(folder, f".{base}.{os.getpid()}.tmp")
+    name = temp_name(base)
+    tmp = os.path.join(folder, name)
+    if before is not None:
+        before(name)
+
+    def exclusive(p: str, flags: int) -> int:
+        return os.open(p, flags | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+    f = open(tmp, mode, encoding=None if "b" in mode else "utf-8", opener=exclusive)
     try:
-        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+        with f:
             yield f
         os.replace(tmp, path)
     except BaseException:
@@ -49,10 +71,11 @@ def regular_size(path: str) -> int:
     return _regular(path, os.stat(path)).st_size
 
 
-def open_regular(path: str) -> IO[bytes]:
+def open_regular(path: str, follow: bool = True) -> IO[bytes]:
     """Open ``path`` for reading only if it is a regular file, checked on the open descriptor
-    (no race with a swap): O_NONBLOCK keeps a FIFO from blocking the open itself."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    (no race with a swap): O_NONBLOCK keeps a FIFO from blocking the open itself. Not
+    ``follow``: a symlink is not opened either (ELOOP), as control files never are."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     try:
         _regular(path, os.fstat(fd))
         os.set_blocking(fd, True)

@@ -27,7 +27,7 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import MissingDependencyError, NotRegularFileError, OptionError
 from .localfs import atomic_write, check_name, open_regular
@@ -218,12 +218,14 @@ class Location:
         self.fs.makedirs(self.path(), exist_ok=True)
 
     @contextlib.contextmanager
-    def write(self, name: str, mode: str = "wb") -> Iterator[IO]:
+    def write(self, name: str, mode: str = "wb", before: Optional[Callable[[str], None]] = None) -> Iterator[IO]:
         """Write ``name`` whole or not at all: through a local temporary file (its ``.name`` is
         a path: h5py writes through it) that is moved into place only when the block succeeds.
-        Locally the temporary file is ``.NAME.PID.tmp`` beside the target, renamed over it."""
+        Locally the temporary file is ``.NAME.RANDOM.tmp`` beside the target, renamed over it,
+        and ``before(its name)`` runs before it is made (see :func:`atomic_write`); on an object
+        store it is staged outside the output."""
         if not self.remote:
-            with atomic_write(self.path(name), mode) as f:
+            with atomic_write(self.path(name), mode, before) as f:
                 yield f
             return
         staging = tempfile.mkdtemp(prefix="dsconvert-upload-")
@@ -235,12 +237,12 @@ class Location:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def write_bytes(self, name: str, data: bytes) -> None:
-        with self.write(name) as f:
+    def write_bytes(self, name: str, data: bytes, before: Optional[Callable[[str], None]] = None) -> None:
+        with self.write(name, before=before) as f:
             f.write(data)
 
-    def write_json(self, name: str, obj: Any) -> None:
-        self.write_bytes(name, json_bytes(obj))
+    def write_json(self, name: str, obj: Any, before: Optional[Callable[[str], None]] = None) -> None:
+        self.write_bytes(name, json_bytes(obj), before)
 
 
 def json_bytes(obj: Any) -> bytes:

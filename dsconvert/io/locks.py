@@ -4,8 +4,12 @@
   ranks all exclude each other; shared or exclusive; released when the holder dies.
 * ``process=True``: a POSIX record lock (``lockf``), held by the process. Forked children do
   not inherit it, so a killed conversion's lock dies with its main process, whatever its pool
-  workers do. Within one process a set of held paths does what the kernel does between
-  processes (record locks never conflict inside one process).
+  workers do. Record locks never conflict inside one process, so the process keeps a set of
+  the lock files it holds, by file identity (device, inode): another spelling of the same
+  file (through a symlinked folder, a bind mount, a hard link) is the same lock.
+
+A lock file is a control file: it is opened without following a symlink (``O_NOFOLLOW``),
+so a link planted in its place never makes the lock create or lock a file elsewhere.
 """
 
 from __future__ import annotations
@@ -17,42 +21,76 @@ import os
 import stat
 import struct
 import sys
-from typing import Iterator, Optional, Set
+import threading
+from typing import Iterator, List, Optional, Set, Tuple
 
 __all__ = ["file_lock", "lock_held"]
 
-_held: Set[str] = set()  # process=True locks this process holds
+_held: Set[Tuple[int, int]] = set()  # (device, inode) of the process=True locks this process holds
+_stray: List[int] = []  # descriptors of held lock files opened by mistake (see file_lock), kept open
+_guard = threading.Lock()  # one check-and-open at a time within the process
+
+
+def _identity(path: str) -> Optional[Tuple[int, int]]:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @contextlib.contextmanager
 def file_lock(path: str, shared: bool = False, wait: bool = True, process: bool = False) -> Iterator[bool]:
     """Hold a lock on ``path`` (created if absent) for the block; yield whether it was taken
     (always True when ``wait``; False when ``wait=False`` and someone else holds it). Other
-    failures (a file system without locks) raise."""
-    if process and path in _held:
-        # before opening: closing a second descriptor of the file would drop this process's lock
+    failures (a file system without locks, a symlink where the lock file goes: ELOOP) raise."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    if not process:
+        fd = os.open(path, flags, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+            except OSError as exc:
+                if wait or exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+        return
+    fd = -1
+    with _guard:
+        # checked before opening: closing a second descriptor of a held file would drop this
+        # process's lock on it
+        ident = _identity(path)
+        if ident is None or ident not in _held:
+            opened = os.open(path, flags, 0o644)
+            st = os.fstat(opened)
+            ident = (st.st_dev, st.st_ino)
+            if ident in _held:  # swapped for a link to a held file between the check and the open:
+                _stray.append(opened)  # never closed, so that the held lock stays
+            else:
+                _held.add(ident)  # reserved: another thread of this process is refused from here on
+                fd = opened
+    if fd < 0:
         if wait:
             raise RuntimeError(f"{path}: this process already holds the lock")
         yield False
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     got = False
     try:
         try:
-            if process:
-                fcntl.lockf(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-                _held.add(path)
-            else:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+            fcntl.lockf(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             got = True
         except OSError as exc:
             if wait or exc.errno not in (errno.EAGAIN, errno.EACCES):  # EACCES: lockf's "held" on some systems
                 raise
         yield got
     finally:
-        if got and process:
-            _held.discard(path)
         os.close(fd)  # releases the lock
+        with _guard:
+            _held.discard(ident)
 
 
 # struct flock, for asking who holds a record lock: its layout is the platform's
@@ -66,9 +104,9 @@ def lock_held(path: str) -> Optional[bool]:
     starts at that moment fail, and needs no write permission. The file is opened read-only,
     not created and not followed through a symlink. False when there is no such file (no
     conversion ever ran there, or it is not a regular file); None when it cannot be told."""
-    real = os.path.realpath(path)
-    if path in _held or any(os.path.realpath(p) == real for p in _held):
-        return True  # before opening: closing a descriptor of the file would drop this process's lock
+    with _guard:
+        if _identity(os.path.realpath(path)) in _held:
+            return True  # before opening: closing a descriptor of the file would drop this process's lock
     if _FLOCK is None:
         return None
     try:
