@@ -138,8 +138,17 @@ def encode_record(d: Dict[str, Any]) -> bytes:
 
 
 def _field(column: str) -> str:
-    """A column's name as the JSON form of the record names the field (members.jpg.offset)."""
-    return column.replace("/", ".")
+    """A column's name as the JSON form of the record names the field (members.jpg.offset;
+    keys for keys.ends, sources for sources.count, stats for stats.size)."""
+    if column.startswith("members/"):
+        return column.replace("/", ".")
+    return column.split(".", 1)[0]
+
+
+def _named(column: str) -> str:
+    """'field' (column 'field.part'): the record's field, and the column where it is not the same."""
+    field = _field(column)
+    return repr(field) if field == column.replace("/", ".") else f"{field!r} (column {column!r})"
 
 
 class IntColumn(Sequence[int]):
@@ -250,7 +259,7 @@ class Columns:
             self._dir[name] = (dtype, base, offset, count)
         n = self.record.get("num_samples")
         if type(n) is not int or n < 0:
-            self._bad("num_samples is not an integer >= 0")
+            self._bad("field 'num_samples' is not an integer >= 0")
         self.n: int = n
         self._cache: Dict[str, Any] = {}
 
@@ -269,11 +278,11 @@ class Columns:
         if col is None:
             spec = self._dir.get(name)
             if spec is None:
-                self._bad(f"field {_field(name)!r} is missing")
+                self._bad(f"field {_named(name)} is missing")
             dtype, base, offset, n = spec
             want = self.n if count is None else count
             if n != want:
-                self._bad(f"field {_field(name)!r} holds {n} values, not {want}")
+                self._bad(f"field {_named(name)} holds {n} values, not {want}")
             data = (np.frombuffer(self.buf, dtype="<" + dtype, count=n, offset=self.start + offset)
                     if dtype else None)
             col = self._cache[name] = IntColumn(data, base, n)
