@@ -14,6 +14,7 @@ from dsconvert import Manifest, convert
 from dsconvert.keys import decode_key
 
 from conftest import encode, make_image_folder, write
+from support.records import read_record
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_index_offsets_match_tarfile(tmp_path, image_folder):
     out = tmp_path / "out"
     convert(image_folder, str(out), samples_per_shard=6, workers=1)
     for entry in Manifest.load(str(out)).shards:
-        index = json.loads((out / entry.index).read_text())
+        index = read_record(str(out / entry.index))
         with tarfile.open(out / entry.name) as tf:
             members = {ti.name: (ti.offset_data, ti.size) for ti in tf}
         for field, col in index["members"].items():
