@@ -249,7 +249,7 @@ class Columns:
         self.start = 16 + h
         self._dir: Dict[str, Tuple[str, int, int, int]] = {}
         for name, spec in head["columns"].items():
-            if not (isinstance(spec, list) and len(spec) == 4 and spec[0] in _DTYPES
+            if not (isinstance(spec, list) and len(spec) == 4 and isinstance(spec[0], str) and spec[0] in _DTYPES
                     and all(type(v) is int for v in spec[1:]) and -(1 << 63) <= spec[1] < 1 << 63
                     and spec[2] >= 0 and spec[3] >= 0):
                 self._bad(f"column {name!r} is not [dtype, base, offset, count]")

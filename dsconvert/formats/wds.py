@@ -325,7 +325,8 @@ class WdsShard(ShardReader):
                 continue
             o, s = offsets.array(), sizes.array()
             for column, values in (("offset", o), ("size", s)):  # a hostile value is named, as the JSON checks do
-                expect(int(values.min()) >= -1, where, f"members.{member}.{column}", f"a list of {len(o)} integers >= -1")
+                expect(int(values.min()) >= -1, where, f"members.{member}.{column}",
+                       f"a list of {len(o)} integers >= -1")
             present = o[o >= 0]
             # a plain tar's first data follows a 512-byte header: each read takes the header with it
             first = 0 if self.stream_kind is not None else 512
