@@ -232,6 +232,8 @@ BINARY_DAMAGE = [
      r"column 'keys.ends' is not \[dtype, base, offset, count\]", "reader"),
     (_via_header(lambda h: h["columns"]["keys.ends"].__setitem__(0, "u3")),
      r"column 'keys.ends' is not \[dtype, base, offset, count\]", "reader"),
+    (_via_header(lambda h: h["columns"]["keys.ends"].__setitem__(0, [])),  # once a TypeError (unhashable)
+     r"column 'keys.ends' is not \[dtype, base, offset, count\]", "reader"),
     (_via_header(_shift("keys.ends", 10**6)), "column 'keys' has string ends outside its blob", "reader"),
     (_via_header(lambda h: h.update(record=[])), "its header has no record and columns", "reader"),
     (_via_bytes(lambda d: _joined(None, _split(d)[1], header=b'{"record": {"shard": ')), "its header is not JSON",

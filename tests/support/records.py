@@ -70,9 +70,19 @@ def to_json_records(out: str) -> None:
     json.dump(manifest, open(path, "w"))
 
 
-def _with_raw_header(d: Dict[str, Any]) -> bytes:
+def _with_raw_header(d: Any) -> bytes:
     """A binary record of ``d`` whose per-sample entries that no column can hold are in its
-    header as they are (the others in columns), so that a reader's refusal can name them."""
+    header as they are (the others in columns), so that a reader's refusal can name them;
+    where even that cannot be encoded (its shard-level fields are what is broken, or ``d`` is
+    no dict), a header that holds ``d`` whole and no columns."""
+    try:
+        return _some_in_header(d)
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError):
+        header = json.dumps({"record": d, "columns": {}}).encode()
+        return MAGIC + len(header).to_bytes(8, "little") + header
+
+
+def _some_in_header(d: Dict[str, Any]) -> bytes:
     raw = {k: d[k] for k in PER_SAMPLE if k in d and not _encodes({**_bare(d), k: d[k]})}
     rest = {k: v for k, v in d.items() if k not in raw}
     if "keys" in raw:
