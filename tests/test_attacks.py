@@ -495,8 +495,9 @@ def test_npy_samples_tables_are_checked_before_use(tmp_path, photos, tamper):
 
 # --- files in OUT that dsconvert did not write ----------------------------------------------
 
-@pytest.mark.parametrize("foreign", ["shard-000007.tar", "shard-000050.index.json", "shard-000000.h5",
-                                     ".shard-000001.tar.123.tmp", "notes.txt", "sub/shard-000000.tar"])
+@pytest.mark.parametrize("foreign", ["shard-000007.tar", "shard-000050.index.json", "shard-000050.idx",
+                                     "shard-000000.h5", ".shard-000001.tar.123.tmp", "notes.txt",
+                                     "sub/shard-000000.tar"])
 def test_files_dsconvert_did_not_write_are_never_removed(tmp_path, image_folder, foreign, capsys):
     out = tmp_path / "out"
     write(str(out / foreign), b"precious")

@@ -31,8 +31,12 @@ def record_path(out: str, shard: str) -> str:
 
 
 def read_record(path: str) -> Dict[str, Any]:
-    data = open(path, "rb").read()
-    return Columns(data, path).to_dict() if is_binary(data) else json.loads(data)
+    return read_record_bytes(open(path, "rb").read(), path)
+
+
+def read_record_bytes(data: bytes, where: str = "record") -> Dict[str, Any]:
+    """A record's dict from its bytes (an object store's copy, say)."""
+    return Columns(data, where).to_dict() if is_binary(data) else json.loads(data)
 
 
 def write_record(path: str, d: Dict[str, Any]) -> None:
@@ -114,4 +118,4 @@ def _encodes(d: Dict[str, Any]) -> bool:
     return True
 
 
-__all__ = ["record_path", "read_record", "write_record", "to_json_records", "PER_SAMPLE"]
+__all__ = ["record_path", "read_record", "read_record_bytes", "write_record", "to_json_records", "PER_SAMPLE"]
