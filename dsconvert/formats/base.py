@@ -139,6 +139,8 @@ class ShardRecord:
                 with open_regular(path) as f:
                     data = f.read()
             d = Columns(data, path).to_dict() if is_binary(data) else json.loads(data)
+        except ManifestError:  # a binary record's own refusal, already naming the problem
+            raise
         except ValueError as exc:  # UnicodeDecodeError included
             raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
         except RecursionError:  # "[[[[..." deeper than the interpreter's stack

@@ -260,6 +260,9 @@ class Columns:
         n = self.record.get("num_samples")
         if type(n) is not int or n < 0:
             self._bad("field 'num_samples' is not an integer >= 0")
+        blob = self._dir.get("keys.blob")
+        if n > 1 and (blob is None or blob[0] != "u1" or n > blob[3] + 1):  # unique keys: all but one take a byte
+            self._bad(f"field 'num_samples' is {n:,}, more samples than its keys can name")
         self.n: int = n
         self._cache: Dict[str, Any] = {}
 
