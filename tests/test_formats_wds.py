@@ -253,7 +253,7 @@ _ints = st.integers(-(2**62) + 1, 2**62 - 1)  # a column's span fits 64 bits
 def _records(draw):
     """A record dict as ShardRecord.build makes one (wds or another format), values at the edges."""
     n = draw(st.integers(0, 6))
-    keys = draw(st.lists(_names, min_size=n, max_size=n))
+    keys = draw(st.lists(_names, min_size=n, max_size=n, unique=True))  # as every writer makes them
     d = {"schema_version": 1, "format": draw(st.sampled_from(["wds", "npy"])), "shard": "shard-000000.tar",
          "spec_sha256": "ab" * 32, "bytes": draw(st.integers(0, 2**40)), "sha256": "cd" * 32, "num_samples": n,
          "fields": {"jpg": "image"}, "keys": keys,

@@ -221,6 +221,10 @@ BINARY_DAMAGE = [
     (_via_record(lambda r: r.update(num_samples=r["num_samples"] + 1)),
      "holds 16 values, not 17|describes another version", "reader"),
     (_via_record(lambda r: r.update(skipped=[{"path": 3}])), "field 'skipped'", "reader"),
+    # a tiny record declaring 10**12 samples of constant columns: once a MemoryError in reader and verify
+    (_via_header(lambda h: [h["record"].update(num_samples=10**12)] + [
+        spec.__setitem__(slice(0, 4, 3), ["", 10**12]) for spec in h["columns"].values()]),
+     "field 'num_samples' is 1,000,000,000,000, more samples than its keys can name", "reader"),
     (_via_header(lambda h: h["record"].update(members=[])), "field 'members' is in its header", "reader"),
     (_via_header(lambda h: h["columns"].pop("members/jpg/size")), "member 'jpg' lacks its offset or size",
      "reader"),
