@@ -27,6 +27,7 @@ from dsconvert.manifest import Manifest
 from dsconvert.verify import verify
 
 from conftest import ROOT, encode, make_image_folder, rehash_parts, write
+from support.records import read_record, record_path, write_record
 
 
 def rehash_shard(out: str, name: str) -> None:
@@ -34,10 +35,10 @@ def rehash_shard(out: str, name: str) -> None:
     the record's own digest): a consistent hostile output, so only structural checks remain."""
     data = open(os.path.join(out, name), "rb").read()
     digest = hashlib.sha256(data).hexdigest()
-    index = os.path.join(out, name.rsplit(".", 1)[0] + ".index.json")
-    rec = json.load(open(index))
+    index = record_path(out, name)
+    rec = read_record(index)
     rec.update(bytes=len(data), sha256=digest)
-    json.dump(rec, open(index, "w"))
+    write_record(index, rec)
     man = json.load(open(os.path.join(out, "dsconvert.json")))
     for s in man["shards"]:
         if s["name"] == name:
@@ -494,8 +495,9 @@ def test_npy_samples_tables_are_checked_before_use(tmp_path, photos, tamper):
 
 # --- files in OUT that dsconvert did not write ----------------------------------------------
 
-@pytest.mark.parametrize("foreign", ["shard-000007.tar", "shard-000050.index.json", "shard-000000.h5",
-                                     ".shard-000001.tar.123.tmp", "notes.txt", "sub/shard-000000.tar"])
+@pytest.mark.parametrize("foreign", ["shard-000007.tar", "shard-000050.index.json", "shard-000050.idx",
+                                     "shard-000000.h5", ".shard-000001.tar.123.tmp", "notes.txt",
+                                     "sub/shard-000000.tar"])
 def test_files_dsconvert_did_not_write_are_never_removed(tmp_path, image_folder, foreign, capsys):
     out = tmp_path / "out"
     write(str(out / foreign), b"precious")

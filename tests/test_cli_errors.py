@@ -16,8 +16,10 @@ import pytest
 from PIL import Image
 
 from dsconvert.cli import main
+from dsconvert.formats.columns import MAGIC
 
 from conftest import ROOT, encode, make_image_folder, write
+from support.records import record_path
 
 DSCONVERT = os.path.join(os.path.dirname(sys.executable), "dsconvert")
 
@@ -396,9 +398,11 @@ def test_deeply_nested_manifest_is_a_manifest_error(out, capsys, command):
     assert_error(code, err, "dsconvert.json", "nested too deeply")
 
 
-def test_deeply_nested_shard_record_is_a_problem_not_a_crash(out, capsys):
-    with open(os.path.join(out, "shard-000000.index.json"), "w") as f:
-        f.write("[" * 100000)
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary-header"])
+def test_deeply_nested_shard_record_is_a_problem_not_a_crash(out, capsys, binary):
+    nested = b"[" * 100000  # an older output's JSON record, or the JSON header of a binary one
+    with open(record_path(out, "shard-000000.tar"), "wb") as f:
+        f.write(MAGIC + len(nested).to_bytes(8, "little") + nested if binary else nested)
     code, text, err = cli(capsys, "verify", out)
     assert code == 4 and "Traceback" not in err and "shard-000000" in text, (code, text, err)
 

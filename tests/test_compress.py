@@ -33,6 +33,7 @@ from dsconvert.errors import BadInputError
 from dsconvert.verify import verify
 
 from conftest import encode
+from support.records import read_record, record_path, write_record
 
 zstandard = pytest.importorskip("zstandard", reason="zstandard is not installed (pip install 'dsconvert[zstd]')")
 
@@ -380,11 +381,10 @@ def test_a_field_and_its_zst_twin_are_a_counted_skip_not_two_members_of_one_name
 
 def test_an_index_whose_compression_is_null_is_damaged(tmp_path, pair):
     _, packed = pair
-    index = sorted(glob.glob(os.path.join(packed, "*.index.json")))[0]
-    d = json.load(open(index))
+    index = record_path(packed, "shard-000000.tar")
+    d = read_record(index)
     d["compression"] = None
-    with open(index, "w") as f:
-        json.dump(d, f)
+    write_record(index, d)
     from dsconvert.formats.wds import Wds
 
     with pytest.raises(dsconvert.ManifestError, match="compression"):
@@ -395,12 +395,11 @@ def test_an_index_stripped_of_its_compression_is_found_by_verify_and_refused_by_
     """The whole output rewritten (the index's digest in the manifest made anew): readers would
     give compressed bytes for fields; verify and the readers check the record against the manifest."""
     _, packed = pair
-    index = sorted(glob.glob(os.path.join(packed, "*.index.json")))[0]
-    d = json.load(open(index))
+    index = record_path(packed, "shard-000000.tar")
+    d = read_record(index)
     del d["compression"]
-    data = json.dumps(d).encode()
-    with open(index, "wb") as f:
-        f.write(data)
+    write_record(index, d)
+    data = open(index, "rb").read()
     manifest_path = os.path.join(packed, "dsconvert.json")
     m = json.load(open(manifest_path))
     name = os.path.basename(index)

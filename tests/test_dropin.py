@@ -250,6 +250,8 @@ def test_verify_finds_an_order_that_no_longer_names_the_source(sorted_source, tm
     from dsconvert.shuffle import order_bytes
     from dsconvert.verify import verify
 
+    from support.records import read_record, write_record
+
     src, out = sorted_source
     assert verify(out, source=src)["ok"]
     dropped = str(tmp_path / "dropped")
@@ -264,14 +266,14 @@ def test_verify_finds_an_order_that_no_longer_names_the_source(sorted_source, tm
     m = json.load(open(os.path.join(swapped, "dsconvert.json")))
     entry = m["shards"][0]
     record_path = os.path.join(swapped, entry["index"])
-    record = json.load(open(record_path))
+    record = read_record(record_path)
     record["positions"][0], record["positions"][1] = record["positions"][1], record["positions"][0]
-    data = json.dumps(record).encode()
-    open(record_path, "wb").write(data)
+    write_record(record_path, record)
+    data = open(record_path, "rb").read()
     entry["parts"][entry["index"]] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     stored = []
     for e in m["shards"]:
-        stored += json.load(open(os.path.join(swapped, e["index"])))["positions"]
+        stored += read_record(os.path.join(swapped, e["index"]))["positions"]
     order = order_bytes(stored)
     open(os.path.join(swapped, ORDER_NAME), "wb").write(order)
     m["order"] = {"name": ORDER_NAME, "bytes": len(order), "sha256": hashlib.sha256(order).hexdigest()}

@@ -14,9 +14,11 @@ import time
 import pytest
 
 from dsconvert import InsufficientSpaceError, convert, open_dataset
+from dsconvert.formats.columns import RECORD_SUFFIX
 from dsconvert.verify import verify
 
 from conftest import ROOT, encode, make_image_folder, write
+from support.records import read_record
 
 
 def outputs(folder):
@@ -70,7 +72,7 @@ def kill_at(cmd, out, shards_done, extra_s):
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None:
             done = os.listdir(out) if os.path.isdir(out) else []
-            if sum(n.endswith(".index.json") for n in done) >= shards_done:
+            if sum(n.endswith(RECORD_SUFFIX) for n in done) >= shards_done:
                 break
             time.sleep(0.002)
         time.sleep(extra_s)
@@ -201,7 +203,7 @@ def test_sources_vanishing_and_changing_mid_run(tmp_path, photos):
     proc = subprocess.Popen(shard_cli(src, out, "wds", 1), start_new_session=True)
     try:
         deadline = time.time() + 60
-        while not (os.path.isdir(out) and any(n.endswith(".index.json") for n in os.listdir(out))):
+        while not (os.path.isdir(out) and any(n.endswith(RECORD_SUFFIX) for n in os.listdir(out))):
             assert time.time() < deadline and proc.poll() is None
             time.sleep(0.002)
         gone = [f"z/z_{i:04d}.jpg" for i in range(0, 6)]
@@ -217,8 +219,8 @@ def test_sources_vanishing_and_changing_mid_run(tmp_path, photos):
     acc = m["accounting"]
     assert acc["files_seen"] == acc["files_written"] + acc["files_skipped"] == 132
     reasons = {s["path"]: s["reason"] for s in m["skipped"]}
-    written = {p for n in os.listdir(out) if n.endswith(".index.json")
-               for paths in json.load(open(os.path.join(out, n)))["sources"] for p in paths}
+    written = {p for n in os.listdir(out) if n.endswith(RECORD_SUFFIX)
+               for paths in read_record(os.path.join(out, n))["sources"] for p in paths}
     for rel in gone:  # written before it went, or skipped as unreadable
         assert rel in written or reasons[rel].startswith("unreadable"), rel
     for rel in changed:

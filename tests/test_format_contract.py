@@ -18,6 +18,7 @@ from dsconvert.source import scan
 from dsconvert.verify import verify
 
 from conftest import pil_loader, reference_image_folder, rehash_parts
+from support.records import read_record, write_record
 
 pytestmark = pytest.mark.parametrize("fmt_id", FORMATS)
 
@@ -35,7 +36,7 @@ def test_registry_entry_is_a_complete_format(fmt_id):
     assert fmt.pixels in ("never", "optional", "always")
     assert fmt.suffix.startswith(".") and fmt.overhead >= 0
     name = fmt.shard_name("shard", 3)
-    assert name == f"shard-000003{fmt.suffix}" and fmt.index_name(name) == "shard-000003.index.json"
+    assert name == f"shard-000003{fmt.suffix}" and fmt.index_name(name) == "shard-000003.idx"
     for method in ("open_sink", "open_shard"):  # what a format must supply
         assert getattr(fmt, method).__func__ is not getattr(Format, method).__func__, method
     assert not fmt.__abstractmethods__  # every @abstractmethod of the interface implemented
@@ -166,12 +167,10 @@ def test_verify_passes_then_finds_each_kind_of_damage(written, fmt_id):
 def test_a_rewritten_record_is_refused_by_reader_and_verify(written, fmt_id):
     _, out, manifest = written
     fmt = get(fmt_id)
-    import json
-
     name = fmt.record_name(manifest.shards[0])
-    record = json.load(open(os.path.join(out, name)))
+    record = read_record(os.path.join(out, name))
     record["num_samples"] += 1
-    json.dump(record, open(os.path.join(out, name), "w"))
+    write_record(os.path.join(out, name), record)
     report = verify(out, workers=1)
     assert not report["ok"]
     rehash_parts(out)  # consistent with the manifest's digests: the record's own checks must hold

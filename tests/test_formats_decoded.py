@@ -176,7 +176,7 @@ def test_bad_inputs_deterministic_and_resumable(tmp_path, image_folder, image_ki
         if not name.startswith("."):
             assert (tmp_path / "a" / name).read_bytes() == open(os.path.join(b, name), "rb").read(), name
     os.unlink(os.path.join(b, "dsconvert.json"))
-    os.unlink(os.path.join(b, sorted(n for n in names if n.endswith(".index.json"))[1]))
+    os.unlink(os.path.join(b, sorted(n for n in names if n.endswith(".idx"))[1]))
     again = convert(image_folder, b, format=fmt, samples_per_shard=4, workers=1, **opts)
     assert again.shards_written == 1 and again.shards_resumed == len(a.shards) - 1
 

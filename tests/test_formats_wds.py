@@ -9,11 +9,16 @@ import subprocess
 import tarfile
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from dsconvert import Manifest, convert
+from dsconvert import Manifest, convert, open_dataset
+from dsconvert.formats.base import ShardRecord
+from dsconvert.formats.columns import Columns, encode_record, is_binary
 from dsconvert.keys import decode_key
+from dsconvert.verify import verify
 
-from conftest import encode, make_image_folder, write
+from conftest import encode, examples, make_image_folder, write
+from support.records import read_record, to_json_records
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +68,7 @@ def test_index_offsets_match_tarfile(tmp_path, image_folder):
     out = tmp_path / "out"
     convert(image_folder, str(out), samples_per_shard=6, workers=1)
     for entry in Manifest.load(str(out)).shards:
-        index = json.loads((out / entry.index).read_text())
+        index = read_record(str(out / entry.index))
         with tarfile.open(out / entry.name) as tf:
             members = {ti.name: (ti.offset_data, ti.size) for ti in tf}
         for field, col in index["members"].items():
@@ -232,3 +237,80 @@ def test_planned_member_bytes_are_what_tarfile_writes(name, size):
         tf.addfile(ti, io.BytesIO(b"\0" * size))
         written = tf.offset
     assert _tar_member_bytes(name, size) == written
+
+
+# --- shard records: binary columns, and older outputs' JSON ------------------------------
+
+# names as a filesystem can hand them over: any text, bytes that are not UTF-8 surrogate-escaped
+# (os.fsdecode: \udc80-\udcff), never NUL
+_escaped = st.sampled_from([chr(c) for c in range(0xDC80, 0xDD00)])
+_name_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00") | _escaped
+_names = st.text(_name_chars, max_size=12)
+_ints = st.integers(-(2**62) + 1, 2**62 - 1)  # a column's span fits 64 bits
+
+
+@st.composite
+def _records(draw):
+    """A record dict as ShardRecord.build makes one (wds or another format), values at the edges."""
+    n = draw(st.integers(0, 6))
+    keys = draw(st.lists(_names, min_size=n, max_size=n, unique=True))  # as every writer makes them
+    d = {"schema_version": 1, "format": draw(st.sampled_from(["wds", "npy"])), "shard": "shard-000000.tar",
+         "spec_sha256": "ab" * 32, "bytes": draw(st.integers(0, 2**40)), "sha256": "cd" * 32, "num_samples": n,
+         "fields": {"jpg": "image"}, "keys": keys,
+         "labels": draw(st.none() | st.lists(_ints, min_size=n, max_size=n)),
+         "skipped": draw(st.lists(st.fixed_dictionaries({"path": _names, "reason": _names}), max_size=2))}
+    sources = []
+    for key in keys:  # a path that starts with its key (stored as the rest of it), or any other
+        sources.append(draw(st.lists(st.one_of(st.just(key), _names.map(lambda s, k=key: k + s), _names),
+                                     max_size=3)))
+    d["sources"] = sources
+    if draw(st.booleans()):
+        d["stats"] = [[[draw(st.integers(0, 2**50)), draw(_ints)] for _ in paths] for paths in sources]
+    if draw(st.booleans()):
+        d["positions"] = draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n))
+    if draw(st.booleans()):  # wds: per field, offset and size (-1: absent), raw_size for compressed ones
+        members = {}
+        for field in draw(st.lists(st.text(_name_chars, min_size=1, max_size=8), max_size=3, unique=True)):
+            present = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+            col = {"offset": [draw(st.integers(512, 2**40)) if p else -1 for p in present],
+                   "size": [draw(st.integers(0, 2**31)) if p else -1 for p in present]}
+            if draw(st.booleans()):
+                col["raw_size"] = [draw(st.integers(0, 2**31)) if p else -1 for p in present]
+            members[field] = col
+        d["members"] = members
+    return d
+
+
+@settings(deadline=None, database=None, max_examples=examples(500))
+@given(_records())
+def test_binary_record_round_trips(d):
+    """encode_record -> Columns gives back the record dict, whatever its names and values."""
+    data = encode_record(d)
+    assert is_binary(data) and len(data) % 8 == 0
+    cols = Columns(data, "shard-000000.idx")
+    assert cols.to_dict() == d
+    assert list(cols.strings("keys")) == d["keys"] and [cols.strings("keys")[j] for j in range(len(d["keys"]))] \
+        == d["keys"]
+    for field, col in cols.fields().items():  # one lookup each, as the readers do
+        for part, values in col.items():
+            assert [values[j] for j in range(len(values))] == d["members"][field][part]
+    if d["num_samples"]:
+        assert ShardRecord.load("shard-000000.idx", d["format"], data).d == d
+
+
+def test_an_output_with_json_records_reads_and_verifies_as_before(tmp_path, image_folder):
+    """An output of the previous release (NAME.index.json records, the manifest naming them)
+    reads the same samples, map-style and streamed, and verifies OK."""
+    out = str(tmp_path / "out")
+    convert(image_folder, out, samples_per_shard=6, workers=1)
+    mapped = list(open_dataset(out, decode="raw"))  # (image bytes, label)
+    streamed = list(open_dataset(out, decode="raw", stream=True))
+    assert len(mapped) == len(streamed) == 16
+    to_json_records(out)
+    assert not glob.glob(os.path.join(out, "*.idx")) and len(glob.glob(os.path.join(out, "*.index.json"))) == 3
+    assert all(e.index.endswith(".index.json") for e in Manifest.load(out).shards)
+    assert list(open_dataset(out, decode="raw")) == mapped
+    assert list(open_dataset(out, decode="raw", stream=True)) == streamed
+    ds = open_dataset(out, decode="raw")
+    assert [ds[i] for i in reversed(range(len(ds)))] == mapped[::-1]  # random access, each shard reopened
+    assert verify(out, decode=True, workers=1)["ok"]

@@ -32,7 +32,8 @@ def _kill_leftovers(out: str, fmt: str, shards_left: int) -> None:
             os.remove(os.path.join(out, name))
 
 
-UNPLANNED = ["shard-000099.tar", "shard-000500.index.json", "shard-000007.samples.npy", "shard-000042.h5"]
+UNPLANNED = ["shard-000099.tar", "shard-000500.idx", "shard-000500.index.json", "shard-000007.samples.npy",
+             "shard-000042.h5"]
 
 
 @pytest.mark.parametrize("fmt", ["wds", "npy"])
@@ -61,7 +62,7 @@ def test_files_named_like_shards_that_a_killed_run_did_not_write_stay(tmp_path, 
 
 def _planned_collisions(fmt):
     suffix = ".tar" if fmt == "wds" else ".npy"
-    names = [f"shard-000002{suffix}", "shard-000002.index.json"]
+    names = [f"shard-000002{suffix}", "shard-000002.idx"]
     return names + (["shard-000002.samples.npy"] if fmt == "npy" else [])
 
 
@@ -112,7 +113,7 @@ def test_sigkill_then_users_files_then_rerun(tmp_path, photos, shards_done):
     try:
         while proc.poll() is None:
             listed = os.listdir(out) if os.path.isdir(out) else []
-            if ".dsconvert.lock" in listed and sum(n.endswith(".index.json") for n in listed) >= shards_done:
+            if ".dsconvert.lock" in listed and sum(n.endswith(".idx") for n in listed) >= shards_done:
                 break
             time.sleep(0.001)
         if proc.poll() is None:
@@ -121,10 +122,10 @@ def test_sigkill_then_users_files_then_rerun(tmp_path, photos, shards_done):
         proc.wait()
     if os.path.exists(os.path.join(out, MANIFEST_NAME)):
         pytest.skip("the conversion finished before the kill")
-    for name in ("shard-000099.tar", "shard-000500.index.json"):
+    for name in ("shard-000099.tar", "shard-000500.idx", "shard-000500.index.json"):
         write(os.path.join(out, name), b"precious")
     assert main(["shard", src, "-o", out, "--samples-per-shard", "2", "--workers", "1", "-q"]) == 0
-    for name in ("shard-000099.tar", "shard-000500.index.json"):
+    for name in ("shard-000099.tar", "shard-000500.idx", "shard-000500.index.json"):
         assert open(os.path.join(out, name), "rb").read() == b"precious"
 
 
@@ -142,7 +143,7 @@ def test_a_remote_output_removes_only_what_it_wrote(s3, image_folder):
     assert files["shard-000099.tar"] == files["shard-000500.index.json"] == b"precious"
     assert sorted(n for n in files if n.endswith(".tar")) == [s.name for s in m.shards] + ["shard-000099.tar"]
     s3.fs.rm_file(f"{s3.bucket}/out/{MANIFEST_NAME}")
-    s3.fs.rm_file(f"{s3.bucket}/out/shard-000001.index.json")
+    s3.fs.rm_file(f"{s3.bucket}/out/shard-000001.idx")
     s3.fs.pipe(f"{s3.bucket}/out/shard-000001.tar", b"the user's")
     s3.fs.invalidate_cache()
     with pytest.raises(OutputExistsError, match="shard-000001.tar is not a file this conversion wrote"):

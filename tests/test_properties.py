@@ -12,9 +12,11 @@ test_shards.py). Fuzz runs are derandomized, so CI sees the same cases every tim
 """
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
+import tarfile
 import tempfile
 from collections import Counter
 
@@ -26,6 +28,7 @@ from dsconvert.distributed import rank_span, split_range
 from dsconvert.manifest import ShardEntry
 
 from conftest import examples, make_image_folder
+from support.records import read_record, write_record
 
 FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=examples(300),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -210,33 +213,64 @@ def test_fuzz_manifest_bytes(blob):
             Manifest.load(tmp)
 
 
+def _binary_damage(data, blob):
+    """``blob`` (a binary record) with bytes flipped, cut short, or its JSON header mutated."""
+    how = data.draw(st.sampled_from(["flip", "truncate", "header"]))
+    if how == "flip":
+        out = bytearray(blob)
+        for _ in range(data.draw(st.integers(1, 4))):
+            at = data.draw(st.integers(0, len(out) - 1))
+            out[at] ^= data.draw(st.integers(1, 255))
+        return bytes(out)
+    if how == "truncate":
+        return blob[: data.draw(st.integers(0, len(blob) - 1))]
+    h = int.from_bytes(blob[8:16], "little")
+    header = json.dumps(mutate(data, json.loads(blob[16:16 + h]))).encode()
+    header += b" " * (-(16 + len(header)) % 8)  # the columns' offsets count from the header's end
+    return blob[:8] + len(header).to_bytes(8, "little") + header + blob[16 + h:]
+
+
 @FUZZ
 @given(data=st.data())
-def test_fuzz_record_parser_and_tar_index_reader(real_output, data):
-    """A mutated shard index is refused with ManifestError, or read without any other error:
-    every member slice stays inside the shard."""
+@pytest.mark.parametrize("form", ["json", "binary-fields", "binary-bytes"])
+def test_fuzz_record_parser_and_tar_index_reader(real_output, form, data):
+    """A mutated shard record (an older output's JSON, a binary one rewritten from a mutated
+    dict, or a binary one with its bytes or header damaged) is refused with ManifestError, or
+    read without any other error: every member read is the member of the original shard that
+    the record names (its own tar header checked), never other bytes."""
     from dsconvert.formats.wds import Wds, WdsShard
     from dsconvert.io.shard_cache import ShardAccess
 
     manifest = Manifest.load(real_output)
-    entry = manifest.shards[0]
-    doc = json.load(open(os.path.join(real_output, entry.index)))
+    # without the manifest's digest of the record (as older manifests): the record's own checks are fuzzed
+    entry = dataclasses.replace(manifest.shards[0], parts={})
+    path = os.path.join(real_output, entry.index)
+    with tarfile.open(os.path.join(real_output, entry.name)) as tf:
+        members = {m.name: tf.extractfile(m).read() for m in tf}
     with tempfile.TemporaryDirectory() as tmp:
         os.symlink(os.path.join(real_output, entry.name), os.path.join(tmp, entry.name))
-        with open(os.path.join(tmp, entry.index), "w") as f:
-            json.dump(mutate(data, doc), f)
+        if form == "binary-bytes":
+            damaged = _binary_damage(data, open(path, "rb").read())
+            open(os.path.join(tmp, entry.index), "wb").write(damaged)
+        elif form == "json":  # an older output's record, under the name the manifest gives it
+            json.dump(mutate(data, read_record(path)), open(os.path.join(tmp, entry.index), "w"))
+        else:
+            write_record(os.path.join(tmp, entry.index), mutate(data, read_record(path)))
         try:
             Wds.load_record(os.path.join(tmp, entry.index))
+        except ManifestError:
+            pass
+        try:
             shard = WdsShard(ShardAccess(tmp), entry, 1 << 20)
         except ManifestError:
             return
         shard.prepare(0, len(shard.keys), prefetch=data.draw(st.booleans()))
         try:
-            for i in range(len(shard.index.keys)):
-                for blob in shard.fields(i).values():
-                    assert len(blob) <= shard.size
-            for _, blob in shard.images(0, len(shard.index.keys)):
-                assert len(blob) <= shard.size
+            for i in range(len(shard.keys)):
+                for field, blob in shard.fields(i).items():
+                    assert bytes(blob) == members[f"{shard.keys[i]}.{field}"]
+            for i, blob in shard.images(0, len(shard.keys)):
+                assert bytes(blob) in [v for k, v in members.items() if k.startswith(shard.keys[i] + ".")]
         except ManifestError:
             pass  # e.g. a sample left without an image member
         finally:

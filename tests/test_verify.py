@@ -14,6 +14,7 @@ from dsconvert.cli import main
 from dsconvert.verify import EXIT_PROBLEMS, verify
 
 from conftest import encode, make_image_folder, rehash_parts, write
+from support.records import read_record, record_path, write_record
 from test_convert import _png_bomb
 
 
@@ -45,10 +46,10 @@ def _rewrite_sums(out, shard_name):
     path = os.path.join(out, shard_name)
     data = open(path, "rb").read()
     digest = hashlib.sha256(data).hexdigest()
-    index = os.path.join(out, shard_name.replace(".tar", ".index.json"))
-    rec = json.load(open(index))
+    index = record_path(out, shard_name)
+    rec = read_record(index)
     rec.update(bytes=len(data), sha256=digest)
-    json.dump(rec, open(index, "w"))
+    write_record(index, rec)
     record = open(index, "rb").read()
     man = json.load(open(os.path.join(out, "dsconvert.json")))
     for s in man["shards"]:
@@ -69,7 +70,7 @@ def test_damage_is_found(tmp_path, src, capsys):
         f.write(bytes([byte[0] ^ 0xFF]))
     with open(os.path.join(out, shards[1]), "r+b") as f:  # truncated
         f.truncate(5000)
-    os.unlink(os.path.join(out, shards[2].replace(".tar", ".index.json")))
+    os.unlink(record_path(out, shards[2]))
     write(os.path.join(out, "shard-000099.tar"), b"left over")
     report = verify(out)
     by_shard = {}
@@ -132,10 +133,10 @@ def test_index_pointing_outside_or_huge_sizes(tmp_path, src):
 
     out = str(tmp_path / "out")
     convert(src, out, samples_per_shard=100, workers=1)
-    index = os.path.join(out, "shard-000000.index.json")
-    rec = json.load(open(index))
+    index = record_path(out, "shard-000000.tar")
+    rec = read_record(index)
     rec["members"]["jpg"]["size"][3] = 10**12
-    json.dump(rec, open(index, "w"))
+    write_record(index, rec)
     report = verify(out)
     assert kinds(report) == ["checksum"]  # the manifest's digest of the index
     rehash_parts(out)
@@ -144,11 +145,16 @@ def test_index_pointing_outside_or_huge_sizes(tmp_path, src):
     assert "the index says" in report["problems"][0]["message"]
     with pytest.raises(ManifestError, match="index points outside the shard"):
         list(open_dataset(out))
-    rec["members"]["jpg"]["size"] = "everything"
-    json.dump(rec, open(index, "w"))
+    rec["members"]["jpg"]["size"] = rec["members"]["jpg"]["size"][:-1]  # a column one value short
+    write_record(index, rec)
     rehash_parts(out)
     report = verify(out)
     assert kinds(report) == ["record"] and "field 'members.jpg.size'" in report["problems"][0]["message"]
+    rec["members"]["jpg"]["size"] = "everything"  # not a column at all: where a binary record can put it, its header
+    write_record(index, rec)
+    rehash_parts(out)
+    report = verify(out)
+    assert kinds(report) == ["record"] and "field 'members' is in its header" in report["problems"][0]["message"]
 
 
 def test_npy_and_hdf5_structure(tmp_path, src):

@@ -209,7 +209,7 @@ def test_an_exception_in_the_with_block_leaves_no_manifest_and_the_next_writer_r
             w.write({"txt": f"second {i}"})
     assert [s["txt"] for s in _all(open_dataset(out))] == [f"second {i}" for i in range(3)]
     assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == \
-        ["dsconvert.json", "shard-000000.index.json", "shard-000000.tar"]  # the first run's shards are gone
+        ["dsconvert.json", "shard-000000.idx", "shard-000000.tar"]  # the first run's shards are gone
     assert verify(out)["ok"]
     with pytest.raises(OutputExistsError, match="overwrite=True"):
         with Writer(out) as w:
@@ -295,7 +295,7 @@ def test_an_error_in_fn_is_raised_as_it_is_and_a_rerun_finishes(tmp_path, monkey
     r = optimize(fails_at_5, range(12), out, workers=2, samples_per_shard=4)
     assert r.manifest.num_samples == 12 and verify(out)["ok"]
     assert sorted(os.listdir(out)) == sorted([".dsconvert.lock", ".dsconvert.owner", "dsconvert.json"]
-                                             + [f"shard-{i:06d}.{x}" for i in range(3) for x in ("tar", "index.json")])
+                                             + [f"shard-{i:06d}.{x}" for i in range(3) for x in ("tar", "idx")])
 
 
 RESUME_JOB = """
@@ -335,7 +335,7 @@ def test_a_sigkilled_optimize_resumes_without_recomputing_written_inputs(tmp_pat
     proc = subprocess.Popen([sys.executable, str(job), out, log, "24"], env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 300  # a hang guard, not a measurement
-        while not (os.path.exists(log + ".blocked") and len(glob.glob(os.path.join(out, "*.index.json"))) >= 3):
+        while not (os.path.exists(log + ".blocked") and len(glob.glob(os.path.join(out, "*.idx"))) >= 3):
             assert proc.poll() is None, "the job ended before it was killed"
             assert time.monotonic() < deadline, "the job did not get to its blocking input"
             time.sleep(0.05)
@@ -343,7 +343,7 @@ def test_a_sigkilled_optimize_resumes_without_recomputing_written_inputs(tmp_pat
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not os.path.exists(os.path.join(out, "dsconvert.json"))
-    finished = sorted(int(re.search(r"(\d+)\.index", p).group(1)) for p in glob.glob(os.path.join(out, "*.index.json")))
+    finished = sorted(int(re.search(r"(\d+)\.idx", p).group(1)) for p in glob.glob(os.path.join(out, "*.idx")))
     assert 3 not in finished and len(finished) >= 3
     before = len(_calls(log))
     subprocess.run([sys.executable, str(job), out, log, "-1"], env=env, check=True, timeout=300)

@@ -139,6 +139,8 @@ class ShardRecord:
                 with open_regular(path) as f:
                     data = f.read()
             d = Columns(data, path).to_dict() if is_binary(data) else json.loads(data)
+        except ManifestError:  # a binary record's own refusal, already naming the problem
+            raise
         except ValueError as exc:  # UnicodeDecodeError included
             raise ManifestError(f"{path}: not valid JSON ({exc})", path) from None
         except RecursionError:  # "[[[[..." deeper than the interpreter's stack
@@ -154,14 +156,9 @@ class ShardRecord:
     def check(d: Dict[str, Any], path: str) -> None:
         """Every column of a record that a reader uses, of the right kind and length, or a
         ManifestError naming the field: a record is data from disk, and may be hostile."""
-        n: Any = d.get("num_samples")  # unchecked JSON until expect() passes
-        expect(is_int(n) and n >= 0, path, "num_samples", "an integer >= 0")
+        ShardRecord.check_shard_level(d, path)
+        n: Any = d["num_samples"]
         for name, ok, what in (
-            ("shard", isinstance(d.get("shard"), str), "a string"),
-            ("spec_sha256", isinstance(d.get("spec_sha256"), str), "a string"),
-            ("sha256", isinstance(d.get("sha256"), str), "a string"),
-            ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
-            ("fields", isinstance(d.get("fields"), dict), "an object"),
             ("keys", is_str_list(d.get("keys"), n), f"a list of {n} strings"),
             ("labels", d.get("labels", 0) is None or is_int_list(d.get("labels"), n),
              f"null or a list of {n} integers"),
@@ -171,6 +168,21 @@ class ShardRecord:
              f"a list of {n} integers >= 0"),
             ("stats", "stats" not in d or (is_list_of_lists(d["stats"], n) and _pairs_of_ints(d["stats"])),
              f"a list of {n} lists of [size, mtime_ns]"),
+        ):
+            expect(ok, path, name, what)
+
+    @staticmethod
+    def check_shard_level(d: Dict[str, Any], path: str) -> None:
+        """The shard-level fields of a record (a binary record's header: what a reader checks
+        at open, nothing per sample), of the right kind, or a ManifestError naming the field."""
+        n: Any = d.get("num_samples")  # unchecked JSON until expect() passes
+        expect(is_int(n) and n >= 0, path, "num_samples", "an integer >= 0")
+        for name, ok, what in (
+            ("shard", isinstance(d.get("shard"), str), "a string"),
+            ("spec_sha256", isinstance(d.get("spec_sha256"), str), "a string"),
+            ("sha256", isinstance(d.get("sha256"), str), "a string"),
+            ("bytes", is_int(d.get("bytes")) and d["bytes"] >= 0, "an integer >= 0"),
+            ("fields", isinstance(d.get("fields"), dict), "an object"),
             ("parts", "parts" not in d or (isinstance(d["parts"], dict) and all(
                 isinstance(p, dict) and is_int(p.get("bytes")) and isinstance(p.get("sha256"), str)
                 for p in d["parts"].values())), "an object of file name -> {bytes, sha256}"),

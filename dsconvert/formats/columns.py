@@ -138,8 +138,17 @@ def encode_record(d: Dict[str, Any]) -> bytes:
 
 
 def _field(column: str) -> str:
-    """A column's name as the JSON form of the record names the field (members.jpg.offset)."""
-    return column.replace("/", ".")
+    """A column's name as the JSON form of the record names the field (members.jpg.offset;
+    keys for keys.ends, sources for sources.count, stats for stats.size)."""
+    if column.startswith("members/"):
+        return column.replace("/", ".")
+    return column.split(".", 1)[0]
+
+
+def _named(column: str) -> str:
+    """'field' (column 'field.part'): the record's field, and the column where it is not the same."""
+    field = _field(column)
+    return repr(field) if field == column.replace("/", ".") else f"{field!r} (column {column!r})"
 
 
 class IntColumn(Sequence[int]):
@@ -240,7 +249,7 @@ class Columns:
         self.start = 16 + h
         self._dir: Dict[str, Tuple[str, int, int, int]] = {}
         for name, spec in head["columns"].items():
-            if not (isinstance(spec, list) and len(spec) == 4 and spec[0] in _DTYPES
+            if not (isinstance(spec, list) and len(spec) == 4 and isinstance(spec[0], str) and spec[0] in _DTYPES
                     and all(type(v) is int for v in spec[1:]) and -(1 << 63) <= spec[1] < 1 << 63
                     and spec[2] >= 0 and spec[3] >= 0):
                 self._bad(f"column {name!r} is not [dtype, base, offset, count]")
@@ -250,7 +259,10 @@ class Columns:
             self._dir[name] = (dtype, base, offset, count)
         n = self.record.get("num_samples")
         if type(n) is not int or n < 0:
-            self._bad("num_samples is not an integer >= 0")
+            self._bad("field 'num_samples' is not an integer >= 0")
+        blob = self._dir.get("keys.blob")
+        if n > 1 and (blob is None or blob[0] != "u1" or n > blob[3] + 1):  # unique keys: all but one take a byte
+            self._bad(f"field 'num_samples' is {n:,}, more samples than its keys can name")
         self.n: int = n
         self._cache: Dict[str, Any] = {}
 
@@ -269,11 +281,11 @@ class Columns:
         if col is None:
             spec = self._dir.get(name)
             if spec is None:
-                self._bad(f"field {_field(name)!r} is missing")
+                self._bad(f"field {_named(name)} is missing")
             dtype, base, offset, n = spec
             want = self.n if count is None else count
             if n != want:
-                self._bad(f"field {_field(name)!r} holds {n} values, not {want}")
+                self._bad(f"field {_named(name)} holds {n} values, not {want}")
             data = (np.frombuffer(self.buf, dtype="<" + dtype, count=n, offset=self.start + offset)
                     if dtype else None)
             col = self._cache[name] = IntColumn(data, base, n)

@@ -295,6 +295,7 @@ class WdsShard(ShardReader):
                 and not part:
             cols = _open_columns(access, index_name, None, where, refresh=True)  # a stale copy
             head = cols.record
+        ShardRecord.check_shard_level(head, where)  # the header only: nothing per sample is parsed here
         if (head.get("sha256"), head.get("bytes"), cols.n) != (entry.sha256, entry.bytes, entry.num_samples):
             raise ManifestError(f"{where} describes another version of {entry.name} than the manifest (was the "
                                 "output rewritten while being read?)", where)
@@ -319,10 +320,13 @@ class WdsShard(ShardReader):
             end = head.get("stream_bytes")
             if self.stream_kind not in COMPRESSIONS or type(end) is not int or end < 0:
                 raise ManifestError(f"{where}: not an index of a compressed tar this dsconvert reads", self.path)
-        for _, offsets, sizes in self.columns:  # absent members are (-1, -1); checked vectorised, on the map
+        for member, offsets, sizes in self.columns:  # absent members are (-1, -1); checked vectorised, on the map
             if not len(offsets):
                 continue
             o, s = offsets.array(), sizes.array()
+            for column, values in (("offset", o), ("size", s)):  # a hostile value is named, as the JSON checks do
+                expect(int(values.min()) >= -1, where, f"members.{member}.{column}",
+                       f"a list of {len(o)} integers >= -1")
             present = o[o >= 0]
             # a plain tar's first data follows a 512-byte header: each read takes the header with it
             first = 0 if self.stream_kind is not None else 512

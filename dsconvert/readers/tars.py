@@ -28,6 +28,10 @@ class TarAccess(ShardAccess):
     """Shard access for tars without a manifest: their indexes come from the index folder
     (with labels and image columns filled in for ``label``), a cached copy is checked by size."""
 
+    # members are named as their tar's writer chose (./a/B.JPG): an index's key.field (its field
+    # lower-cased, as webdataset does) is not their name, so a read checks their header's size only
+    own_names = False
+
     def __init__(self, root: str, storage_options: Optional[Dict[str, Any]], cache_dir: Optional[str],
                  cache_size: Any, index_dir: str, label: Optional[str], classes: Optional[List[str]],
                  keep: Dict[str, Any], unsaved: Optional[Dict[str, bytes]] = None):
