@@ -247,6 +247,8 @@ _escaped = st.sampled_from([chr(c) for c in range(0xDC80, 0xDD00)])
 _name_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00") | _escaped
 _names = st.text(_name_chars, max_size=12)
 _ints = st.integers(-(2**62) + 1, 2**62 - 1)  # a column's span fits 64 bits
+# paths that start with the record's own markers (an object store's key may hold NUL)
+_marked = st.text(st.sampled_from("\x00\x01ab"), min_size=1, max_size=4)
 
 
 @st.composite
@@ -261,8 +263,8 @@ def _records(draw):
          "skipped": draw(st.lists(st.fixed_dictionaries({"path": _names, "reason": _names}), max_size=2))}
     sources = []
     for key in keys:  # a path that starts with its key (stored as the rest of it), or any other
-        sources.append(draw(st.lists(st.one_of(st.just(key), _names.map(lambda s, k=key: k + s), _names),
-                                     max_size=3)))
+        sources.append(draw(st.lists(st.one_of(st.just(key), _names.map(lambda s, k=key: k + s), _names,
+                                               _marked), max_size=3)))
     d["sources"] = sources
     if draw(st.booleans()):
         d["stats"] = [[[draw(st.integers(0, 2**50)), draw(_ints)] for _ in paths] for paths in sources]

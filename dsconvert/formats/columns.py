@@ -115,7 +115,10 @@ def encode_record(d: Dict[str, Any]) -> bytes:
     ids = []
     for key, paths in zip(d["keys"], sources):
         for path in paths:
-            stored = "\x00" + path[len(key):] if path.startswith(key) else path
+            # "\x00" + the rest of a path that starts with the key; "\x01" escapes a path that itself
+            # starts with either marker (no file system path does, an object key may)
+            stored = ("\x00" + path[len(key):] if path.startswith(key)
+                      else "\x01" + path if path[:1] in ("\x00", "\x01") else path)
             ids.append(table.setdefault(stored, len(table)))
     strings("sources.table", list(table))
     ints("sources.id", ids)
@@ -337,7 +340,7 @@ class Columns:
             paths = []
             for i in ids[at: at + c].tolist():
                 s = table[i]
-                paths.append(key + s[1:] if s.startswith("\x00") else s)
+                paths.append(key + s[1:] if s.startswith("\x00") else s[1:] if s.startswith("\x01") else s)
             out.append(paths)
             at += c
         return out
