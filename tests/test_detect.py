@@ -530,6 +530,14 @@ def _zip_claiming_a_huge_directory() -> bytes:
     return bytes(data)
 
 
+def _noise(n: int) -> bytes:
+    """``n`` bytes of seeded noise: the same garbage every run (os.urandom made this suite flaky:
+    64 random bytes are now and then a valid pickle)."""
+    import random
+
+    return random.Random(n).randbytes(n)
+
+
 def _hostile(tmp_path):
     big_header = _npy(np.zeros((1000, 100), np.uint8))
     lying_npy = bytearray(_npy(np.zeros((4,), np.uint8)))
@@ -548,22 +556,22 @@ def _hostile(tmp_path):
         "trunc.npy": big_header[:len(big_header) // 2],
         "lying.npy": bytes(lying_npy),
         "header-only.npy": big_header[:10],
-        "garbage.npy": os.urandom(500),
+        "garbage.npy": _noise(500),
         "trunc.h5": h5[:200],
-        "garbage.h5": b"\x89HDF\r\n\x1a\n" + os.urandom(2000),
+        "garbage.h5": b"\x89HDF\r\n\x1a\n" + _noise(2000),
         "trunc.tar": tar[:1200],
         "lying.tar": bytes(lying_tar),
-        "garbage.tar": os.urandom(1024),
-        "garbage.tar.gz": b"\x1f\x8b\x08\x00" + os.urandom(200),
+        "garbage.tar": _noise(1024),
+        "garbage.tar.gz": b"\x1f\x8b\x08\x00" + _noise(200),
         "trunc.npz": npz[: len(npz) // 2],
         "bomb.npz": _zip_claiming_a_huge_directory(),
-        "trunc.parquet": b"PAR1" + os.urandom(100),
-        "lying.parquet": b"PAR1" + os.urandom(100) + struct.pack("<I", 1 << 31) + b"PAR1",
-        "trunc.arrow": b"ARROW1\x00\x00" + os.urandom(64),
+        "trunc.parquet": b"PAR1" + _noise(100),
+        "lying.parquet": b"PAR1" + _noise(100) + struct.pack("<I", 1 << 31) + b"PAR1",
+        "trunc.arrow": b"ARROW1\x00\x00" + _noise(64),
         "trunc.tfrecord": record[:10],
         "lying.tfrecord": lying_tfr,
-        "garbage.tfrecord": os.urandom(64),
-        "garbage.pkl": os.urandom(64).replace(b"\x80", b"\x00"),
+        "garbage.tfrecord": _noise(64),
+        "garbage.pkl": _noise(64).replace(b"\x80", b"\x00"),
         "empty.npy": b"",
         "empty.h5": b"",
     }
