@@ -379,6 +379,19 @@ def test_a_field_and_its_zst_twin_are_a_counted_skip_not_two_members_of_one_name
     assert verify(out)["ok"] and open_dataset(out, decode="numpy")[0]["json"] == {"i": 1}
 
 
+@pytest.mark.parametrize("lone", ["txt.zst", "TXT.ZST", "json.zst", "a.b.zst"])
+def test_a_lone_zst_field_is_a_counted_skip_not_read_back_as_another_field(tmp_path, lone):
+    """Alone in its sample, a field named like another field's compressed member would be read
+    back as that field compressed, and fail (verify said OK): refused when written."""
+    out = str(tmp_path / "out")
+    with Writer(out, compress="zstd") as w:
+        w.write({"__key__": "a", "txt": "hello"})
+        w.write({"__key__": "b", lone: b"not a frame"})
+    m = dsconvert.Manifest.load(out)
+    assert m.num_samples == 1 and "would be read back as field" in m.skipped[0]["reason"]
+    assert verify(out)["ok"] and open_dataset(out, decode="raw")[0]["txt"] == b"hello"
+
+
 def test_an_index_whose_compression_is_null_is_damaged(tmp_path, pair):
     _, packed = pair
     index = record_path(packed, "shard-000000.tar")

@@ -173,6 +173,10 @@ class _TarSink(Sink):
                 raise BadInputError(f"fields {clash[0][:-4]!r} and {clash[0]!r} would both be stored as member "
                                     f"{clash[0]!r} under --compress zstd: rename {clash[0]!r}, or convert without "
                                     "--compress")
+            lone = sorted(n for n in data if n.lower().endswith(".zst") and stored[n] == n)
+            if lone:  # alone, it would be read back as the compressed form of another field
+                raise BadInputError(f"field {lone[0]!r} would be read back as field {lone[0][:-4]!r} compressed "
+                                    f"under --compress zstd: rename {lone[0]!r}, or convert without --compress")
         for name in sorted(data):
             member, payload, raw = name, data[name], -1
             if self.compressor is not None and is_compressible(name):
