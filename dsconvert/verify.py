@@ -218,14 +218,17 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
 
 class _OrderCheck:
     """A shuffled output's order file, checked in bounded memory: its checksum streamed, that it
-    is a permutation (a bitmap of N bits, not a set), and, shard by shard as their records are
-    read, that it agrees with the source positions they hold (``order[position] == stored
-    place``). Nothing per sample is kept: the file is mapped where it is local."""
+    is a permutation (a bitmap of N bits, not a set), and that it agrees with the source
+    positions the shard records hold: the order lists the stored places by source position
+    (``argsort`` of the positions in stored order), so the positions read through it rise
+    strictly. One int64 a sample is kept (each stored place's position, filled shard by shard
+    as records are read and dropped); the order file is mapped where it is local."""
 
     def __init__(self, out: Location, manifest: Manifest):
         self.out, self.manifest = out, manifest
         self.problems: List[Problem] = []
         self.order: Any = None
+        self.stored: Optional[np.ndarray] = None  # each stored place's source position
         self.positions = 0  # source positions seen in records
         self.some_positions = False
         self.mismatch = False
@@ -269,11 +272,13 @@ class _OrderCheck:
         self.positions += len(positions)
         if self.order is None or self.mismatch:
             return
-        p = np.asarray(positions, dtype=np.int64)
         n = self.manifest.num_samples
-        if p.min() < 0 or p.max() >= n or not np.array_equal(
-                self.order[p], np.arange(start, start + len(p), dtype=np.int64)):
+        if start + len(positions) > n:
             self.mismatch = True
+            return
+        if self.stored is None:
+            self.stored = np.full(n, -1, dtype=np.int64)
+        self.stored[start: start + len(positions)] = positions
 
     def finish(self) -> List[Problem]:
         if self.manifest.order is None:
@@ -284,9 +289,23 @@ class _OrderCheck:
             return []
         if self.problems or not self.complete:
             return self.problems
-        if self.mismatch or self.positions != self.manifest.num_samples:
+        if self.mismatch or self.positions != self.manifest.num_samples or not self._rises():
             return [Problem("structure", ORDER_NAME, "does not match the source positions in the shard records")]
         return []
+
+    def _rises(self, chunk: int = 1 << 20) -> bool:
+        """Whether the positions, read in the order's sequence, rise strictly (and none is unset)."""
+        if self.stored is None or self.order is None:
+            return self.manifest.num_samples == 0
+        last = -1
+        for a in range(0, len(self.order), chunk):
+            v = self.stored[np.asarray(self.order[a: a + chunk], dtype=np.int64)]
+            if not len(v):
+                continue
+            if v[0] <= last or (len(v) > 1 and bool((np.diff(v) <= 0).any())):
+                return False
+            last = int(v[-1])
+        return True
 
 
 def _check_permutation(order: np.ndarray, where: str, chunk: int = 1 << 20) -> None:
