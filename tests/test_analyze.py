@@ -187,7 +187,8 @@ def test_outputs_are_recognised_and_read_through_open_dataset(tmp_path, photos, 
     passes = report["loader"]["passes"]
     assert passes["source"]["warm"] > 0 and passes["source"]["format"] == fmt
     assert not any(c.startswith("dsconvert shard") for c in v["commands"] + v["alternative"])
-    assert v["bottleneck"] in ("none", "decode"), v["summary"]  # never "convert it again"
+    # what limits it is a CPU stage, never the storage, and no fix says "convert it again"
+    assert v["bottleneck"] in ("decode", "transform", "collate-ipc"), v["summary"]
 
 
 def test_formats_dsconvert_does_not_read_are_named_not_measured(tmp_path):
