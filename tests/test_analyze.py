@@ -186,6 +186,7 @@ def test_outputs_are_recognised_and_read_through_open_dataset(tmp_path, photos, 
     assert report["measurements"]["num_samples"] == 80  # from the manifest, not the files
     passes = report["loader"]["passes"]
     assert passes["source"]["warm"] > 0 and passes["source"]["format"] == fmt
+    assert passes["source"]["warm_cpu_ms"] > 0  # the workers' CPU per sample, what predictions rest on
     assert not any(c.startswith("dsconvert shard") for c in v["commands"] + v["alternative"])
     # what limits it is a CPU stage, never the storage, and no fix says "convert it again"
     assert v["bottleneck"] in ("decode", "transform", "collate-ipc"), v["summary"]
