@@ -26,11 +26,12 @@ from ..optional import jpeg_region, require
 from ..processes import available_cpus
 from ..progress import progress_bar
 from ..samples import CLASSIFICATION_LAYOUTS
+from ..units import format_size
 from .detect import (
     Detected,
     detect as what_is,  # the name detect stays the module's
 )
-from .inventory import Inventory, take_inventory
+from .inventory import Inventory, listings_for, take_inventory
 from .measure import (
     LOCAL,
     Reader,
@@ -52,10 +53,11 @@ SUGGESTED_SHORT_SIDE = 256  # a --resize that still allows the usual 224-pixel c
 
 
 def _files_per_sample(inv: Inventory) -> float:
-    if inv.layout in CLASSIFICATION_LAYOUTS or not inv.entries:
+    """Files per sample of a flat layout: the files over their distinct stems, counted per folder
+    during the walk (a sample of the files would split a sample's files apart)."""
+    if inv.layout in CLASSIFICATION_LAYOUTS or not inv.files:
         return 1.0
-    stems = {p.rpartition(".")[0] or p for p, _ in inv.entries}
-    return len(inv.entries) / max(1, len(stems))
+    return inv.files / max(1, inv.stems)
 
 
 def _remote_storage(url: str) -> Dict[str, Any]:
@@ -224,7 +226,8 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         else:
             mix = mix or decode_extra
     elif measured_as == "files" or contained is not None:
-        source = contained or listed or sample_source(src, inv.listings, [p for p, _ in picked], inv.layout, seed)
+        source = contained or listed or sample_source(src, listings_for(inv, [p for p, _ in picked], fs),
+                                                           [p for p, _ in picked], inv.layout, seed)
         convertible = True
         if source.sample_type != "classification":
             transform_fn, spec = None, "none"
@@ -281,7 +284,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         "schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION, "source": src,
         "seconds": round(time.perf_counter() - started, 3),
         "storage": storage,
-        "detected": _detected_dict(found),
+        "detected": _detected_dict(found, inv),
         "inventory": inv.to_dict(),
         "sample": {"files": len(paths), "images": len(images), "seed": seed,
                    "strata": "top-level folder x size quartile"},
@@ -349,10 +352,18 @@ class MemberReader(Reader):
         pass
 
 
-def _detected_dict(found: Detected) -> Dict[str, Any]:
+def _detected_dict(found: Detected, inv: Optional[Inventory] = None) -> Dict[str, Any]:
+    """What detect found, its counts true at any size: where its listing stopped at its cap,
+    the description says so and adds the whole folder's totals from the inventory, and
+    ``files`` is the inventory's count (``files_listed`` what detect listed)."""
     d = found.to_dict()
-    d["files"] = len(found.files)
+    d["files"] = d["files_listed"] = len(found.files)
     d["damaged"] = found.damaged[:20]
+    if not found.complete and inv is not None:
+        about = "" if inv.complete else "about "  # the walk stopped at its time budget: an estimate
+        d["files"] = inv.estimated_files
+        d["description"] = (f"{found.description}; the whole folder holds {about}{inv.estimated_files:,} files, "
+                            f"{about}{format_size(inv.estimated_bytes)} (the inventory)")
     return d
 
 

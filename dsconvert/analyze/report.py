@@ -7,8 +7,10 @@ DataLoader passes; ``read.fixed_ms_per_file`` may be null (not determined):
     schema, schema_version, source, seconds
     storage      {kind, fstype, mount, latency_bound}
     inventory    {files, bytes, dirs, complete, estimated_files, estimated_bytes, seconds,
-                  max_depth, layout, extensions{ext: n}, size_quantiles{p0..p100},
-                  fanout_quantiles{p0..p100}, size_histogram[{le, count}] (power-of-two bins)}
+                  max_depth, layout, extensions{ext: n}, size_quantiles{p0..p100} (from a sample of
+                  at most 50,000 files chosen by their paths' hash; p0 and p100 exact),
+                  fanout_quantiles{p0..p100}, size_histogram[{le, count}] (power-of-two bins,
+                  exact), stems (distinct names up to the last dot, per folder), sampled}
     sample       {files, images, seed, strata}
     read         {cold_sequential, cold_random, warm: {files, bytes, seconds, files_per_s,
                   mb_per_s, latency_ms{p50,p90,p99}, latency_mean_ms, latencies_ms[] (per file,
@@ -18,7 +20,8 @@ DataLoader passes; ``read.fixed_ms_per_file`` may be null (not determined):
                   per_sample_ms{library: ms}, images{width, height, megapixels, ...},
                   npy_load_ms?, npy_not_loaded? (how many .npy files
                   were not loaded, and why), pickle? (why it was not measured)}
-    detected     {kind, description, reader, convertible, advice, num_samples, files (count), ...}
+    detected     {kind, description, reader, convertible, advice, num_samples, files (count; the
+                  inventory's where detect's listing stopped at its cap), files_listed, ...}
     loader       {workers, transform, cache (the passes predictions use: warm when the data
                   fits in half the page cache), passes{name: {cold?, warm, bytes_per_sample,
                   samples, format?, decode?, options?, warm_cpu_ms?, warm_main_cpu_ms? (CPU ms per
