@@ -104,6 +104,21 @@ def test_counts_past_the_listing_cap_come_from_the_inventory(tmp_path, monkeypat
     assert d["description"].endswith(f"the whole folder holds 30 files, {format_size(inv.bytes)} (the inventory)")
 
 
+def test_the_sweep_is_repeated_and_keeps_every_rounds_rate(tmp_path):
+    """Storage rates are wall rates: each level is read in at least two interleaved rounds, its
+    row is the median round, and every round's rate stays beside it (the spread is known)."""
+    from dsconvert.analyze.measure import concurrency_sweep
+
+    paths = [str(tmp_path / f"f{i}.bin") for i in range(24)]
+    for p in paths:
+        write(p, b"x" * 4096)
+    rows = concurrency_sweep(paths, [1, 4], rounds=(2, 3))
+    assert [r["readers"] for r in rows] == [1, 4]
+    for r in rows:
+        assert 2 <= len(r["files_per_s_runs"]) <= 3 and len(r["mb_per_s_runs"]) == len(r["files_per_s_runs"])
+        assert r["files_per_s"] in r["files_per_s_runs"] and r["files"] == 24
+
+
 def test_stratified_sample_is_seeded_and_covers_strata():
     entries = [(f"c{c}/f{i}.jpg", (i % 40) * 1000 + c) for c in range(5) for i in range(200)]
     a = stratified_sample(entries, 40, seed=1)

@@ -355,3 +355,9 @@ def test_concurrency_is_said_as_its_points():
     assert "more readers than that lose (3% of the best at 16)" in line
     assert sentences.concurrency([(1, 100.0), (16, 104.0)]) == "1 reader 100 files/s, 104/s at 16"
     assert sentences.concurrency_reading([(1, 100.0), (16, 104.0)]).startswith("more readers do not help")
+
+
+def test_a_repeated_storage_rate_is_said_with_its_spread():
+    v = decide(make(bandwidth_runs=[101.0, 116.0, 130.0]))
+    assert any("up to 116 MB/s (101-130 MB/s over 3 rounds)" in e for e in v.evidence)
+    assert not any("rounds" in e for e in decide(make()).evidence)  # one round: no spread to say

@@ -268,6 +268,7 @@ def analyze(src: str, target: Optional[float] = None, sample: int = 256, seed: i
         mean_sample_bytes=mean_sample_bytes, mean_file_bytes=sum(s for _, s in entries) / max(1, len(entries)),
         cold_latency_ms=cold["latency_ms"].get("p50", 0.0), fixed_ms=fixed_ms,
         bandwidth_mb_s=max(r["mb_per_s"] for r in sweep) if sweep else fit_mb_s,
+        bandwidth_runs=(max(sweep, key=lambda r: r["mb_per_s"]).get("mb_per_s_runs") or []) if sweep else [],
         sweep=[(r["readers"], r["files_per_s"]) for r in sweep], loader=loader, decode_ms=mix,
         transform_ms=transform_ms, cores=cores, cache=cache, page_cache_bytes=cache_bytes, transform=spec,
         kind=found.kind, label=contained.options.get("label") if contained is not None else None,

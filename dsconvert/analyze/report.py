@@ -15,7 +15,8 @@ DataLoader passes; ``read.fixed_ms_per_file`` may be null (not determined):
     read         {cold_sequential, cold_random, warm: {files, bytes, seconds, files_per_s,
                   mb_per_s, latency_ms{p50,p90,p99}, latency_mean_ms, latencies_ms[] (per file,
                   in read order)}, fixed_ms_per_file, fit_bandwidth_mb_s}
-    sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}}]
+    sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}, files_per_s_runs[], mb_per_s_runs[]}]
+                  (each level's median round, and every round's rates: at least 2 rounds)
     decode       {per_codec{codec: {library: {ms, mp_per_s, images, share}}},
                   per_sample_ms{library: ms}, images{width, height, megapixels, ...},
                   npy_load_ms?, npy_not_loaded? (how many .npy files

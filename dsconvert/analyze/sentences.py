@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["STAGES", "breakdown", "limit", "fix", "concurrency", "concurrency_reading", "fastest", "gain",
-           "storage_limit"]
+           "storage_limit", "spread"]
 
 # one worker's time per sample, in the order the report lists it: key -> the words for it
 STAGES = (("read", "read"), ("overhead", "per-file overhead"), ("decode", "decode"), ("transform", "transform"),
@@ -111,6 +111,13 @@ def fastest(v: Dict[str, Any]) -> str:
     return (f"fastest output that fits: {rec}, measured {v['predicted_per_s'][rec]:,.0f} samples/s through a "
             f"DataLoader with {v['workers']} workers: {gain(v['predicted_speedup'], low, high)} today's "
             f"{v['loader_per_s']:,.0f}")
+
+
+def spread(runs: Sequence[float], unit: str = "") -> str:
+    """`` (740-890 MB/s over 3 rounds)``: a repeated rate's spread, said beside its median."""
+    if len(runs) < 2:
+        return ""
+    return f" ({min(runs):,.0f}-{max(runs):,.0f}{unit} over {len(runs)} rounds)"
 
 
 def join(parts: List[str]) -> str:

@@ -70,7 +70,7 @@ class Measurements:
     mean_file_bytes: float
     cold_latency_ms: float  # p50 of one reader's cold per-file reads
     fixed_ms: Optional[float]  # fitted per-file fixed cost; None when the sizes cannot separate it
-    bandwidth_mb_s: float  # best cold MB/s over the concurrency sweep
+    bandwidth_mb_s: float  # best cold MB/s over the concurrency sweep (its median round)
     sweep: List[Tuple[int, float]]  # (readers, files/s), cold
     loader: Dict[str, Dict[str, Any]]  # SOURCE, MEMORY, each output -> {cold, warm, bytes_per_sample, ...}
     decode_ms: Dict[str, float]  # library -> ms per sample, one thread, the sample's codec mix
@@ -91,6 +91,7 @@ class Measurements:
     output_dir: str = "OUT"
     target: Optional[float] = None
     remote: bool = False
+    bandwidth_runs: List[float] = field(default_factory=list)  # the best level's MB/s in each round of the sweep
 
 
 @dataclass
@@ -510,7 +511,7 @@ def _evidence(m: Measurements, p: Predictions, c: Costs) -> List[str]:
     fixed = (f"per-file fixed cost {m.fixed_ms:.2f} ms (fitted)" if m.fixed_ms is not None
              else "per-file fixed cost not determined (the sampled files have about one size)")
     evidence.append(f"cold read {m.cold_latency_ms:.2f} ms per file (p50), {fixed}, "
-                    f"up to {m.bandwidth_mb_s:,.0f} MB/s; "
+                    f"up to {m.bandwidth_mb_s:,.0f} MB/s{say.spread(m.bandwidth_runs, ' MB/s')}; "
                     f"{m.mean_file_bytes / 1e3:,.0f} kB per file; storage: {m.storage_kind}; "
                     f"the loader moves {c.loader_mb_s:,.1f} MB/s ({c.storage_use:.0%} of what the storage gave)")
     return evidence
