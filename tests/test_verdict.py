@@ -361,3 +361,24 @@ def test_a_repeated_storage_rate_is_said_with_its_spread():
     v = decide(make(bandwidth_runs=[101.0, 116.0, 130.0]))
     assert any("up to 116 MB/s (101-130 MB/s over 3 rounds)" in e for e in v.evidence)
     assert not any("rounds" in e for e in decide(make()).evidence)  # one round: no spread to say
+
+
+def test_tar_shards_behind_a_capped_mount_on_busy_cpus_are_storage_bound():
+    """7 MB tar shards behind a mount capped in bandwidth, read cold while other processes keep
+    the CPUs busy: the sweep is flat in MB/s, and the workers were on a CPU for 5 of their 16.7 ms
+    per sample (idle readers). The from-memory pass lost rate to the load too, so as-is vs from
+    memory shows only a third lost to reading; the CPU clocks show two thirds. Before: decode."""
+    loader = passes(source=(120.0, 124.0), memory=180.0,
+                    **{"tars_in_place,_decode=fused": (160.0, 330.0, 110_000, "wds",
+                                                       {"decode": "fused", "same_data": True})})
+    loader[SOURCE].update(cold_cpu_ms=5.0, cold_main_cpu_ms=0.4, bytes_per_sample=110_000)
+    m = dict(kind="webdataset", convertible=True, mean_sample_bytes=110_000, mean_file_bytes=7e6,
+             cold_latency_ms=180.0, fixed_ms=None, bandwidth_mb_s=40.0, storage_kind="fuse",
+             sweep=[(1, 5.5), (2, 5.7), (4, 5.6), (16, 5.5)], page_cache_works=False, cache="auto", loader=loader)
+    v = decide(make(**m))
+    assert v.bottleneck == "storage-bandwidth", v.summary
+    assert v.per_worker_ms["read"] + v.per_worker_ms["overhead"] == pytest.approx(2 / 120 * 1000 - 5.0)
+    assert "reading is 70% of a worker's time" in v.summary and "1 reader 6 files/s" in v.summary
+    # a main process busy most of the time: the workers may wait for it, not for the storage
+    loader[SOURCE]["cold_main_cpu_ms"] = 6.0
+    assert decide(make(**m)).bottleneck != "storage-bandwidth"

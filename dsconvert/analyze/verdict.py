@@ -14,7 +14,10 @@ made from the sample. :func:`decide` runs six small steps:
    predicts is chosen per output: warm when it (or the data as it is) fills at most half the
    page cache, cold otherwise;
 2. **split the costs** (:func:`_costs`): one worker's ms per sample, read + per-file overhead +
-   decode + transform + collate/IPC/other, computed so that they add up to the total;
+   decode + transform + collate/IPC/other, computed so that they add up to the total. Read
+   warm, from the workers' CPU clocks (the source's less the from-memory pass's); read cold,
+   reading is the wall time the workers were not on a CPU (idle readers: waiting on the
+   storage), unless the main process is busy half the time (then they may wait for it);
 3. **what limits loading** (:func:`_limit`): the storage when the loader loses half its rate to
    reading (as-is vs from memory; without a from-memory pass, vs the warm pass where the page
    cache works), or, with no such reference, moves about what the storage gave cold (0.7-1.4x
@@ -57,6 +60,7 @@ READ_SHARE = 0.5  # the share of the loader's time lost to reading that makes it
 STORAGE_USE = 0.7  # a loader moving 0.7-1.4x the storage's measured MB/s (cold) is storage-bound
 SCALES = 2.0  # throughput growth from 1 to N readers that means latency hidden by concurrency
 WORTH = 1.3  # the smallest measured gain worth a conversion
+MAIN_BUSY = 0.5  # a main process on the CPU this share of the time may be what idle workers wait for
 SPREAD = 0.1  # a pass's rate is known to +-10% at best: outputs closer than that are equal
 
 
@@ -269,6 +273,13 @@ def _costs(m: Measurements, p: Predictions) -> Costs:
     if cpu_split:  # read warm, every part of a worker's time is CPU: split its CPU clocks, which load does not move
         t_total = float(src_row["warm_cpu_ms"])
         t_cpu = min(t_total, float(mem_row["warm_cpu_ms"]))
+    elif p.cache == "cold" and src_row.get("cold_cpu_ms") and t_total > 0:
+        # read cold, a worker's time is its CPU plus its waits for the storage: the CPU clocks say
+        # how idle the readers were, whatever the from-memory pass lost to other processes' load,
+        # unless the main process (busy half the time or more) is what the workers wait for
+        main_busy = float(src_row.get("cold_main_cpu_ms") or 0.0) * as_is / 1000
+        if main_busy < MAIN_BUSY:
+            t_cpu = min(t_cpu, float(src_row["cold_cpu_ms"]))
     t_read = max(0.0, t_total - t_cpu)
     read_share = t_read / t_total if t_total > 0 else 0.0
     scaling = (max(r for _, r in m.sweep) / sorted(m.sweep)[0][1]) if len(m.sweep) > 1 and sorted(m.sweep)[0][1] > 0 \
