@@ -317,13 +317,8 @@ def analyze_html(report: Dict[str, Any]) -> str:
 
     lo = report.get("loader") or {}
     passes = lo.get("passes") or {}
-    memory = (passes.get("from memory") or {}).get("warm")
     body.append("<section><h2>Where one worker's time goes</h2>"
-                f"<figure>{_stall_figure(report)}<figcaption>From DataLoader passes with {v['workers']} workers and "
-                f"the {_esc(str(lo.get('transform', '')))} transform: the data as it is "
-                f"({_fmt(v['loader_per_s'])}/s, {_esc(v.get('cache', 'warm'))})"
-                + (f" and the same samples from memory ({_fmt(memory)}/s): reading is the difference" if memory else "")
-                + "; decode and transform timed on their own, the rest is collate, IPC and the worker loop."
+                f"<figure>{_stall_figure(report)}<figcaption>{_esc(say.split_caption(v, lo, passes))}"
                 "</figcaption></figure></section>")
     body.append("<section><h2>Outputs under the disk budget</h2>"
                 f"<figure>{_formats_figure(report)}<figcaption>Predicted samples/s of each output with "

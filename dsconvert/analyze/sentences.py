@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["STAGES", "breakdown", "limit", "fix", "concurrency", "concurrency_reading", "fastest", "gain",
-           "storage_limit", "spread"]
+           "storage_limit", "spread", "split_caption"]
 
 # one worker's time per sample, in the order the report lists it: key -> the words for it
 STAGES = (("read", "read"), ("overhead", "per-file overhead"), ("decode", "decode"), ("transform", "transform"),
@@ -118,6 +118,25 @@ def spread(runs: Sequence[float], unit: str = "") -> str:
     if len(runs) < 2:
         return ""
     return f" ({min(runs):,.0f}-{max(runs):,.0f}{unit} over {len(runs)} rounds)"
+
+
+def split_caption(v: Dict[str, Any], loader: Dict[str, Any], passes: Dict[str, Any]) -> str:
+    """How one worker's time per sample was split, said beside the split itself."""
+    source = passes.get("source") or {}
+    memory = passes.get("from memory") or {}
+    cache = v.get("cache", "warm")
+    if cache == "warm" and source.get("warm_cpu_ms") and memory.get("warm_cpu_ms"):
+        how = (f"read warm, from the workers' CPU clocks: {source['warm_cpu_ms']:.2f} ms per sample as it is, "
+               f"{memory['warm_cpu_ms']:.2f} ms from memory; reading is the difference")
+    elif cache == "cold" and source.get("cold_cpu_ms"):
+        how = (f"read cold: {v['loader_per_s']:,.0f} samples/s as it is, the workers on a CPU for "
+               f"{source['cold_cpu_ms']:.2f} ms per sample; reading is the time they were not")
+    else:
+        how = f"{v['loader_per_s']:,.0f} samples/s as it is" + (
+            f", {memory['warm']:,.0f}/s from memory; reading is the difference" if memory.get("warm") else "")
+    return (f"{breakdown(v['per_worker_ms'])}. From DataLoader passes with {v['workers']} workers and the "
+            f"{loader.get('transform', '')} transform ({how}); decode and transform timed on their own (CPU "
+            "time), the rest is collate, IPC and the worker loop.")
 
 
 def join(parts: List[str]) -> str:
