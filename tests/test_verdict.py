@@ -382,3 +382,13 @@ def test_tar_shards_behind_a_capped_mount_on_busy_cpus_are_storage_bound():
     # a main process busy most of the time: the workers may wait for it, not for the storage
     loader[SOURCE]["cold_main_cpu_ms"] = 6.0
     assert decide(make(**m)).bottleneck != "storage-bandwidth"
+
+
+def test_reading_as_the_largest_share_is_what_limits_loading():
+    """Reading takes 40% of a worker's time, more than decode or the transform: the limit is the
+    storage (small files here), though it is under half; what limits loading is the largest share."""
+    v = decide(make(mean_sample_bytes=20_000, mean_file_bytes=20_000, decode_ms={"pil": 0.5}, transform_ms=0.4,
+                    loader=passes(source=(1200.0, 1200.0), memory=2000.0, **DEMO_OUTPUTS)))
+    pw = v.per_worker_ms
+    assert pw["read"] + pw["overhead"] == pytest.approx(2 / 1200 * 1000 - 1.0)
+    assert v.bottleneck == "small-files", v.summary

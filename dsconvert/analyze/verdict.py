@@ -23,11 +23,11 @@ made from the sample. :func:`decide` runs six small steps:
    cache works), or, with no such reference, moves about what the storage gave cold (0.7-1.4x
    its measured MB/s or files/s) read cold; and read cold (or where nothing caches) whenever
    the storage's best MB/s, in samples, is within 1.4x of the loader's rate (the rate is then
-   capped by it). Its kind is the first row of :data:`STORAGE_RULES` that holds (files of 4 MB
-   or more: bandwidth; scaling 2x with readers at >= 2 ms a cold file: latency; files under
-   256 kB: per-file overhead; else latency when it scales, bandwidth when not). Otherwise the
-   largest CPU share of :data:`CPU_STAGES`: ``decode``, ``transform`` or ``collate-ipc``.
-   ``none`` only when a ``target`` is met;
+   capped by it), or when reading is the largest share. Its kind is the first row of
+   :data:`STORAGE_RULES` that holds (files of 4 MB or more: bandwidth; scaling 2x with readers
+   at >= 2 ms a cold file: latency; files under 256 kB: per-file overhead; else latency when it
+   scales, bandwidth when not). Otherwise the largest CPU share of :data:`CPU_STAGES`:
+   ``decode``, ``transform`` or ``collate-ipc``. ``none`` only when a ``target`` is met;
 4. **the fix** (:func:`_fix`): the fastest measured output that fits, and every output whose
    range overlaps its range counts as equal: among equals :data:`TIE_RULE` picks (stable:
    sizes do not move with load) and the others are named as equal alternatives. A fix is one
@@ -335,10 +335,13 @@ def _storage_kind(m: Measurements, scaling: float) -> str:
 
 def _limit(m: Measurements, c: Costs) -> str:
     """What limits loading: the storage when the loader loses half its time to it (or runs at
-    its measured throughput), its kind by :data:`STORAGE_RULES`; else the largest CPU share."""
-    if c.storage_bound:
+    its measured throughput) or reading is the largest share, its kind by :data:`STORAGE_RULES`;
+    else the largest CPU share."""
+    stage = max(CPU_STAGES, key=lambda s: c.per_worker[s[1]])
+    read = c.per_worker["read"] + c.per_worker["overhead"]
+    if c.storage_bound or (read > 0 and read >= c.per_worker[stage[1]]):  # reading is the largest share
         return _storage_kind(m, c.scaling)
-    return max(CPU_STAGES, key=lambda s: c.per_worker[s[1]])[0]
+    return stage[0]
 
 
 # --- step 4: the fix that removes most of it ------------------------------------------------
