@@ -392,3 +392,11 @@ def test_reading_as_the_largest_share_is_what_limits_loading():
     pw = v.per_worker_ms
     assert pw["read"] + pw["overhead"] == pytest.approx(2 / 1200 * 1000 - 1.0)
     assert v.bottleneck == "small-files", v.summary
+
+
+def test_an_equal_output_under_the_worth_threshold_does_not_hide_the_fix():
+    """The fastest output measured 1.4x, a smaller one 1.25x, within each other's range: the
+    tie rule picks among outputs worth a conversion, so the fix is the 1.4x one."""
+    v = decide(make(loader=passes(source=(600.0, 600.0), memory=650.0,
+                                  wds=(800.0, 840.0, 39_840, "wds", {}), hdf5=(740.0, 750.0, 30_000, "hdf5", {}))))
+    assert v.recommended == "wds" and v.equal_alternatives == [], v.summary

@@ -371,22 +371,25 @@ def _fix(m: Measurements, p: Predictions, c: Costs, bottleneck: str) -> Fix:
     fitting = [k for k in p.estimates if p.fits[k]]
     if not fitting or c.as_is <= 0:
         return Fix(None)
-    fastest = max(fitting, key=lambda k: p.estimates[k].value)
-    equal = [k for k in fitting if p.estimates[k].overlaps(p.estimates[fastest])]
-    chosen = min(equal, key=lambda k: _tie_key(p, k))
     src = p.source if p.source is not None and not c.capped else Estimate(c.as_is, c.as_is * (1 - SPREAD),
                                                                          c.as_is * (1 + SPREAD))
-    e = p.estimates[chosen]
-    speedup = e.value / src.value if src.value > 0 else 1.0
-    if speedup < WORTH:
+    if src.value <= 0:
         return Fix(None)
+    fastest = max(fitting, key=lambda k: p.estimates[k].value)
+    # the outputs as fast as the fastest within the ranges, each worth a conversion: equal
+    equal = [k for k in fitting if p.estimates[k].overlaps(p.estimates[fastest])
+             and p.estimates[k].value / src.value >= WORTH]
+    if not equal:
+        return Fix(None)
+    chosen = min(equal, key=lambda k: _tie_key(p, k))
+    e = p.estimates[chosen]
+    speedup = e.value / src.value
     if m.mean_file_bytes >= LARGE_FILE_BYTES and bottleneck == "storage-bandwidth" \
             and p.outputs[chosen].get("format") != "npy":
         return Fix(None)  # re-packing large files into shards only copies them
     if not (m.convertible or p.outputs[chosen].get("same_data")):
         return Fix(None)
-    equals = [k for k in sorted(equal, key=lambda k: _tie_key(p, k)) if k != chosen
-              and p.estimates[k].value / src.value >= WORTH]
+    equals = [k for k in sorted(equal, key=lambda k: _tie_key(p, k)) if k != chosen]
     return Fix(chosen, speedup, e.low / src.high, e.high / src.low, equals)
 
 
