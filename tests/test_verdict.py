@@ -400,3 +400,18 @@ def test_an_equal_output_under_the_worth_threshold_does_not_hide_the_fix():
     v = decide(make(loader=passes(source=(600.0, 600.0), memory=650.0,
                                   wds=(800.0, 840.0, 39_840, "wds", {}), hdf5=(740.0, 750.0, 30_000, "hdf5", {}))))
     assert v.recommended == "wds" and v.equal_alternatives == [], v.summary
+
+
+def test_a_main_process_on_a_cpu_all_the_time_is_what_limits_loading():
+    """The workers need 0.5 ms of CPU a sample, the main process 0.45 ms to receive it: on two
+    CPUs it is on one 95% of the time at the rate that allows; one process receives every
+    batch, so it, not the workers' largest stage, limits loading."""
+    loader = tiny_jpegs().loader
+    loader[SOURCE].update(warm_cpu_ms=0.5, warm_main_cpu_ms=0.45)
+    loader[MEMORY].update(warm_cpu_ms=0.5, warm_main_cpu_ms=0.45)
+    v = decide(make(mean_sample_bytes=3_000, mean_file_bytes=3_000, decode_ms={"pil": 0.11}, transform_ms=0.3,
+                    loader=loader, numpy_decoder="pil", suggested_resize=None))
+    assert v.bottleneck == "collate-ipc", v.summary
+    assert v.summary.startswith("what limits loading: the main process receiving batches from the workers, 0.450 ms "
+                                "of CPU per sample, on a CPU 95% of the time")
+    assert decide(tiny_jpegs()).bottleneck == "transform"  # a main process at 0.05 ms: not the limit

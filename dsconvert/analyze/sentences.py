@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["STAGES", "breakdown", "limit", "fix", "concurrency", "concurrency_reading", "fastest", "gain",
-           "storage_limit", "spread", "split_caption"]
+           "storage_limit", "spread", "split_caption", "main_limit"]
 
 # one worker's time per sample, in the order the report lists it: key -> the words for it
 STAGES = (("read", "read"), ("overhead", "per-file overhead"), ("decode", "decode"), ("transform", "transform"),
@@ -39,6 +39,13 @@ def limit(stage: str, per_worker_ms: Dict[str, float]) -> str:
     share = ms / total if total > 0 else 0.0
     return (f"what limits loading: {words}, {_ms(ms)} of {_ms(total)} ms per sample in a worker ({share:.0%}, "
             "the largest share)")
+
+
+def main_limit(main_ms: float, busy: float) -> str:
+    """What limits loading when it is the main process, which receives (and collates) every batch."""
+    return (f"what limits loading: the main process receiving batches from the workers, {main_ms:.3f} ms of CPU "
+            f"per sample, on a CPU {busy:.0%} of the time (at most {1000 / main_ms:,.0f} samples/s, whatever the "
+            "workers do)")
 
 
 def storage_limit(kind: str, read_share: float, cold_latency_ms: float, mean_file_bytes: float,

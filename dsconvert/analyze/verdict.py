@@ -26,8 +26,10 @@ made from the sample. :func:`decide` runs six small steps:
    capped by it), or when reading is the largest share. Its kind is the first row of
    :data:`STORAGE_RULES` that holds (files of 4 MB or more: bandwidth; scaling 2x with readers
    at >= 2 ms a cold file: latency; files under 256 kB: per-file overhead; else latency when it
-   scales, bandwidth when not). Otherwise the largest CPU share of :data:`CPU_STAGES`:
-   ``decode``, ``transform`` or ``collate-ipc``. ``none`` only when a ``target`` is met;
+   scales, bandwidth when not). Otherwise the main process when it is on a CPU ``MAIN_BOUND``
+   (90%) of the time or more (``collate-ipc``: it receives every batch, alone); else the
+   largest CPU share of :data:`CPU_STAGES`: ``decode``, ``transform`` or ``collate-ipc``.
+   ``none`` only when a ``target`` is met;
 4. **the fix** (:func:`_fix`): the fastest measured output that fits, and every output whose
    range overlaps its range counts as equal: among equals :data:`TIE_RULE` picks (stable:
    sizes do not move with load) and the others are named as equal alternatives. A fix is one
@@ -60,6 +62,7 @@ READ_SHARE = 0.5  # the share of the loader's time lost to reading that makes it
 STORAGE_USE = 0.7  # a loader moving 0.7-1.4x the storage's measured MB/s (cold) is storage-bound
 SCALES = 2.0  # throughput growth from 1 to N readers that means latency hidden by concurrency
 WORTH = 1.3  # the smallest measured gain worth a conversion
+MAIN_BOUND = 0.9  # a main process on the CPU this share of the time is what limits loading (it is serial)
 MAIN_BUSY = 0.5  # a main process on the CPU this share of the time may be what idle workers wait for
 SPREAD = 0.1  # a pass's rate is known to +-10% at best: outputs closer than that are equal
 
@@ -251,6 +254,8 @@ class Costs:
     loader_mb_s: float
     capped: bool
     storage_bound: bool
+    main_ms: float = 0.0  # the main process's CPU ms per sample (receiving, collating), where measured
+    main_busy: float = 0.0  # the share of time the main process is on a CPU at the rate as it is
 
 
 def _costs(m: Measurements, p: Predictions) -> Costs:
@@ -311,8 +316,9 @@ def _costs(m: Measurements, p: Predictions) -> Costs:
     t_overhead = min(t_read, (m.fixed_ms or 0.0) * m.files_per_sample)
     per_worker = {"read": t_read - t_overhead, "overhead": t_overhead, "decode": t_decode,
                   "transform": t_transform, "other": t_other, "total": t_total}
+    main_ms = float(src_row.get(f"{p.cache}_main_cpu_ms") or 0.0)
     return Costs(as_is, per_worker, read_share, scaling, storage_samples_s, storage_use, loader_mb_s, capped,
-                 storage_bound)
+                 storage_bound, main_ms, main_ms * as_is / 1000)
 
 
 # --- step 3: what limits loading (rules as data) --------------------------------------------
@@ -341,6 +347,8 @@ def _limit(m: Measurements, c: Costs) -> str:
     read = c.per_worker["read"] + c.per_worker["overhead"]
     if c.storage_bound or (read > 0 and read >= c.per_worker[stage[1]]):  # reading is the largest share
         return _storage_kind(m, c.scaling)
+    if c.main_busy >= MAIN_BOUND:  # one process receives every batch: on a CPU all the time, it is the limit
+        return "collate-ipc"
     return stage[0]
 
 
@@ -538,8 +546,13 @@ def _summary(m: Measurements, c: Costs, limit: str, fix: Fix, keeps_up: Optional
     n = max(1, m.cores)
     if keeps_up:
         return f"the loader keeps up: {c.as_is:,.0f} samples/s with {n} workers for a target of {m.target:,.0f}"
-    first = (say.storage_limit(limit, c.read_share, m.cold_latency_ms, m.mean_file_bytes, m.bandwidth_mb_s, m.sweep)
-             if limit.startswith("storage") or limit == "small-files" else say.limit(limit, c.per_worker))
+    if limit.startswith("storage") or limit == "small-files":
+        first = say.storage_limit(limit, c.read_share, m.cold_latency_ms, m.mean_file_bytes, m.bandwidth_mb_s,
+                                  m.sweep)
+    elif limit == "collate-ipc" and c.main_busy >= MAIN_BOUND:
+        first = say.main_limit(c.main_ms, c.main_busy)
+    else:
+        first = say.limit(limit, c.per_worker)
     parts = [first, say.fix(fix.name, fix.speedup, fix.low, fix.high, fix.equals, WORTH, TIE_RULE)]
     if m.target is not None:
         parts.append(f"{c.as_is:,.0f} samples/s with {n} workers is short of the {m.target:,.0f}/s target")
