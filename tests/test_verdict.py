@@ -415,3 +415,27 @@ def test_a_main_process_on_a_cpu_all_the_time_is_what_limits_loading():
     assert v.summary.startswith("what limits loading: the main process receiving batches from the workers, 0.450 ms "
                                 "of CPU per sample, on a CPU 95% of the time")
     assert decide(tiny_jpegs()).bottleneck == "transform"  # a main process at 0.05 ms: not the limit
+
+
+def test_cpu_stages_about_as_large_are_named_together_and_one_decides_stably():
+    """Decode and the transform within 25% of each other: which measured larger on a run does
+    not decide; both are named with their ms, and the bottleneck is the first in the table."""
+    for decode_ms, transform_ms in ((0.30, 0.36), (0.36, 0.30)):
+        v = decide(make(mean_sample_bytes=3_000, mean_file_bytes=3_000, decode_ms={"pil": decode_ms},
+                        transform_ms=transform_ms, loader=tiny_jpegs().loader, numpy_decoder="pil",
+                        suggested_resize=None))
+        assert v.bottleneck == "decode", v.summary
+        assert v.summary.startswith(f"what limits loading: decode and transform, about equal shares (decode "
+                                    f"{decode_ms:.2f}, transform {transform_ms:.2f} of ")
+
+
+def test_a_prediction_from_cpu_time_has_a_range_the_wall_rate_does_not_move():
+    """Two runs whose wall rates differ 3x and whose CPU per sample is the same predict the same
+    rate and range: the wall rate decides nothing where CPU time was measured."""
+    quiet, busy = tiny_jpegs(), tiny_jpegs()
+    busy.loader["wds, decode=fused"]["warm"] = quiet.loader["wds, decode=fused"]["warm"] / 3
+    a, b = decide(quiet), decide(busy)
+    assert a.predicted_per_s == b.predicted_per_s and a.predicted_range == b.predicted_range
+    low, high = a.predicted_range["wds, decode=fused"]
+    assert low == pytest.approx(0.85 * a.predicted_per_s["wds, decode=fused"])
+    assert high == pytest.approx(1.15 * a.predicted_per_s["wds, decode=fused"])

@@ -31,11 +31,21 @@ def breakdown(per_worker_ms: Dict[str, float]) -> str:
     return f"one worker per sample: {_ms(per_worker_ms.get('total', 0.0))} ms = {parts}"
 
 
-def limit(stage: str, per_worker_ms: Dict[str, float]) -> str:
-    """What limits loading, a CPU stage: its ms of the total and the share, from the breakdown."""
-    words = dict(STAGES)["other" if stage == "collate-ipc" else stage]
-    key = "other" if stage == "collate-ipc" else stage
-    ms, total = per_worker_ms.get(key, 0.0), per_worker_ms.get("total", 0.0)
+def limit(stage: str, per_worker_ms: Dict[str, float], close: Sequence[str] = ()) -> str:
+    """What limits loading, a CPU stage: its ms of the total and the share, from the breakdown;
+    with ``close``, the stages about as large, named beside it with their ms."""
+    def part(name: str) -> Tuple[str, float]:
+        key = "other" if name == "collate-ipc" else name
+        return dict(STAGES)[key], per_worker_ms.get(key, 0.0)
+
+    total = per_worker_ms.get("total", 0.0)
+    words, ms = part(stage)
+    if close:
+        named = [part(stage)] + [part(c) for c in close]
+        share = sum(m for _, m in named) / total if total > 0 else 0.0
+        return (f"what limits loading: {' and '.join(w for w, _ in named)}, about equal shares ("
+                + ", ".join(f"{w} {_ms(m)}" for w, m in named) + f" of {_ms(total)} ms per sample in a worker, "
+                f"{share:.0%} together; named {words}, the first)")
     share = ms / total if total > 0 else 0.0
     return (f"what limits loading: {words}, {_ms(ms)} of {_ms(total)} ms per sample in a worker ({share:.0%}, "
             "the largest share)")

@@ -28,7 +28,9 @@ made from the sample. :func:`decide` runs six small steps:
    at >= 2 ms a cold file: latency; files under 256 kB: per-file overhead; else latency when it
    scales, bandwidth when not). Otherwise the main process when it is on a CPU ``MAIN_BOUND``
    (90%) of the time or more (``collate-ipc``: it receives every batch, alone); else the
-   largest CPU share of :data:`CPU_STAGES`: ``decode``, ``transform`` or ``collate-ipc``.
+   largest CPU share of :data:`CPU_STAGES`: ``decode``, ``transform`` or ``collate-ipc``
+   (stages within ``STAGE_TIE``, 25%, of the largest are named together, the first in that
+   order deciding).
    ``none`` only when a ``target`` is met;
 4. **the fix** (:func:`_fix`): the fastest measured output that fits, and every output whose
    range overlaps its range counts as equal: among equals :data:`TIE_RULE` picks (stable:
@@ -64,6 +66,7 @@ SCALES = 2.0  # throughput growth from 1 to N readers that means latency hidden 
 WORTH = 1.3  # the smallest measured gain worth a conversion
 MAIN_BOUND = 0.9  # a main process on the CPU this share of the time is what limits loading (it is serial)
 MAIN_BUSY = 0.5  # a main process on the CPU this share of the time may be what idle workers wait for
+CPU_SPREAD = 0.15  # a pass's CPU time per sample moved up to ~15% between runs on a busy 2-core machine
 SPREAD = 0.1  # a pass's rate is known to +-10% at best: outputs closer than that are equal
 
 
@@ -177,8 +180,9 @@ def _fused_extensions_note(m: Measurements) -> List[str]:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A predicted samples/s with its range: the estimates one pass gave (its rate less the
-    CPU others took, the rate its CPU time per sample allows, repeats) and at least ``SPREAD``
+    """A predicted samples/s with its range. From CPU time per sample: that rate, ``CPU_SPREAD``
+    either side (the wall rate, which load moves, decides nothing). From wall rates only (cold
+    passes): the pass's rate less the CPU others took and any repeats, at least ``SPREAD``
     either side, the least a single pass is known to within."""
 
     value: float
@@ -207,9 +211,10 @@ def _estimate(row: Dict[str, Any], cache: str, cores: int) -> Optional[Estimate]
     if wall <= 0:
         return None
     cpu = _cpu_rate(row, cache, cores)
-    value = cpu if cpu else wall  # CPU time where there is one: load does not move it
-    points = [wall, value] + [float(r) for r in row.get(f"{cache}_runs") or [] if r]
-    return Estimate(value, min(min(points), value * (1 - SPREAD)), max(max(points), value * (1 + SPREAD)))
+    if cpu:  # CPU time where there is one: load does not move it
+        return Estimate(cpu, cpu * (1 - CPU_SPREAD), cpu * (1 + CPU_SPREAD))
+    points = [wall] + [float(r) for r in row.get(f"{cache}_runs") or [] if r]
+    return Estimate(wall, min(min(points), wall * (1 - SPREAD)), max(max(points), wall * (1 + SPREAD)))
 
 
 @dataclass
@@ -333,17 +338,32 @@ STORAGE_RULES: Tuple[Tuple[str, Callable[[Measurements, float], bool]], ...] = (
 )
 # the CPU stages a worker's time splits into, in the order a tie goes: bottleneck -> per_worker key
 CPU_STAGES = (("decode", "decode"), ("transform", "transform"), ("collate-ipc", "other"))
+STAGE_TIE = 0.25  # CPU stages within 25% of the largest are about as large: named together, the first decides
 
 
 def _storage_kind(m: Measurements, scaling: float) -> str:
     return next(kind for kind, holds in STORAGE_RULES if holds(m, scaling))
 
 
+def _close_stages(per_worker: Dict[str, float]) -> List[Tuple[str, str]]:
+    """The CPU stages within ``STAGE_TIE`` of the largest, in :data:`CPU_STAGES` order: shares
+    that close are equal within what their CPU times move between runs."""
+    top = max(per_worker[key] for _, key in CPU_STAGES)
+    return [s for s in CPU_STAGES if top > 0 and per_worker[s[1]] >= (1 - STAGE_TIE) * top]
+
+
+def _largest_stage(per_worker: Dict[str, float]) -> Tuple[str, str]:
+    """The largest CPU stage; among stages about as large, the first in :data:`CPU_STAGES`
+    (stable: which of two equal shares measured larger on a run does not decide)."""
+    close = _close_stages(per_worker)
+    return close[0] if close else max(CPU_STAGES, key=lambda s: per_worker[s[1]])
+
+
 def _limit(m: Measurements, c: Costs) -> str:
     """What limits loading: the storage when the loader loses half its time to it (or runs at
     its measured throughput) or reading is the largest share, its kind by :data:`STORAGE_RULES`;
     else the largest CPU share."""
-    stage = max(CPU_STAGES, key=lambda s: c.per_worker[s[1]])
+    stage = _largest_stage(c.per_worker)
     read = c.per_worker["read"] + c.per_worker["overhead"]
     if c.storage_bound or (read > 0 and read >= c.per_worker[stage[1]]):  # reading is the largest share
         return _storage_kind(m, c.scaling)
@@ -552,7 +572,7 @@ def _summary(m: Measurements, c: Costs, limit: str, fix: Fix, keeps_up: Optional
     elif limit == "collate-ipc" and c.main_busy >= MAIN_BOUND:
         first = say.main_limit(c.main_ms, c.main_busy)
     else:
-        first = say.limit(limit, c.per_worker)
+        first = say.limit(limit, c.per_worker, [name for name, _ in _close_stages(c.per_worker) if name != limit])
     parts = [first, say.fix(fix.name, fix.speedup, fix.low, fix.high, fix.equals, WORTH, TIE_RULE)]
     if m.target is not None:
         parts.append(f"{c.as_is:,.0f} samples/s with {n} workers is short of the {m.target:,.0f}/s target")
