@@ -38,6 +38,7 @@ SUITES = {
     "loader": "dsconvert bench through a real DataLoader",
     "tracers": "what each of diagnose's recorders costs",
     "predictions": "analyze's predictions against dsconvert bench",
+    "stability": "analyze's advice over quiet and busy runs (issue 41)",
     "scenarios": "held-out situations: are analyze's and diagnose's verdicts right?",
     "resample": "the antialiased resize kernel against torch, OpenCV, Pillow",
     "compare": "every suite on a git revision and on this checkout",

@@ -172,6 +172,8 @@ def one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, collat
     cpu0 = _cpu()
     started = time.perf_counter()
     first_at: Optional[float] = None
+    workers_cpu0: Dict[int, float] = {}
+    main_cpu0 = 0.0
     first_n = 0
     batches = 0
     ramp = max(1, workers)  # each worker's first batch comes at once: the steady state starts after them
@@ -182,14 +184,24 @@ def one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, collat
         batches += 1
         if first_at is None and batches >= ramp:
             first_at, first_n = time.perf_counter(), n
+            # the steady state's CPU clocks start here: the workers' (all their threads) and ours
+            workers_cpu0 = schedstat.cpu_s_of(p for p in schedstat.children() if p not in before)
+            main_cpu0 = time.process_time()
         if n >= max_samples:
             break
         if (max_seconds is not None and time.perf_counter() - started > max_seconds
                 and first_at is not None and n >= first_n + 4 * batch_size):
             break
     ended = time.perf_counter()
+    main_cpu1 = time.process_time()
     # the workers' run-queue waits, read while they live: what other processes' load cost the pass
     waits = schedstat.waits_of(p for p in schedstat.children() if p not in before) if workers else {}
+    cpu_ms = main_ms = None  # CPU time per sample over the steady state: what load does not move
+    if first_at is not None and n > first_n:
+        workers_cpu1 = schedstat.cpu_s_of(workers_cpu0) if workers else {}
+        if workers_cpu1 or not workers:
+            cpu_ms = sum(workers_cpu1[p] - workers_cpu0[p] for p in workers_cpu1) / (n - first_n) * 1000
+        main_ms = (main_cpu1 - main_cpu0) / (n - first_n) * 1000
     steps.close()  # the loader's iterator goes, and with it the workers, which are reaped
     del steps, loader
     gc.collect()
@@ -215,6 +227,9 @@ def one_pass(ds: Any, target: BenchTarget, workers: int, batch_size: int, collat
         "wait_ms": {"p50": summary["load_ms"]["p50"], "p99": summary["load_ms"]["p99"]},
         "worker_cpu_pct": (cpu1[1] - cpu0[1]) / reaped / workers * 100 if workers else None,
         "main_cpu_pct": (cpu1[0] - cpu0[0]) / reaped * 100,
+        # CPU ms per sample in the steady state, the workers' together and the main process's
+        # (receiving, collating in the main process): None where the pass was one batch
+        "worker_cpu_ms": cpu_ms, "main_cpu_ms": main_ms,
     }
 
 

@@ -17,6 +17,7 @@ import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .analyze import sentences as say
 from .optional import require
 from .sizing import format_size
 from .version import __version__
@@ -157,8 +158,6 @@ def _sweep_figure(report: Dict[str, Any]) -> Tuple[str, str]:
     sweep = report["sweep"]
     readers = [r["readers"] for r in sweep]
     rates = [r["files_per_s"] for r in sweep]
-    scaling = rates[-1] / rates[0] if rates and rates[0] > 0 else 1.0
-    best = max(range(len(rates)), key=lambda i: rates[i]) if rates else 0
 
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
@@ -174,14 +173,9 @@ def _sweep_figure(report: Dict[str, Any]) -> Tuple[str, str]:
 
     if not sweep:
         return "", "no concurrency sweep was measured"
-    if scaling >= 2:
-        sentence = (f"Throughput grows {scaling:.1f}x from {readers[0]} to {readers[-1]} concurrent readers, best at "
-                    f"{readers[best]}: the storage is latency-bound, and parallel requests (more DataLoader "
-                    "workers, or shards read with concurrent ranged requests) hide its latency.")
-    else:
-        sentence = (f"Throughput stays within {scaling:.1f}x from {readers[0]} to {readers[-1]} concurrent readers: "
-                    "the storage is bandwidth-bound (or the CPU is), so more readers do not help; fewer, larger "
-                    "reads (shards) or less data (a resized cache) do.")
+    points = list(zip(readers, rates))  # the same sentence as the verdict's evidence and the text report
+    reading = say.concurrency_reading(points)
+    sentence = f"Cold reads: {say.concurrency(points)}" + (f": {reading}." if reading else ".")
     return _figure(draw, height=2.8), sentence
 
 
@@ -318,20 +312,13 @@ def analyze_html(report: Dict[str, Any]) -> str:
     if v.get("alternative"):
         body.append("<h3>Or</h3>" + _commands(v["alternative"]))
     if v.get("recommended"):
-        body.append(f"<p>Fastest output that fits: <b>{_esc(v['recommended'])}</b>, predicted "
-                    f"<b>{_fmt(v['predicted_per_s'][v['recommended']])}</b> samples/s with {v['workers']} workers: "
-                    f"{v['predicted_speedup']:.1f}x the source's {_fmt(v['loader_per_s'])}.</p>")
+        body.append(f"<p>{_esc(say.fastest(v))}</p>")
     body.append("<ul class=\"notes\">" + "".join(f"<li>{_esc(n)}</li>" for n in v["notes"]) + "</ul></section>")
 
     lo = report.get("loader") or {}
     passes = lo.get("passes") or {}
-    memory = (passes.get("from memory") or {}).get("warm")
     body.append("<section><h2>Where one worker's time goes</h2>"
-                f"<figure>{_stall_figure(report)}<figcaption>From DataLoader passes with {v['workers']} workers and "
-                f"the {_esc(str(lo.get('transform', '')))} transform: the data as it is "
-                f"({_fmt(v['loader_per_s'])}/s, {_esc(v.get('cache', 'warm'))})"
-                + (f" and the same samples from memory ({_fmt(memory)}/s): reading is the difference" if memory else "")
-                + "; decode and transform timed on their own, the rest is collate, IPC and the worker loop."
+                f"<figure>{_stall_figure(report)}<figcaption>{_esc(say.split_caption(v, lo, passes))}"
                 "</figcaption></figure></section>")
     body.append("<section><h2>Outputs under the disk budget</h2>"
                 f"<figure>{_formats_figure(report)}<figcaption>Predicted samples/s of each output with "

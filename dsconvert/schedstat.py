@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["thread_wait_s", "waits_of", "children", "unloaded"]
+__all__ = ["thread_wait_s", "waits_of", "children", "unloaded", "cpu_s_of"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -75,6 +75,34 @@ def waits_of(pids: Iterable[int]) -> Dict[int, Tuple[float, float]]:
             continue
         if got is not None:
             out[pid] = (max(0.0, now - started), got[1] / 1e9)
+    return out
+
+
+def cpu_s_of(pids: Iterable[int]) -> Dict[int, float]:
+    """For each live process in ``pids``: the CPU seconds all its threads have run so far (on
+    CPU, from schedstat; from ``/proc/<pid>/stat``'s ticks where schedstat is off). CPU time is
+    what a sample costs whatever else runs on the machine: load makes a worker wait, not work."""
+    out: Dict[int, float] = {}
+    for pid in pids:
+        total, known = 0.0, False
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            got = _read(f"/proc/{pid}/task/{tid}/schedstat")
+            if got is not None:
+                total += got[0] / 1e9
+                known = True
+        if not known:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total, known = (int(fields[11]) + int(fields[12])) / _TICKS, True
+            except (OSError, ValueError, IndexError):
+                pass
+        if known:
+            out[pid] = total
     return out
 
 

@@ -109,6 +109,11 @@ def test_the_verdict_is_the_first_rule_of_the_table_that_holds():
     assert decide(m(input_share=0.7, wait=0.6)) == ("input-bound", "decode")  # the pool's largest
     assert decide(m(input_share=0.7, wait=0.6, worker_busy=0.3)) == ("input-bound", "ipc")  # idle workers
     assert decide(m(input_share=0.4, receive=0.3, wait=0.1)) == ("input-bound", "ipc")  # receiving > waiting
+    # ... unless the workers' loading takes more CPU than the receiving: then it is named
+    assert decide(m(input_share=0.4, receive=0.3, wait=0.1, loading_cpu=1.2, receive_cpu=0.3)) == ("input-bound",
+                                                                                                "decode")
+    assert decide(m(input_share=0.4, receive=0.3, wait=0.1, loading_cpu=0.2, receive_cpu=0.3)) == ("input-bound",
+                                                                                                "ipc")
     # without workers 15 % of the loop's own loading is enough: the fix is workers first
     assert decide(m(workers=0, input_share=0.16, own={"decode": 0.16})) == ("input-bound", "no-workers")
     assert [r.verdict for r in VERDICTS][0] == "unknown" and VERDICTS[-1].verdict == "compute-bound"

@@ -455,7 +455,7 @@ def test_a_big_folder_is_listed_in_part(tmp_path, monkeypatch):
         np.save(tmp_path / f"{i:03d}.npy", np.zeros(3, np.uint8))
     d = detect(str(tmp_path))
     assert d.kind == "npy" and d.complete is False and len(d.files) == 10
-    assert "only the first 10 entries" in d.description
+    assert "the listing stops at 10 entries (a cap): the counts before are of the first 10 entries" in d.description
 
 
 def test_symlinks_out_of_the_tree_are_not_followed(tmp_path):

@@ -78,7 +78,16 @@ def test_analyze_report_carries_the_measurements(analyzed):
     pw = v["per_worker_ms"]
     assert f"decode {_fmt(pw['decode'], ' ms')}" in texts and f"read {_fmt(pw['read'], ' ms')}" in texts
     assert any(t.startswith("free: ") for t in texts)  # the disk-budget line
-    assert ("latency-bound" in page) or ("bandwidth-bound" in page)
+    # the sweep and the fix in the same words as the text report, made from the numbers shown
+    from dsconvert.analyze import sentences
+    from dsconvert.analyze.report import render_text
+
+    text = render_text(report, tty=False)
+    sweep = [(r["readers"], r["files_per_s"]) for r in report["sweep"]]
+    said = [sentences.concurrency(sweep), sentences.concurrency_reading(sweep)]
+    said += [e for e in v["evidence"]] + ([sentences.fastest(v)] if v["recommended"] else [])
+    for sentence in said:
+        assert html.escape(sentence) in page and sentence in text, sentence
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,27 @@ def test_a_worker_sharing_its_cpu_has_its_wait_counted():
     assert schedstat.waits_of([child.pid]) == {}  # gone: nothing to read
 
 
+@linux
+def test_cpu_time_counts_work_not_waiting():
+    """A child that computes gains CPU seconds; one that sleeps does not, however long it lives:
+    the per-sample cost analyze decides on counts work, which load does not add to."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)\n"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline and schedstat.cpu_s_of([busy.pid]).get(busy.pid, 0.0) < 0.4:
+            time.sleep(0.1)
+        got = schedstat.cpu_s_of([busy.pid, idle.pid])
+        assert got[busy.pid] >= 0.4
+        assert got[idle.pid] < 0.3  # the interpreter's start, then nothing while it sleeps
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    assert schedstat.cpu_s_of([busy.pid]) == {}
+
+
 def test_no_such_process():
     assert schedstat.waits_of([2 ** 22 + 12345]) == {}
     assert schedstat.children(2 ** 22 + 12345) == []

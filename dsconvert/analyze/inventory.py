@@ -3,10 +3,20 @@
 scandir in parallel threads (directory listing and stat release the GIL, and on network
 storage the round trips overlap), stopping at a time budget with an honest estimate of
 what the rest of the tree holds.
+
+In bounded memory, whatever the tree's size: counts and bytes are running totals, sizes go
+into a fixed power-of-two histogram (exact counts) and a sample of at most ``keep_entries``
+files, chosen as the ones whose path hashes lowest (a bottom-k sample: uniform, and the same
+files whatever order the threads list them in), from which the size quantiles come (exact up
+to that many files; p0 and p100 always exact). Fan-out is a histogram of files per folder;
+samples are counted per folder (distinct stems). Only folder names are kept for every folder.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import heapq
 import os
 import stat as stat_mod
 import time
@@ -21,9 +31,11 @@ from ..io.localfs import is_latency_bound
 from ..io.location import mtime_ns_of
 from ..source.folders import LIST_SUFFIXES, FolderListing, is_ignored, looks_like_image_folder
 
-__all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram"]
+__all__ = ["Inventory", "take_inventory", "quantiles", "size_histogram", "counted_quantiles", "listings_for",
+           "KEEP_ENTRIES"]
 
 LAYOUT_FOLDERS = 256
+KEEP_ENTRIES = 50_000  # files kept for sampling (and the size quantiles), whatever the tree's size
 
 
 def quantiles(values: Sequence[float], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Dict[str, float]:
@@ -32,6 +44,48 @@ def quantiles(values: Sequence[float], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Di
         return {}
     found = np.quantile(np.asarray(values, dtype=np.float64), qs, method="linear")
     return {f"p{q * 100:g}": float(v) for q, v in zip(qs, found)}
+
+
+def counted_quantiles(counts: Dict[int, int], qs=(0.0, 0.1, 0.5, 0.9, 0.99, 1.0)) -> Dict[str, float]:
+    """:func:`quantiles` of the values a histogram ``{value: count}`` holds, without expanding it."""
+    n = sum(counts.values())
+    if not n:
+        return {}
+    values = sorted(counts)
+    ends = []  # the index one past each value's last occurrence
+    total = 0
+    for v in values:
+        total += counts[v]
+        ends.append(total)
+
+    def at(i: int) -> float:
+        return float(values[bisect.bisect_right(ends, i)])
+
+    out = {}
+    for q in qs:
+        h = (n - 1) * q
+        lo = int(h)
+        out[f"p{q * 100:g}"] = at(lo) + (h - lo) * (at(min(lo + 1, n - 1)) - at(lo))
+    return out
+
+
+class BottomK:
+    """The ``k`` items whose keys hash lowest: a uniform sample of a stream of unknown length in
+    O(k) memory, the same whatever order the stream comes in."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.heap: List[Tuple[int, str, int]] = []  # (-hash, key, size): the largest hash on top
+
+    def add(self, key: str, size: int) -> None:
+        h = int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "big")
+        if len(self.heap) < self.k:
+            heapq.heappush(self.heap, (-h, key, size))
+        elif self.k and h < -self.heap[0][0]:
+            heapq.heapreplace(self.heap, (-h, key, size))
+
+    def items(self) -> List[Tuple[str, int]]:
+        return sorted((key, size) for _, key, size in self.heap)
 
 
 def size_histogram(sizes: List[int]) -> List[Dict[str, int]]:
@@ -56,13 +110,16 @@ class Inventory:
     size_quantiles: Dict[str, float] = field(default_factory=dict)
     fanout_quantiles: Dict[str, float] = field(default_factory=dict)  # files per folder
     size_histogram: List[Dict[str, int]] = field(default_factory=list)  # [{le: bytes, count}], log2 bins
-    entries: List[Tuple[str, int]] = field(default_factory=list)  # (relative path, size)
-    listings: List[FolderListing] = field(default_factory=list)  # per folder walked, the root first
+    stems: int = 0  # distinct (folder, name up to its last dot): the samples of a flat layout
+    sampled: bool = False  # entries is a sample of the files (more than keep_entries of them)
+    entries: List[Tuple[str, int]] = field(default_factory=list)  # (relative path, size): all, or a bottom-k sample
+    listings: List[FolderListing] = field(default_factory=list)  # the first LAYOUT_FOLDERS folders by name
+    folders: List[str] = field(default_factory=list)  # every folder walked (relative), sorted
 
     def to_dict(self) -> Dict:
         d = dict(self.__dict__)
-        d.pop("entries")
-        d.pop("listings")
+        for key in ("entries", "listings", "folders"):
+            d.pop(key)
         return d
 
 
@@ -133,12 +190,13 @@ def _estimate_rest(inv: Inventory, root: str, pending: List[str], threads: int, 
 
 
 def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] = None,
-                   keep_entries: int = 2_000_000, progress: Optional[Callable[[int], None]] = None,
+                   keep_entries: int = KEEP_ENTRIES, progress: Optional[Callable[[int], None]] = None,
                    fs: Any = None) -> Inventory:
     """Walk ``root`` for at most ``time_budget`` seconds; see the module doc. ``threads``
     defaults to 16 on latency-bound storage (NFS, FUSE, object stores), where listings overlap
     their round trips, and 2 on local disks, where more threads only contend for the GIL.
-    With ``fs`` (an fsspec file system), ``root`` is a path within it."""
+    With ``fs`` (an fsspec file system), ``root`` is a path within it. ``keep_entries`` bounds
+    the files kept (see the module doc)."""
     root = root.rstrip("/") if fs is not None else os.path.abspath(root)
     lister = _lister_remote(fs) if fs is not None else _list
     if threads is None:
@@ -156,10 +214,14 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
     else:
         st = os.stat(root)
         seen = {(st.st_dev, st.st_ino)}
-    sizes: List[int] = []
-    fanout: List[float] = []
+    kept = BottomK(keep_entries)
+    bins: Counter = Counter()  # power-of-two size bins: exact counts in O(64)
+    smallest: Optional[int] = None
+    largest = 0
+    fanout: Counter = Counter()  # files per folder -> folders
     exts: Counter = Counter()
-    listings: List[FolderListing] = []
+    listings: List[FolderListing] = []  # the LAYOUT_FOLDERS first by name, kept sorted
+    folders: List[str] = []
     pending_dirs: List[str] = []
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dsconvert-inventory") as pool:
         running = {pool.submit(lister, root, ""): ""}
@@ -171,14 +233,19 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
                 rel, files, subdirs = fut.result()
                 inv.dirs += 1
                 inv.max_depth = max(inv.max_depth, rel.count("/") + 1 if rel else 0)
-                fanout.append(len(files))
-                listings.append(FolderListing(rel, sorted(files)))
+                fanout[len(files)] += 1
+                folders.append(rel)
+                if len(listings) < LAYOUT_FOLDERS or rel < listings[-1].rel:
+                    bisect.insort(listings, FolderListing(rel, sorted(files)), key=lambda d: d.rel)
+                    del listings[LAYOUT_FOLDERS:]
+                inv.stems += len({name.rpartition(".")[0] or name for name, _, _ in files})
                 for name, size, _ in files:
-                    sizes.append(size)
+                    bins[max(0, int(size) - 1).bit_length()] += 1
+                    smallest = size if smallest is None else min(smallest, size)
+                    largest = max(largest, size)
                     inv.bytes += size
                     exts[name.rpartition(".")[2].lower() if "." in name else ""] += 1
-                    if len(inv.entries) < keep_entries:
-                        inv.entries.append((f"{rel}/{name}" if rel else name, size))
+                    kept.add(f"{rel}/{name}" if rel else name, size)
                 inv.files += len(files)
                 if progress is not None:
                     progress(len(files))
@@ -201,13 +268,26 @@ def take_inventory(root: str, time_budget: float = 30.0, threads: Optional[int] 
         _estimate_rest(inv, root, pending_dirs, threads, lister=lister)
     inv.seconds = time.perf_counter() - started
     inv.extensions = dict(exts.most_common())
-    inv.size_quantiles = quantiles(sizes)
-    inv.size_histogram = size_histogram(sizes)
-    inv.fanout_quantiles = quantiles(fanout)
-    listings.sort(key=lambda d: d.rel)
+    inv.entries = kept.items()
+    inv.sampled = len(inv.entries) < inv.files
+    inv.size_quantiles = quantiles([s for _, s in inv.entries])
+    if inv.size_quantiles:  # the ends are known exactly, sampled or not
+        inv.size_quantiles["p0"], inv.size_quantiles["p100"] = float(smallest or 0), float(largest)
+    inv.size_histogram = [{"le": 1 << k, "count": bins[k]} for k in sorted(bins)]
+    inv.fanout_quantiles = counted_quantiles(fanout)
     inv.listings = listings
-    inv.entries.sort()
+    inv.folders = sorted(folders)
     # the layout test reads every name; a few hundred folders (the root first) decide it
     if listings and looks_like_image_folder(listings[:LAYOUT_FOLDERS]):
         inv.layout = "imagefolder"
     return inv
+
+
+def listings_for(inv: Inventory, picked: Sequence[str], fs: Any = None) -> List[FolderListing]:
+    """The listings :func:`dsconvert.analyze.loader.sample_source` builds the sample's source
+    from: each folder of a picked file listed again (a flat sample's other files are its
+    siblings), and every other folder the walk saw, empty (an ImageFolder's classes)."""
+    lister = _lister_remote(fs) if fs is not None else _list
+    wanted = sorted({p.rpartition("/")[0] for p in picked})
+    listed = {rel: FolderListing(rel, sorted(files)) for rel, files, _ in (lister(inv.root, rel) for rel in wanted)}
+    return [listed.get(rel) or FolderListing(rel, []) for rel in sorted(set(inv.folders) | set(listed))]

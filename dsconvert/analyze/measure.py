@@ -99,21 +99,49 @@ def read_pass(paths: Sequence[str], cold: bool, order: str = "sequential", seed:
     return out
 
 
+SWEEP_ROUNDS = (2, 4)  # the sweep's rounds: at least 2, more while a level's rounds disagree by more than SWEEP_SPREAD
+SWEEP_SPREAD = 0.2
+
+
 def concurrency_sweep(paths: Sequence[str], levels: Sequence[int] = (1, 2, 4, 8, 16),
-                      reader: Reader = LOCAL) -> List[Dict]:
+                      reader: Reader = LOCAL, rounds: Tuple[int, int] = SWEEP_ROUNDS) -> List[Dict]:
     """Cold reads of the same files by 1, 2, 4, ... threads: throughput that grows with readers
-    means latency-bound storage (parallelism hides it); flat means bandwidth (or CPU) bound."""
+    means latency-bound storage (parallelism hides it); flat means bandwidth (or CPU) bound.
+
+    A storage rate is a wall rate, which other work on the machine (and on the storage) moves:
+    the levels are read in rounds (each round every level once, interleaved), at least
+    ``rounds[0]`` and up to ``rounds[1]`` while some level's rounds differ by more than
+    ``SWEEP_SPREAD`` of their median. A level's row is its median round, with every round's
+    files/s and MB/s beside it (``files_per_s_runs``, ``mb_per_s_runs``): the spread is known."""
+    runs: Dict[int, List[Dict]] = {n: [] for n in levels}
+    done = 0
+    while done < rounds[0] or (done < rounds[1] and any(_spread([r["files_per_s"] for r in rs]) > SWEEP_SPREAD
+                                                         for rs in runs.values())):
+        for n in levels:
+            reader.evict(paths)
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                t = time.perf_counter()
+                results = list(pool.map(lambda p: _read(p, reader), paths))
+                wall = time.perf_counter() - t
+            runs[n].append(_summary(results, wall, min(n, len(paths))))
+        done += 1
     out = []
     for n in levels:
-        reader.evict(paths)
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            t = time.perf_counter()
-            results = list(pool.map(lambda p: _read(p, reader), paths))
-            wall = time.perf_counter() - t
-        row = _summary(results, wall, min(n, len(paths)))
+        rs = sorted(runs[n], key=lambda r: r["files_per_s"])
+        row = dict(rs[(len(rs) - 1) // 2])  # the median round (the lower of two)
         row["readers"] = n
+        row["files_per_s_runs"] = [r["files_per_s"] for r in runs[n]]
+        row["mb_per_s_runs"] = [r["mb_per_s"] for r in runs[n]]
         out.append(row)
     return out
+
+
+def _spread(values: Sequence[float]) -> float:
+    """(max - min) / median: how far repeated measurements of one rate disagree."""
+    if len(values) < 2:
+        return 0.0
+    mid = float(np.median(values))
+    return (max(values) - min(values)) / mid if mid > 0 else 0.0
 
 
 def fit_fixed_cost(latencies_ms: Sequence[float], sizes: Sequence[int],

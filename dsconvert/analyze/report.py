@@ -7,29 +7,37 @@ DataLoader passes; ``read.fixed_ms_per_file`` may be null (not determined):
     schema, schema_version, source, seconds
     storage      {kind, fstype, mount, latency_bound}
     inventory    {files, bytes, dirs, complete, estimated_files, estimated_bytes, seconds,
-                  max_depth, layout, extensions{ext: n}, size_quantiles{p0..p100},
-                  fanout_quantiles{p0..p100}, size_histogram[{le, count}] (power-of-two bins)}
+                  max_depth, layout, extensions{ext: n}, size_quantiles{p0..p100} (from a sample of
+                  at most 50,000 files chosen by their paths' hash; p0 and p100 exact),
+                  fanout_quantiles{p0..p100}, size_histogram[{le, count}] (power-of-two bins,
+                  exact), stems (distinct names up to the last dot, per folder), sampled}
     sample       {files, images, seed, strata}
     read         {cold_sequential, cold_random, warm: {files, bytes, seconds, files_per_s,
                   mb_per_s, latency_ms{p50,p90,p99}, latency_mean_ms, latencies_ms[] (per file,
                   in read order)}, fixed_ms_per_file, fit_bandwidth_mb_s}
-    sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}}]
+    sweep        [{readers, files_per_s, mb_per_s, latency_ms{...}, files_per_s_runs[], mb_per_s_runs[]}]
+                  (each level's median round, and every round's rates: at least 2 rounds)
     decode       {per_codec{codec: {library: {ms, mp_per_s, images, share}}},
                   per_sample_ms{library: ms}, images{width, height, megapixels, ...},
                   npy_load_ms?, npy_not_loaded? (how many .npy files
                   were not loaded, and why), pickle? (why it was not measured)}
-    detected     {kind, description, reader, convertible, advice, num_samples, files (count), ...}
+    detected     {kind, description, reader, convertible, advice, num_samples, files (count; the
+                  inventory's where detect's listing stopped at its cap), files_listed, ...}
     loader       {workers, transform, cache (the passes predictions use: warm when the data
                   fits in half the page cache), passes{name: {cold?, warm, bytes_per_sample,
-                  samples, format?, decode?, options?}}}: name "source" (as it is), "from memory",
-                  and each output made from the sample
+                  samples, format?, decode?, options?, warm_cpu_ms?, warm_main_cpu_ms? (CPU ms per
+                  sample in the steady state: the workers' together, the main process's)}}}: name
+                  "source" (as it is), "from memory", and each output made from the sample
     disk         {output_dir, free_bytes}
     measurements the verdict's input (dsconvert.analyze.verdict.Measurements)
-    verdict      {bottleneck (storage-latency | small-files | storage-bandwidth | decode | transform |
-                  none | unknown), summary, evidence[], commands[], alternative[], per_worker_ms{read,
-                  overhead, decode, transform, other, total}, workers, loader_per_s,
-                  predicted_per_s{option: n}, output_bytes{option: n}, fits{option: bool},
-                  recommended, predicted_speedup, keeps_up, cache, read_share, notes[]}
+    verdict      {bottleneck (what limits loading: storage-latency | small-files | storage-bandwidth |
+                  decode | transform | collate-ipc; none when a --target is met; unknown), limit (the
+                  same, target or not), summary, evidence[], commands[], alternative[],
+                  per_worker_ms{read, overhead, decode, transform, other, total} (they add up),
+                  workers, loader_per_s, predicted_per_s{option: n}, predicted_range{option: [low,
+                  high]}, output_bytes{option: n}, fits{option: bool}, recommended (the fix, or
+                  null), predicted_speedup, speedup_range [low, high], equal_alternatives[] (outputs
+                  within the recommended one's range), keeps_up, cache, read_share, notes[]}
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from ..units import format_size
+from . import sentences as say
 
 __all__ = ["render_text", "render_json"]
 
@@ -77,9 +86,7 @@ def render_text(report: Dict[str, Any], tty: Optional[bool] = None) -> str:
         for c in v["alternative"]:
             add(f"  {c}")
     if v["recommended"]:
-        add(f"  fastest output that fits: {v['recommended']}, measured {v['predicted_per_s'][v['recommended']]:,.0f} "
-            f"samples/s through a DataLoader with {v['workers']} workers: {v['predicted_speedup']:.1f}x today's "
-            f"{v['loader_per_s']:,.0f}")
+        add(f"  {say.fastest(v)}")
     for n in v["notes"]:
         add(f"  note: {n}")
     add("")
@@ -107,8 +114,9 @@ def render_text(report: Dict[str, Any], tty: Optional[bool] = None) -> str:
     fixed = rd["fixed_ms_per_file"]
     add(f"  per-file fixed cost {fixed:.3f} ms (cold; fitted latency = fixed + size / bandwidth)" if fixed is not None
         else "  per-file fixed cost not determined: the sampled files have about one size")
-    add("  concurrency (cold): "
-        + ", ".join(f"{r['readers']} -> {r['files_per_s']:,.0f} files/s" for r in report["sweep"]))
+    sweep = [(r["readers"], r["files_per_s"]) for r in report["sweep"]]
+    add(f"  concurrency (cold): {say.concurrency(sweep)}" + (f": {say.concurrency_reading(sweep)}"
+                                                             if len(sweep) > 1 else ""))
     add("")
     dec = report["decode"]
     add(bold("decode cost (from memory)"))
@@ -137,19 +145,23 @@ def render_text(report: Dict[str, Any], tty: Optional[bool] = None) -> str:
         add(bold(f"DataLoader passes ({lo['workers']} workers, transform {lo['transform']}; predictions use the "
                  f"{lo['cache']} passes; free at {report['disk']['output_dir']}: "
                  f"{format_size(free) if free is not None else 'unknown'})"))
-        add(f"  {'':36s}{'cold/s':>10s}{'warm/s':>10s}{'vs as is':>10s}{'full size':>12s}")
+        # measured (cold, warm: wall rates less other processes' CPU), the workers' CPU per sample, and
+        # the prediction the verdict uses with the gain it states: the same figures
+        add(f"  {'':36s}{'cold/s':>10s}{'warm/s':>10s}{'CPU ms':>9s}{'predicted/s':>13s}{'vs as is':>10s}"
+            f"{'full size':>12s}")
         base = v["loader_per_s"]
         for name, row in passes.items():
             label = "as it is" if name == "source" else name
-            rate = row.get(lo["cache"]) or row.get("warm") or 0.0
-            vs = f"{rate / base:.2f}x" if base and name != "source" else ""
+            predicted = base if name == "source" else v["predicted_per_s"].get(name)
+            vs = f"{predicted / base:.2f}x" if base and predicted and name != "source" else ""
             size = v["output_bytes"].get(name)
             fit = "" if v["fits"].get(name, True) else " (does not fit)"
             cold = f"{row['cold']:10,.0f}" if "cold" in row else f"{'-':>10s}"
-            add(f"  {label[:35]:36s}{cold}{row.get('warm', 0.0):10,.0f}{vs:>10s}"
-                f"{format_size(size) if size else '':>12s}{fit}")
-        add(f"  per sample in one worker: read {pw['read'] + pw['overhead']:.3f} ms + decode {pw['decode']:.3f} ms + "
-            f"transform {pw.get('transform', 0.0):.3f} ms + other {pw.get('other', 0.0):.3f} ms = {pw['total']:.3f} ms")
+            cpu = f"{row['warm_cpu_ms']:9.3f}" if row.get("warm_cpu_ms") else f"{'-':>9s}"
+            shown = f"{predicted:,.0f}" if predicted else "-"
+            add(f"  {label[:35]:36s}{cold}{row.get('warm', 0.0):10,.0f}{cpu}"
+                f"{shown:>13s}{vs:>10s}{format_size(size) if size else '':>12s}{fit}")
+        add(f"  {say.breakdown(pw)}")
     if v["keeps_up"] is not None:
         add(_style(f"target: {'the loader keeps up' if v['keeps_up'] else 'the loader cannot keep up'}",
                    "32" if v["keeps_up"] else "31", tty))

@@ -46,9 +46,12 @@ Off-CPU time (from the recording without ``--idle``) inside decode or unpickle i
 waiting for the file's bytes (Pillow and pickle read lazily), so it is counted as ``read``.
 
 Verdicts. With workers, the bottleneck is the workers' largest category, or ``ipc`` when the
-workers are mostly idle or the loop spends more time receiving batches than waiting for
-them; a loop that spends ``IPC_SHARE`` (20 %) or more receiving batches gets the IPC finding
-and fixes even when IPC is not the bottleneck. Without workers, a loop that loads its own
+workers are mostly idle, or when the loop spends more time receiving batches than waiting for
+them and that receiving takes at least the CPU the workers' largest loading category takes (all
+workers together: per-file loading in two workers can outweigh the hand-over, and is then what
+the fix removes; both CPU figures are in the evidence); a loop that spends ``IPC_SHARE``
+(20 %) or more receiving batches gets the IPC finding and fixes even when IPC is not the
+bottleneck. Without workers, a loop that loads its own
 data is ``no-workers``: the first fix is ``DataLoader(..., num_workers=N)`` with N the CPUs
 available, then what the workers would still be bound by (``bound_by``: the category of the
 main thread's data work). A ``dsconvert shard`` command is suggested only for a dataset
@@ -393,7 +396,14 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     pool = {k: v["share"] for k, v in work.items() if k in DATA_CATEGORIES} if workers else {}
     for k, v in own.items():
         pool[k] = pool.get(k, 0.0) + v
-    verdict, bottleneck = decide(Measured(n_main, input_share, own, len(workers), worker_busy, receive, wait, pool))
+    # CPU, in CPUs: the workers' largest loading category (all of them together) and the loop's receiving
+    loading = {k: v["share"] * v["cpu_share"] * len(workers) for k, v in work.items()
+               if k in DATA_CATEGORIES and k not in ("ipc", "collate")} if workers else {}
+    loading_key = max(loading, key=loading.__getitem__) if loading else None
+    loading_cpu = loading[loading_key] if loading_key else 0.0
+    receive_cpu = sum(main.get(k, {}).get("share", 0.0) * main.get(k, {}).get("cpu_share", 0.0) for k in receiving)
+    verdict, bottleneck = decide(Measured(n_main, input_share, own, len(workers), worker_busy, receive, wait, pool,
+                                          loading_cpu, receive_cpu))
     evidence: List[str] = []
     if verdict == "unknown":
         return Diagnosis("unknown", None, "too few samples of the training loop's main thread to decide; "
@@ -409,6 +419,10 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     else:
         evidence.append("no DataLoader worker processes: the main process loads its own data (num_workers=0)")
     ipc_finding = bool(workers) and receive >= IPC_SHARE
+    if loading_key and receive > 0:  # the two CPU figures the ipc rule compares, both said
+        evidence.append(f"CPU: the workers' {_NAMES.get(loading_key, loading_key)} {loading_cpu:.2f} CPUs, the "
+                        f"training loop's receiving of batches {receive_cpu:.2f} CPUs: "
+                        + ("loading is the larger" if loading_cpu > receive_cpu else "receiving is the larger"))
     if ipc_finding:
         received: Dict[str, float] = {}
         for k in receiving:

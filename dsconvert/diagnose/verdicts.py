@@ -36,6 +36,10 @@ class Measured:
     receive: float  # the loop's time receiving batches (ipc, pin, and collate with workers)
     wait: float  # the loop's time waiting for a batch
     pool: Dict[str, float]  # the data categories' shares: the workers' plus the main thread's own
+    # CPU, in CPUs (seconds on a CPU per second): the workers' in their largest loading category
+    # (all workers together), and the main thread's receiving batches. 0.0: not measured
+    loading_cpu: float = 0.0
+    receive_cpu: float = 0.0
 
     @property
     def input_bound(self) -> bool:
@@ -63,9 +67,10 @@ VERDICTS: Tuple[VerdictRule, ...] = (
                 "no workers: the loop loads its own data"),
     VerdictRule("input-bound", "ipc",
                 lambda q: q.input_bound and (not q.pool or (bool(q.workers) and (
-                    q.worker_busy < BUSY_WORKERS or q.receive > q.wait))),
+                    q.worker_busy < BUSY_WORKERS or (q.receive > q.wait and q.receive_cpu >= q.loading_cpu)))),
                 "the workers are mostly idle, or the loop spends more time receiving batches than waiting "
-                "for them: the transfer, not the workers' loading, holds the loop up"),
+                "for them and receiving takes at least the CPU the workers' loading does: the transfer, not the "
+                "workers' loading, holds the loop up"),
     VerdictRule("input-bound", LARGEST, lambda q: q.input_bound, "the loaders' largest category"),
     VerdictRule("compute-bound", None, lambda q: True, "the input pipeline keeps up"),
 )

@@ -107,6 +107,23 @@ class Pickles(torch.utils.data.Dataset):
         return torch.from_numpy(arr[:32, :32].copy()), label
 
 
+class NpyFiles(torch.utils.data.Dataset):
+    """Small arrays saved one per file with np.save, np.load-ed one per sample."""
+
+    def __init__(self, root, transform=None):
+        self.paths = sorted(os.path.join(d, n) for d, _, names in os.walk(root) for n in names if n.endswith(".npy"))
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        arr = np.load(self.paths[i])
+        if self.transform is not None:
+            arr = self.transform(arr)
+        return torch.from_numpy(arr), i % 3
+
+
 class InMemory(torch.utils.data.Dataset):
     """Images generated into memory at start: no data file is ever open."""
 
@@ -143,6 +160,7 @@ def main():
     p.add_argument("--print-rate", action="store_true")
     p.add_argument("--augment", choices=sorted(AUGMENTS))
     p.add_argument("--pickles", action="store_true")
+    p.add_argument("--npy", action="store_true", help="--data holds .npy arrays, np.load-ed one per sample")
     p.add_argument("--in-memory", type=int, metavar="N", help="N random 1200x1600 images held in memory, no --data")
     args = p.parse_args()
     if (args.data is None) == (args.in_memory is None):
@@ -157,6 +175,8 @@ def main():
                                     transform=lambda a: torch.from_numpy(np.ascontiguousarray(a[:32, :32])))
     elif args.pickles:
         ds = Pickles(args.data, transform)
+    elif args.npy:
+        ds = NpyFiles(args.data, transform)
     else:
         ds = Folder(args.data, transform)
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch, num_workers=args.workers, shuffle=True,

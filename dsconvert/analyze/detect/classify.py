@@ -227,7 +227,8 @@ def _detect_entries(store: Store, root: str, entries: List[Entry], walk: Walk,
         extra.append(f"{len(bad):,} of the {read:,} files read {'is' if len(bad) == 1 else 'are'} damaged "
                      f"({first}{'; ...' if len(bad) > 1 else ''})")
     if not walk.complete:
-        extra.append(f"only the first {limits.MAX_ENTRIES:,} entries of the folder were listed")
+        extra.append(f"the listing stops at {limits.MAX_ENTRIES:,} entries (a cap): the counts before are of the "
+                     f"first {limits.MAX_ENTRIES:,} entries, not of the whole folder")
     if walk.outside_links:
         extra.append(f"{len(walk.outside_links):,} symlinks out of the tree not followed")
     if extra:
