@@ -23,8 +23,9 @@ column is two: ``NAME.ends`` (end offsets) and ``NAME.blob`` (UTF-8 bytes). Per 
 record keeps ``keys``, ``labels``, ``positions``, each member column of wds shards
 (``members/FIELD/offset``, ``/size``, ``/raw_size``), and the source paths with their
 [size, mtime_ns]: ``sources.count`` per sample, then per path an id into a table of distinct
-strings (a path that starts with its sample's key is stored as the rest of it, so the
-table of an ImageFolder's paths holds ".JPEG" once), ``stats.size`` and ``stats.mtime``.
+strings (a path that holds its sample's key is stored as what stands around it, so the table
+of an ImageFolder's paths holds ".JPEG" once, a tar's "part-000.tar/" and ".jpg"),
+``stats.size`` and ``stats.mtime``.
 
 Nothing in a record is trusted: the header is bounded and checked, every column must lie
 inside the file with the count its name implies, and readers bound every value they use.
@@ -115,10 +116,16 @@ def encode_record(d: Dict[str, Any]) -> bytes:
     ids = []
     for key, paths in zip(d["keys"], sources):
         for path in paths:
-            # "\x00" + the rest of a path that starts with the key; "\x01" escapes a path that itself
-            # starts with either marker (no file system path does, an object key may)
-            stored = ("\x00" + path[len(key):] if path.startswith(key)
-                      else "\x01" + path if path[:1] in ("\x00", "\x01") else path)
+            # a path holding its sample's key is stored as "\x00" + what stands before the key +
+            # "\x00" + what follows it (ImageFolder: "", ".JPEG"; a tar's member: "part-000.tar/",
+            # ".jpg"): a handful of distinct strings a shard. "\x01" escapes a path that starts
+            # with either marker (no file system path does, an object key may)
+            at = path.rfind(key) if key else -1
+            before, after = (path[:at], path[at + len(key):]) if at >= 0 else ("", "")
+            if at >= 0 and "\x00" not in before and "\x00" not in after:
+                stored = "\x00" + before + "\x00" + after
+            else:
+                stored = "\x01" + path if path[:1] in ("\x00", "\x01") else path
             ids.append(table.setdefault(stored, len(table)))
     strings("sources.table", list(table))
     ints("sources.id", ids)
@@ -340,7 +347,11 @@ class Columns:
             paths = []
             for i in ids[at: at + c].tolist():
                 s = table[i]
-                paths.append(key + s[1:] if s.startswith("\x00") else s[1:] if s.startswith("\x01") else s)
+                if s.startswith("\x00"):
+                    before, _, after = s[1:].partition("\x00")
+                    paths.append(before + key + after)
+                else:
+                    paths.append(s[1:] if s.startswith("\x01") else s)
             out.append(paths)
             at += c
         return out
