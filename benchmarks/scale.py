@@ -9,7 +9,9 @@ Then, each in a fresh process: ``dsconvert verify`` (peak RSS by ``wait4``), a m
 ``DataLoader(open_dataset(out, decode="raw"), shuffle=True, batch_size=64, num_workers=2,
 persistent_workers=True)`` read for 20 batches, and the same with ``stream=True``: the time
 to open, the time to the first batch, and each worker's private memory
-(``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup``) after the 20 batches. The
+(``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup``; the clean part is file pages
+only this worker has mapped, such as the records it opened, which the kernel can drop; the dirty
+part is its own) after the 20 batches. The
 records on disk are measured per sample. Growth per sample is the difference between two
 sizes over the difference in samples; the exponent is log(ratio of values) / log(ratio of
 sizes); the extrapolation to 14M and 400M is linear in the largest growth.
@@ -152,11 +154,11 @@ import torch
 from torch.utils.data import DataLoader
 from dsconvert import open_dataset
 
-def private(pid):
+def private(pid, kinds=("Private_Clean:", "Private_Dirty:")):
     total = 0
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            if line.startswith(kinds):
                 total += int(line.split()[1]) * 1024
     return total
 
@@ -177,7 +179,9 @@ while batches < 20:  # epochs again where the dataset is short (the workers pers
             break
 pids = [w.pid for w in loader._iterator._workers]
 print(json.dumps({"open_seconds": opened, "first_batch_seconds": first,
-                  "worker_private": [private(p) for p in pids], "main_rss": private(os.getpid())}))
+                  "worker_private": [private(p) for p in pids],
+                  "worker_private_dirty": [private(p, ("Private_Dirty:",)) for p in pids],
+                  "main_rss": private(os.getpid())}))
 """
 
 
@@ -212,6 +216,8 @@ FIGURES = (("conversion parent, peak RSS", lambda r: r["convert_parent_rss"]),
            ("conversion worker, peak RSS", lambda r: r["convert_worker_rss"]),
            ("verify, peak RSS", lambda r: r["verify_rss"]),
            ("map-style worker, private after 20 batches", lambda r: max(r["map"]["worker_private"])),
+           ("... of which dirty (not the page cache's)",
+            lambda r: max(r["map"].get("worker_private_dirty") or r["map"]["worker_private"])),
            ("stream worker, private after 20 batches", lambda r: max(r["stream"]["worker_private"])),
            ("shard records on disk", lambda r: r["record_bytes"]))
 
