@@ -218,7 +218,7 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
 
 class _OrderCheck:
     """A shuffled output's order file, checked in bounded memory: its checksum streamed, that it
-    is a permutation (a bitmap of N bits, not a set), and that it agrees with the source
+    is a permutation (a byte map of N, not a set), and that it agrees with the source
     positions the shard records hold: the order lists the stored places by source position
     (``argsort`` of the positions in stored order), so the positions read through it rise
     strictly. One int64 a sample is kept (each stored place's position, filled shard by shard
@@ -309,17 +309,17 @@ class _OrderCheck:
 
 
 def _check_permutation(order: np.ndarray, where: str, chunk: int = 1 << 20) -> None:
-    """That ``order`` holds every position of range(len(order)) once, with a bitmap of len/8 bytes."""
+    """That ``order`` holds every position of range(len(order)) once: each marked in a byte map
+    of len bytes (a repeat leaves another unmarked), read in chunks of a mapped file."""
     n = len(order)
-    seen = np.zeros((n + 7) // 8, dtype=np.uint8)
+    seen = np.zeros(n, dtype=bool)
     for a in range(0, n, chunk):
         v = np.asarray(order[a: a + chunk], dtype=np.int64)
         if v.min() < 0 or v.max() >= n:
             raise ManifestError(f"{where}: positions outside 0..{n - 1}", where)
-        byte, bit = v >> 3, (1 << (v & 7)).astype(np.uint8)
-        if (seen[byte] & bit).any() or len(np.unique(v)) != len(v):
-            raise ManifestError(f"{where}: not a permutation (a position is repeated)", where)
-        np.bitwise_or.at(seen, byte, bit)
+        seen[v] = True
+    if not seen.all():
+        raise ManifestError(f"{where}: not a permutation (a position is repeated)", where)
 
 
 def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: List[Any], ahead: int) -> Iterator[Any]:
