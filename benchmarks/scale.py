@@ -217,7 +217,7 @@ FIGURES = (("conversion parent, peak RSS", lambda r: r["convert_parent_rss"]),
            ("verify, peak RSS", lambda r: r["verify_rss"]),
            ("map-style worker, private after 20 batches", lambda r: max(r["map"]["worker_private"])),
            ("... of which dirty (not the page cache's)",
-            lambda r: max(r["map"].get("worker_private_dirty") or r["map"]["worker_private"])),
+            lambda r: max(r["map"]["worker_private_dirty"]) if "worker_private_dirty" in r["map"] else None),
            ("stream worker, private after 20 batches", lambda r: max(r["stream"]["worker_private"])),
            ("shard records on disk", lambda r: r["record_bytes"]))
 
@@ -226,6 +226,8 @@ def growth(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per figure, bytes per sample between consecutive sizes, and the exponent."""
     out = []
     for name, get in FIGURES:
+        if any(get(r) is None for r in rows):  # not measured by the run that wrote these rows
+            continue
         steps = []
         for a, b in zip(rows, rows[1:]):
             va, vb = get(a), get(b)
@@ -284,7 +286,11 @@ def render_text(result: Dict[str, Any]) -> str:
         sizes = [f"{r['samples']:,}" for r in rows]
         lines.append("| what | " + " | ".join(sizes) + " | per sample (each step) | exponent | at 14M | at 400M |")
         lines.append("| --- |" + " --- |" * (len(sizes) + 4))
-        for (name, get), g in zip(FIGURES, data["growth"]):
+        measured = {g["figure"]: g for g in data["growth"]}
+        for name, get in FIGURES:
+            g = measured.get(name)
+            if g is None:
+                continue
             per = ", ".join(f"{s['bytes_per_sample']:,.1f} B" for s in g["steps"])
             exp = ", ".join(f"{s['exponent']:.2f}" for s in g["steps"])
             lines.append(f"| {name} | " + " | ".join(_mb(get(r)) for r in rows)
@@ -302,9 +308,7 @@ def render_text(result: Dict[str, Any]) -> str:
 
 
 def render(data: Dict[str, Any]) -> str:
-    from benchmarks.common import header
-
-    return header(data["meta"], "docs/bench/scale.json") + render_text(data) + "\n"
+    return render_text({k: v for k, v in data.items() if k != "meta"}).lstrip("\n") + "\n"
 
 
 TABLES = {"scale": {"argv": lambda a: ["--sizes", "10000", "100000", "1000000"], "render": render}}
