@@ -22,7 +22,7 @@ from .formats import get
 from .formats.base import part_of
 from .formats.columns import RECORD_SUFFIX, encode_record
 from .io.location import Location
-from .io.owner import note, owner_token, temp_noter
+from .io.owner import Owned, note, owner_token, temp_noter
 from .manifest import Manifest
 
 __all__ = ["upgrade", "needs_upgrade", "UPGRADE_HINT"]
@@ -50,8 +50,14 @@ def upgrade(out: str, storage_options: Optional[Dict[str, Any]] = None,
     old = []
     with lock:
         token = owner_token(location)
+        owned = Owned(location, token)
         for entry in manifest.shards:
             name = entry.index or ""
+            if name.endswith(RECORD_SUFFIX):  # upgraded; its JSON record is left if a run was killed after the manifest
+                left = name[: -len(RECORD_SUFFIX)] + ".index.json"
+                if location.exists(left) and owned.proves(left):  # never a file the journal does not prove ours
+                    old.append(left)
+                continue
             if not name.endswith(".index.json"):
                 continue
             data = location.read_bytes(name)
@@ -76,5 +82,6 @@ def upgrade(out: str, storage_options: Optional[Dict[str, Any]] = None,
         for name in old:
             with contextlib.suppress(FileNotFoundError):
                 location.remove(name)
-    say(f"{rewritten} shard record(s) rewritten as binary: {before:,} -> {after:,} bytes")
+    say(f"{rewritten} shard record(s) rewritten as binary: {before:,} -> {after:,} bytes"
+        + (f"; {len(old) - rewritten} left by a killed run removed" if len(old) > rewritten else ""))
     return {"records": rewritten, "removed": len(old), "bytes_before": before, "bytes_after": after}

@@ -88,6 +88,9 @@ def _check_shard(out: Location, manifest: Manifest, entry: ShardEntry) -> Tuple[
         return problems + [Problem("record", entry.name, "its index (shard record) is missing")], size, None
     except (ManifestError, NotRegularFileError) as exc:
         return problems + [Problem("record", entry.name, str(exc))], size, None
+    except OSError as exc:  # a symlink loop, a folder where the record goes, EIO...
+        return problems + [Problem("record", entry.name, f"its index (shard record) is unreadable: "
+                                   f"{exc.strerror or exc}")], size, None
     mismatched = [Problem("record", entry.name, f"the record's {field} {mine!r} differs from the manifest's "
                           f"{theirs!r}")
                   for field, mine, theirs in (("num_samples", record.d["num_samples"], entry.num_samples),
@@ -278,7 +281,10 @@ class _OrderCheck:
             return
         if self.stored is None:
             self.stored = np.full(n, -1, dtype=np.int64)
-        self.stored[start: start + len(positions)] = positions
+        try:
+            self.stored[start: start + len(positions)] = positions
+        except (OverflowError, ValueError, TypeError):  # an older JSON record's position past int64
+            self.mismatch = True
 
     def finish(self) -> List[Problem]:
         if self.manifest.order is None:

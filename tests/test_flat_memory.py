@@ -167,6 +167,33 @@ def test_a_shard_replaced_after_open_is_refused_naming_it(twin, read):
         READS[read](a)
 
 
+@pytest.mark.parametrize("classes", [["\u00e4", "\u00f6", "\u00fc", "\u00e9"],  # names alike once ASCII'd
+                                     ["x" * 120 + c for c in "abcd"]])  # alike in their first 100 bytes
+def test_a_replaced_shard_whose_names_differ_only_in_a_pax_record_is_refused(tmp_path, classes):
+    """Member names that a tar's ustar header cannot tell apart (non-ASCII, or past 100 bytes):
+    their PAX record holds the whole name, and it is checked too."""
+    blob = encode(Image.new("RGB", (16, 16), (20, 130, 60)), quality=80)
+    src = tmp_path / "src"
+    for c in classes:
+        os.makedirs(src / c)
+        for i in range(6):
+            (src / c / f"{i:03d}.jpg").write_bytes(blob)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    convert(str(src), a, samples_per_shard=24, workers=1, seed=0)
+    convert(str(src), b, samples_per_shard=24, workers=1, seed=1)
+    expected = [open_dataset(a, decode="raw")[i] for i in range(24)]
+    assert sorted(label for _, label in expected) == [0] * 6 + [1] * 6 + [2] * 6 + [3] * 6
+    _replace_shards(a, b)
+    reads = [lambda: [open_dataset(a, decode="raw")[i] for i in range(24)],
+             lambda: [open_dataset(a, decode="buffer")[i] for i in range(24)],
+             lambda: open_dataset(a, decode="raw", prefetch=True).__getitems__(list(range(24))),
+             lambda: list(open_dataset(a, decode="raw", stream=True)),
+             lambda: list(open_dataset(a, decode="buffer", stream=True))]
+    for read in reads:
+        with pytest.raises(ManifestError, match="header names"):
+            read()
+
+
 def test_a_shard_replaced_under_an_open_dataset_is_refused_when_reopened(twin):
     a, b = twin
     ds = open_dataset(a, decode="raw", max_open_shards=1)
@@ -185,10 +212,17 @@ def test_tar_headers_are_checked_for_name_and_size():
 
     from dsconvert.formats.wds import _header_problem
 
-    def header(name, size):
+    def header(name, size, whole=False):
         info = tarfile.TarInfo(name)
         info.size = size
-        return info.tobuf(tarfile.PAX_FORMAT)[-512:]
+        buf = info.tobuf(tarfile.PAX_FORMAT)
+        return buf if whole else buf[-512:]
+
+    # names a ustar header cannot tell apart: the PAX record (read with it) can
+    for mine, other in (("\u00e4/x.jpg", "\u00f6/x.jpg"), ("d" * 120 + "/a.jpg", "d" * 120 + "/b.jpg"),
+                        ("k\udcff.jpg", "k\udcfe.jpg")):
+        assert _header_problem(header(mine, 5, whole=True), mine, 5) is None
+        assert _header_problem(header(other, 5, whole=True), mine, 5) == "its PAX header names another member"
 
     assert _header_problem(header("k1.jpg", 10), "k1.jpg", 10) is None
     assert "names" in _header_problem(header("k2.jpg", 10), "k1.jpg", 10)
@@ -267,3 +301,100 @@ def test_upgrade_refuses_a_record_that_is_not_the_manifests(tmp_path):
     with pytest.raises(ManifestError, match="sha256 differs"):
         upgrade(out)
     assert any(n.endswith(".index.json") for n in os.listdir(out))  # the manifest still names them
+
+
+# --- what an attack on the records found ------------------------------------------------------
+
+def _record(out: str, shard: str = "shard-000000.tar") -> str:
+    from support.records import record_path
+
+    return record_path(out, shard)
+
+
+def test_labels_outside_the_classes_are_refused_when_the_shard_opens(tmp_path):
+    from conftest import rehash_parts
+    from support.records import read_record, write_record
+
+    out = str(tmp_path / "out")
+    convert(_tree(str(tmp_path / "src"), 30, classes=3), out, samples_per_shard=10, workers=1)
+    for bad in (3, -1, 2**61):
+        d = read_record(_record(out))
+        d["labels"][4] = bad
+        write_record(_record(out), d)
+        rehash_parts(out)
+        for read in (lambda: open_dataset(out, decode="raw")[0], lambda: list(open_dataset(out, stream=True))):
+            with pytest.raises(ManifestError, match="labels outside the 3 classes"):
+                read()
+
+
+def test_a_record_rewritten_in_place_with_its_mtime_restored_is_checked_again(tmp_path):
+    from support.records import read_record, write_record
+
+    out = str(tmp_path / "out")
+    convert(_tree(str(tmp_path / "src"), 20, classes=2), out, samples_per_shard=10, workers=1)
+    assert open_dataset(out, decode="raw")[0][1] in (0, 1)  # hashed once, remembered by its version
+    path = _record(out)
+    st = os.stat(path)
+    d = read_record(path)
+    d["labels"] = [1 - v for v in d["labels"]]
+    write_record(path, d)  # in place, the same size
+    assert os.path.getsize(path) == st.st_size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ManifestError, match="sha256"):
+        open_dataset(out, decode="raw")[0]
+
+
+def test_verify_reports_a_record_it_cannot_read_and_never_raises(tmp_path):
+    out = str(tmp_path / "out")
+    convert(_tree(str(tmp_path / "src"), 20, classes=2), out, samples_per_shard=10, workers=1)
+    path = _record(out)
+    os.remove(path)
+    os.symlink(os.path.basename(path), path)  # a link to itself: ELOOP
+    report = verify(out)
+    assert not report["ok"] and any("unreadable" in p["message"] for p in report["problems"])
+
+
+def test_a_tiny_record_cannot_declare_millions_of_input_files(tmp_path):
+    from dsconvert.formats.columns import MAX_SOURCES, encode_record
+
+    d = {"schema_version": 1, "format": "wds", "shard": "s.tar", "spec_sha256": "x", "bytes": 0, "sha256": "y",
+         "num_samples": 2, "fields": {}, "keys": ["a", "b"], "labels": None, "skipped": [],
+         "sources": [["a.jpg"] * 3, ["b.jpg"] * 3]}
+    data = bytearray(encode_record(d))
+    cols = Columns(bytes(data), "x")
+    assert cols.to_dict()["sources"] == d["sources"]
+    head = json.loads(bytes(data[16: 16 + int.from_bytes(data[8:16], "little")]))
+    head["columns"]["sources.count"] = ["", MAX_SOURCES + 1, 0, 2]  # one repeated value takes no bytes
+    raw = json.dumps(head).encode()
+    hostile = data[:8] + len(raw).to_bytes(8, "little") + raw + data[16 + int.from_bytes(data[8:16], "little"):]
+    with pytest.raises(ManifestError, match="input files"):
+        Columns(bytes(hostile), "x").to_dict()
+
+
+def test_a_killed_upgrades_leftover_records_are_removed_by_the_next_run(tmp_path, monkeypatch):
+    from dsconvert.io.location import Location
+    from dsconvert.io.owner import note, owner_token
+    from dsconvert.upgrade import upgrade
+
+    out = str(tmp_path / "out")
+    convert(_tree(str(tmp_path / "src"), 30, classes=3), out, samples_per_shard=10, workers=1)
+    downgrade(out)
+    loc = Location(out)
+    token = owner_token(loc)
+    for name in os.listdir(out):  # as the release that wrote them journalled them
+        if name.endswith(".index.json"):
+            data = open(os.path.join(out, name), "rb").read()
+            note(loc, token, name, len(data), hashlib.sha256(data).hexdigest())
+    user = os.path.join(out, "shard-000009.index.json")
+    open(user, "w").write("{}")  # a user's file named like one: never removed
+
+    def killed(self, name):
+        raise KeyboardInterrupt  # the kill, after the manifest names the new records
+    monkeypatch.setattr(Location, "remove", killed)
+    with pytest.raises(KeyboardInterrupt):
+        upgrade(out)
+    monkeypatch.undo()
+    assert sum(n.endswith(".index.json") for n in os.listdir(out)) == 4
+    assert len(open_dataset(out, decode="raw")) == 30 and verify(out)["ok"]
+    assert upgrade(out)["removed"] == 3
+    assert sorted(n for n in os.listdir(out) if n.endswith(".index.json")) == ["shard-000009.index.json"]

@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     if result["records"]:
         print(f"upgraded {args.path}: {result['records']} shard record(s) now binary "
               f"({result['bytes_before']:,} -> {result['bytes_after']:,} bytes)")
+    elif result["removed"]:
+        print(f"{args.path} was upgraded: {result['removed']} JSON record(s) a killed run left behind removed")
     else:
         print(f"{args.path} is up to date: nothing to upgrade")
     return 0

@@ -47,6 +47,7 @@ __all__ = ["MAGIC", "is_binary", "encode_record", "Columns", "IntColumn", "Strin
 
 MAGIC = b"DSCIDX\x00\x01"
 RECORD_SUFFIX = ".idx"
+MAX_SOURCES = 4096  # input files of one sample (its fields): far past any dataset's
 _HEADER_LIMIT = 64 << 20  # a header holds shard-level fields and skipped inputs (compacted), never per-sample data
 _DTYPES = {"": 0, "u1": 1, "u2": 2, "u4": 4, "u8": 8}
 # the record's per-sample entries, stored as columns (everything else is shard-level JSON)
@@ -330,12 +331,19 @@ class Columns:
                 self._bad(f"member {field!r} lacks its offset or size column")
         return dict(sorted(out.items()))
 
+    def _source_counts(self) -> np.ndarray:
+        """Input files per sample, bounded: a column of one repeated value takes no bytes, so a
+        tiny hostile record could otherwise declare a billion paths a sample."""
+        counts = self.ints("sources.count").array()
+        if len(counts) and (counts.min() < 0 or counts.max() > MAX_SOURCES):
+            self._bad(f"field 'sources' holds a sample of {counts.max() if counts.min() >= 0 else counts.min()} "
+                      f"input files (0 to {MAX_SOURCES})")
+        return counts
+
     def sources(self) -> List[List[str]]:
         """Every sample's source paths (the cold path: verify, a scan of an output)."""
-        counts = self.ints("sources.count").array()
+        counts = self._source_counts()
         total = int(counts.sum()) if len(counts) else 0
-        if len(counts) and counts.min() < 0:
-            self._bad("sources.count holds a negative count")
         ids = self.ints("sources.id", total).array()
         table = list(self.strings("sources.table", self._dir.get("sources.table.ends", ("", 0, 0, 0))[3]))
         if len(ids) and (ids.min() < 0 or ids.max() >= len(table)):
@@ -359,7 +367,7 @@ class Columns:
     def stats(self) -> Optional[List[List[List[int]]]]:
         if not self.has("stats.size"):
             return None
-        counts = self.ints("sources.count").array().tolist()
+        counts = self._source_counts().tolist()
         total = sum(counts)
         size = self.ints("stats.size", total).array().tolist()
         mtime = self.ints("stats.mtime", total).array().tolist()

@@ -253,16 +253,17 @@ def check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
 
 
 def _header_problem(header: Any, name: Optional[str], size: int) -> Optional[str]:
-    """What is wrong with a member's own tar header (the 512 bytes before its data) for the
-    member the index names, or None: its size field, and (``name``: our own shards, whose member
-    names are ``KEY.FIELD``) its name field, as ``tarfile`` writes it (a PAX record holds a
-    longer or non-ASCII name; the header keeps its first 100 bytes, ASCII with '?'). Cheap
-    enough for every read: a shard replaced under a reader gives other samples at the old
-    offsets, and their headers say so."""
+    """What is wrong with a member's own headers (the bytes before its data: the 512-byte ustar
+    header, after a PAX record where the name is long or not ASCII) for the member the index
+    names, or None: the size field, and (``name``: our own shards, whose member names are
+    ``KEY.FIELD``) the name as ``tarfile`` writes it: in the ustar header its first 100 bytes,
+    ASCII with '?', and whole in the PAX record's ``path``. Cheap enough for every read: a shard
+    replaced under a reader gives other samples at the old offsets, and their headers say so."""
     header = bytes(header)
-    if len(header) != 512:
+    if len(header) < 512:
         return "its tar header is missing"
-    field = header[124:136]
+    ustar = header[-512:]
+    field = ustar[124:136]
     if not field[0] & 0x80:  # base-256 sizes (past 8 GiB) are not ours to compare
         try:
             declared = int(field.split(b"\0", 1)[0].strip() or b"0", 8)
@@ -271,11 +272,19 @@ def _header_problem(header: Any, name: Optional[str], size: int) -> Optional[str
         if declared != size:
             return f"its tar header declares {declared:,} bytes, the index {size:,}"
     if name is not None:
-        have = header[:100].split(b"\0", 1)[0]
-        want = name.encode("ascii", "replace")[:100]
-        if have != want:
+        have = ustar[:100].split(b"\0", 1)[0]
+        if have != name.encode("ascii", "replace")[:100]:
             return f"its tar header names {have.decode('ascii', 'replace')!r}"
+        if len(header) > 512 and b"path=" + name.encode("utf-8", "surrogateescape") + b"\n" not in header[:-512]:
+            return "its PAX header names another member"
     return None
+
+
+def _header_len(name: str, size: int) -> int:
+    """Bytes of a member's headers in our tars (what ``_tar_member_bytes`` adds to the data)."""
+    if len(name) <= 100 and name.isascii() and size < 8 ** 11:
+        return _PLAIN_HEADER
+    return _tar_member_bytes(name, size) - -(-size // 512) * 512
 
 
 class WdsShard(ShardReader):
@@ -359,6 +368,15 @@ class WdsShard(ShardReader):
     def member_name(self, j: int, field: str) -> Optional[str]:
         return f"{self.keys[j]}.{field}" if self.own_names else None
 
+    def header_len(self, j: int, field: str, o: int, size: int) -> int:
+        """Bytes of the member's headers read with it: 512, or with its PAX record where our
+        writer made one (a name past 100 bytes or not ASCII); never before the file's start."""
+        h = _header_len(f"{self.keys[j]}.{field}", size) if self.own_names else _PLAIN_HEADER
+        if o < h:
+            raise ManifestError(f"{self.where}: sample {self.keys[j]!r} ({field}) starts at byte {o}, before its "
+                                "own tar header could end (a damaged record)", self.where)
+        return h
+
     def check_header(self, header: Any, j: int, field: str, size: int) -> None:
         problem = _header_problem(header, self.member_name(j, field), size)
         if problem is not None:
@@ -367,16 +385,20 @@ class WdsShard(ShardReader):
                                 "open the dataset again, or run dsconvert verify", self.access.url_of(self.name))
 
     def read(self, get: Callable[[int, int], Any], j: int, field: str, o: int, size: int) -> Any:
-        """The member's bytes through ``get``, its header checked with them (plain tars)."""
+        """The member's bytes through ``get``, its headers checked with them (plain tars)."""
         if not self.check_headers:
             return get(o, size)
-        raw = get(o - 512, size + 512)
-        self.check_header(raw[:512], j, field, size)
-        return raw[512:]
+        h = self.header_len(j, field, o, size)
+        raw = get(o - h, size + h)
+        self.check_header(raw[:h], j, field, size)
+        return raw[h:]
 
-    def span(self, o: int, size: int) -> Tuple[int, int]:
-        """The bytes a read of a member takes: with its header, for plain tars."""
-        return (o - 512, size + 512) if self.check_headers else (o, size)
+    def span(self, j: int, field: str, o: int, size: int) -> Tuple[int, int]:
+        """The bytes a read of a member takes: with its headers, for plain tars."""
+        if not self.check_headers:
+            return o, size
+        h = self.header_len(j, field, o, size)
+        return o - h, size + h
 
     # --- sources ---------------------------------------------------------------------------
 
@@ -462,9 +484,9 @@ class WdsShard(ShardReader):
         """The bytes of ``samples`` (their image, or every member), requested now, concurrently
         (see :class:`~dsconvert.io.ranges.ScatteredBytes`); ``close()`` it when read."""
         if image_only:
-            spans = [self.span(*self.image_member(j)[1:]) for j in samples]
+            spans = [self.span(j, *self.image_member(j)) for j in samples]
         else:
-            spans = [self.span(o[j], s[j]) for j in samples for _, o, s in self.columns if o[j] >= 0]
+            spans = [self.span(j, name, o[j], s[j]) for j in samples for name, o, s in self.columns if o[j] >= 0]
         if self.stream_kind is not None:
             return SpansRead(self._decompressed(), spans)  # type: ignore[return-value]
         if self.path is not None:
@@ -490,7 +512,7 @@ class WdsShard(ShardReader):
             source = self._source()
             if self._whole is not None:
                 if self.check_headers:
-                    self.check_header(self._whole[o - 512: o], j, field, sz)
+                    self.check_header(self._whole[o - self.header_len(j, field, o, sz): o], j, field, sz)
                 return self._whole[o: o + sz]
         return self.read(source.get, j, field, o, sz)
 
@@ -510,7 +532,7 @@ class WdsShard(ShardReader):
             for i in range(first, stop):
                 field, o, sz = self.image_member(i)
                 if self.check_headers:
-                    self.check_header(whole[o - 512: o], i, field, sz)
+                    self.check_header(whole[o - self.header_len(i, field, o, sz): o], i, field, sz)
                 yield i, whole[o: o + sz] if views else mm[o: o + sz]
         else:
             get = self.source.get
@@ -545,7 +567,12 @@ def _open_columns(access: Any, name: str, part: Optional[Dict[str, Any]], where:
     if is_binary(data):
         return Columns(data, where)
     record = Wds.load_record(where, bytes(data))
-    return Columns(encode_record(record.d), where)
+    # what a reader uses (the source paths and their stats are verify's)
+    d = {k: v for k, v in record.d.items() if k not in ("sources", "stats")}
+    try:
+        return Columns(encode_record(d), where)
+    except ValueError as exc:  # an integer past int64: no writer makes one
+        raise ManifestError(f"{where}: {exc} (a damaged shard record)", where) from None
 
 
 def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
@@ -610,6 +637,12 @@ class Wds(Format):
     @classmethod
     def open_shard(cls, access: Any, entry: ShardEntry, manifest: Manifest, **options: Any) -> WdsShard:
         shard = WdsShard(access, entry, options.get("max_member_bytes", 1 << 31))
+        labels = shard.labels
+        if isinstance(labels, IntColumn) and len(labels) and manifest.classes is not None and (
+                labels.min() < 0 or labels.max() >= len(manifest.classes)):  # checked on the map, vectorised
+            shard.close()
+            raise ManifestError(f"{shard.where}: labels outside the {len(manifest.classes)} classes (a damaged "
+                                "record)", shard.where)
         fields = set((manifest.compression or {}).get("fields") or [])
         unsaid = sorted(n for n, _, _ in shard.columns if n.endswith(".zst") and n[:-4] in fields
                         and n not in shard.packed)

@@ -54,8 +54,9 @@ if TYPE_CHECKING:  # an entry is only read here (name, sha256, bytes): the manif
 __all__ = ["ShardCache", "ShardAccess"]
 
 MARKER = ".sha256"
-# local files whose sha256 this process checked: path -> (device, inode, size, mtime_ns, sha256)
-_hashed: Dict[str, Tuple[int, int, int, int, str]] = {}
+# local files whose sha256 this process checked: path -> (device, inode, size, mtime_ns, ctime_ns,
+# sha256); ctime too, which no one can set back (os.utime restores an mtime, not a ctime)
+_hashed: Dict[str, Tuple[int, int, int, int, int, str]] = {}
 
 
 def _write_marker(local: str, sha256: str) -> None:
@@ -391,7 +392,7 @@ class ShardAccess:
         cache's, shared by every process that maps the file: nothing is copied per process.
 
         The sha256 of a local file is taken once per process and file version (device, inode,
-        size, mtime): reopening it (a reader's bounded set of open shards evicts and reopens)
+        size, mtime, ctime): reopening it (a reader's bounded set of open shards evicts and reopens)
         costs an ``fstat``, not a hash."""
         want = (part or {}).get("sha256")
         if self.cache is not None:
@@ -400,7 +401,12 @@ class ShardAccess:
             path = self.location.local_path(name)
         if path is None:
             return self.file_bytes(name, part)
-        with open_regular(path) as f:
+        try:
+            f = open_regular(path)
+        except FileNotFoundError:
+            raise ManifestError(f"{self.url_of(name)} is gone since the output was opened (was the output rewritten "
+                                "or upgraded while being read?): open it again", self.url_of(name)) from None
+        with f:
             st = os.fstat(f.fileno())
             if part is not None and st.st_size != part.get("bytes", st.st_size):
                 raise ManifestError(f"{self.url_of(name)}: {st.st_size:,} bytes, the manifest says {part['bytes']:,} "
@@ -409,7 +415,7 @@ class ShardAccess:
                 return b""
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if want is not None and self.cache is None:
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, want)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, want)
             if _hashed.get(path) != identity:
                 if hashlib.sha256(mm).hexdigest() != want:
                     mm.close()

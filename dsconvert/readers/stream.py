@@ -232,6 +232,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                             get = source.get
                             member: Any = shard.image_member if image_only else None  # type: ignore[attr-defined]
                             check = shard.check_headers if image_only else False  # type: ignore[attr-defined]
+                            header_len: Any = getattr(shard, "header_len", None)
                             whole = (np.frombuffer(source.mm, dtype=np.uint8)
                                      if views and getattr(source, "mm", None) is not None else None)
                             labels = shard.labels
@@ -245,19 +246,21 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                             yield shard, j, fields
                             continue
                         field, o, sz = member(j)
-                        if fd >= 0 and check:  # PreadBytes.get, inlined, the member's header with its data
-                            data = pread(fd, sz + 512, o - 512)
-                            if len(data) != sz + 512:
-                                data = get(o - 512, sz + 512)  # reads again, and raises if still short
-                            shard.check_header(data[:512], j, field, sz)  # type: ignore[attr-defined]
-                            data = data[512:]
+                        if fd >= 0 and check:  # PreadBytes.get, inlined, the member's headers with its data
+                            h = header_len(j, field, o, sz)
+                            data = pread(fd, sz + h, o - h)
+                            if len(data) != sz + h:
+                                data = get(o - h, sz + h)  # reads again, and raises if still short
+                            shard.check_header(data[:h], j, field, sz)  # type: ignore[attr-defined]
+                            data = data[h:]
                         elif fd >= 0:
                             data = pread(fd, sz, o)
                             if len(data) != sz:
                                 data = get(o, sz)
                         elif whole is not None:
                             if check:
-                                shard.check_header(whole[o - 512: o], j, field, sz)  # type: ignore[attr-defined]
+                                shard.check_header(whole[o - header_len(j, field, o, sz): o], j, field,  # type: ignore
+                                                   sz)
                             data = whole[o: o + sz]
                         elif views:
                             data = np.frombuffer(shard.read(get, j, field, o, sz), dtype=np.uint8)  # type: ignore
