@@ -82,6 +82,7 @@ def upgrade(out: str, storage_options: Optional[Dict[str, Any]] = None,
         for name in old:
             with contextlib.suppress(FileNotFoundError):
                 location.remove(name)
-    say(f"{rewritten} shard record(s) rewritten as binary: {before:,} -> {after:,} bytes"
-        + (f"; {len(old) - rewritten} left by a killed run removed" if len(old) > rewritten else ""))
+    if old:
+        say(f"{rewritten} shard record(s) rewritten as binary: {before:,} -> {after:,} bytes"
+            + (f"; {len(old) - rewritten} left by a killed run removed" if len(old) > rewritten else ""))
     return {"records": rewritten, "removed": len(old), "bytes_before": before, "bytes_after": after}
