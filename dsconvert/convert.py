@@ -6,6 +6,11 @@ any executor the caller passes (``dask.distributed.Client.get_executor()``, say)
 is written under a temporary name and renamed; its index, written after, marks it done. A
 killed run, started again with the same arguments, keeps every finished shard whose spec is
 unchanged and writes the rest, so no sample is lost or duplicated. The manifest comes last.
+
+What every writer shares lives in :mod:`dsconvert.write`: the option checks, the output's life
+cycle (claim, lock, owner journal, a finished output reused or refused, stale files, the
+manifest saved) and the executor loop (:func:`dsconvert.write.loop.run_shards`); this module is
+conversion's own steps: checks -> open the output -> scan -> plan -> run -> manifest.
 """
 
 from __future__ import annotations

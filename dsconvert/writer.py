@@ -25,8 +25,9 @@ over up to ``min_shards`` as :func:`dsconvert.plan.spread_plan` does), one shard
 bytes do not depend on the number of workers. Each shard's spec carries a digest of its inputs
 (their pickles, sets in a fixed order: the same in every process, :func:`_fingerprint`);
 a killed run, started again, keeps every finished shard whose spec is unchanged and calls ``fn``
-only for the inputs of the others. Both share conversion's output handling
-(:mod:`dsconvert.convert`): the claim on the folder, its lock, the owner journal, the manifest.
+only for the inputs of the others. Both are built on :mod:`dsconvert.write`, as conversion is:
+the option checks, the output's life cycle (the claim on the folder, its lock, the owner
+journal, the manifest) and, for :func:`optimize`, the executor loop.
 """
 
 from __future__ import annotations
