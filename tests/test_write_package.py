@@ -253,3 +253,12 @@ def test_a_generator_that_yields_other_than_announced_is_an_internal_error(tmp_p
     specs, total = _specs(image_folder, out, 8, [])
     with pytest.raises(RuntimeError, match="not the 3 announced"):
         loop.run_shards(specs, total + 1, lambda s: (write_shard, (s,)), workers=1)
+
+
+def test_the_window_is_twice_what_the_executor_runs_at_once():
+    with cf.ThreadPoolExecutor(5) as pool:
+        assert loop.in_flight_bound(pool, 1) == 10  # a pool says its size
+        assert loop.in_flight_bound(pool, 8) == 16  # the workers asked for, where more
+    counting = CountingExecutor(4)
+    assert loop.in_flight_bound(counting, 3) == 6  # an executor that does not say: the workers
+    counting.shutdown()
