@@ -227,7 +227,10 @@ class ShardCache:
         """Whether the copy ``local`` is there and, with ``sha256``, checked against it (hashed
         now when its marker names another digest or none, and the result marked if ``record``).
         Caller holds the file's lock, or the cache cannot be written."""
-        present = os.path.exists(local)
+        try:  # a copy of another size than the manifest's is not it, whatever its marker says (cut short)
+            present = size is None or os.path.getsize(local) == size
+        except FileNotFoundError:
+            present = False
         if present and sha256 is not None and _read_text(local + MARKER) != sha256:
             # a copy checked against another digest (the output was rewritten), or never checked
             present = (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256
