@@ -124,7 +124,6 @@ def child(kind: str, config: Dict[str, Any]) -> Dict[str, Any]:
                                                        "region_name": so["client_kwargs"]["region_name"]})
         loader = torch.utils.data.DataLoader(ds, **loader_kw)
     elif kind == "mosaic":
-
         os.environ["S3_ENDPOINT_URL"] = so["client_kwargs"]["endpoint_url"]
         ds = _MosaicPairs(remote=config["url"], local=cache, batch_size=config["batch"], shuffle=True)
         loader = torch.utils.data.DataLoader(ds, **loader_kw)
