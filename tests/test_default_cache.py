@@ -8,6 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -71,6 +72,19 @@ def test_a_remote_output_is_cached_by_default_and_epoch_two_asks_the_server_noth
     assert len(shard_reads(s3)) == first
     files, _ = ShardCache(ds.access.cache.dir).usage()
     assert files == len(output_files(local)) == 9  # 4 shards, their 4 records and the order file, each once
+
+
+def test_the_first_read_fetches_every_shard_ahead_in_the_background(s3, remote):
+    url, local = remote
+    ds = open_dataset(url, decode="raw", storage_options=s3.options)
+    assert bytes(ds[0][0]) == bytes(open_dataset(local, decode="raw")[0][0])  # one sample read, no DataLoader
+    cache = ShardCache(ds.access.cache.dir)
+    deadline = time.monotonic() + 60
+    while cache.usage()[0] < len(output_files(local)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cache.usage()[0] == len(output_files(local))  # the other shards came without being read
+    assert sorted(r.split()[1] for r in shard_reads(s3)) == sorted(
+        f"/{s3.bucket}/wds/{n}" for n in output_files(local))  # each once
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])

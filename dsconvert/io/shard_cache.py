@@ -37,10 +37,11 @@ import glob
 import hashlib
 import mmap
 import os
+import queue
 import shutil
 import stat
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from ..errors import ManifestError, OptionError
 from ..units import parse_size
@@ -437,6 +438,34 @@ class ShardAccess:
         if path is not None:
             regular_size(path)
         return path
+
+    def fetch_ahead(self, files: Sequence[Tuple[str, Optional[str], Optional[int], bool]], threads: int = 4) -> None:
+        """Fetch ``files`` ((name, sha256, bytes, counted) each) into the cache in ``threads``
+        background threads, in the order given, while the caller reads: a first epoch then
+        waits for one download at a time at most, where a shuffled read would fetch each shard
+        when it first needs it, one after another. The threads are daemons (a worker that
+        ends leaves a temp file at most, which the next download removes); a file whose
+        fetch fails is left to the read that needs it, which says why."""
+        cache = self.cache
+        if cache is None or not files:
+            return
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for item in files:
+            todo.put(item)
+
+        def fetch() -> None:
+            while True:
+                try:
+                    name, sha256, size, counted = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    cache.get(self.url_of(name), sha256, size, counted=counted)
+                except Exception:  # noqa: BLE001 - the read that needs the file raises it, in one line
+                    pass
+
+        for _ in range(max(1, min(threads, len(files)))):
+            threading.Thread(target=fetch, name="dsconvert-fetch-ahead", daemon=True).start()
 
     def cache_dir_or_root(self) -> str:
         """The local folder reads come from (to judge whether it is latency-bound)."""

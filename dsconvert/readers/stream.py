@@ -8,7 +8,11 @@ exactly: with torchdata's StatefulDataLoader (each worker's place, :meth:`state_
 another number of ranks and workers (``load_state_dict({"epoch", "samples_seen"})``). A
 sample is located by arithmetic, never by reading what came before it. Local shards are read
 by ``pread`` (a memory map for ``decode="buffer"`` views), latency-bound and remote ones by
-concurrent ranged requests for exactly the members needed, one group ahead. ``even`` (``"pad"`` by
+concurrent ranged requests for exactly the members needed, one group ahead. DataLoader workers
+take their rank's samples in runs (``batch_size``, else ``STREAM_RUN`` = 64 consecutive
+positions): neighbours in a shard, so one request serves a run and no worker fetches bytes
+another worker reads (runs of one sample each interleaved the workers, and each merged range
+then carried its neighbours' samples too). ``even`` (``"pad"`` by
 default, as ``DistributedSampler``) pads or drops so that every rank takes as many samples and
 steps; ``None`` splits exactly, ranks differing by one sample.
 """
