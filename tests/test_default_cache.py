@@ -103,6 +103,8 @@ def test_the_default_cache_turned_off_downloads_every_epoch(s3, remote, torch, m
     assert len(shard_reads(s3)) >= 2 * first > 0  # the second epoch downloads again
     assert default_shard_cache(url, False, None) == (None, None)
     assert default_shard_cache(local, None, None) == (None, None)  # a local output is read in place
+    if how == "argument":  # ... unless asked: cache_dir=True, the default folder (a network file system)
+        assert default_shard_cache(local, True, "1GB") == (os.path.join(cache_home(), "shards"), 10**9)
 
 
 def test_the_default_bound_evicts(s3, remote, torch, monkeypatch):
