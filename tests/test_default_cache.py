@@ -107,17 +107,24 @@ def test_the_default_cache_turned_off_downloads_every_epoch(s3, remote, torch, m
         assert default_shard_cache(local, True, "1GB") == (os.path.join(cache_home(), "shards"), 10**9)
 
 
-def test_the_default_bound_evicts(s3, remote, torch, monkeypatch):
+def test_the_default_bound_evicts_and_a_larger_output_streams(s3, remote, torch, monkeypatch):
     url, local = remote
-    sizes = sorted(os.path.getsize(os.path.join(local, n)) for n in os.listdir(local) if n.endswith(".tar"))
-    cap = sizes[-1] + sizes[-2] + 2000  # two shards and their records, not all four
-    monkeypatch.setenv("DSCONVERT_CACHE_SIZE", str(cap))
+    other = s3.put_tree(local, "other")  # a second output of the same size
+    total = sum(os.path.getsize(os.path.join(local, n)) for n in output_files(local))
+    monkeypatch.setenv("DSCONVERT_CACHE_SIZE", str(total + total // 2))  # one output, not two
     want = digests([([x], [y]) for x, y in open_dataset(local, decode="raw")])
-    ds = open_dataset(url, decode="raw", storage_options=s3.options)
-    assert ds.access.cache.max_bytes == cap
-    assert epoch(torch, ds, shuffle=True) == want
+    for u in (url, other):
+        ds = open_dataset(u, decode="raw", storage_options=s3.options)
+        assert ds.access.cache.max_bytes == total + total // 2 and type(ds).__name__ == "MapDataset"
+        assert epoch(torch, ds, shuffle=True) == want
     files, nbytes = ShardCache(ds.access.cache.dir).usage()
-    assert nbytes <= cap and files < len(output_files(local))  # the least recently used went
+    assert nbytes <= total + total // 2 and files < 2 * len(output_files(local))  # the least recently used went
+    # an output larger than the bound is streamed: a shuffled read through the cache would fetch shards again and
+    # again (an explicit cache_dir is the caller's choice, and kept)
+    monkeypatch.setenv("DSCONVERT_CACHE_SIZE", str(total - 1))
+    ds = open_dataset(url, decode="raw", storage_options=s3.options)
+    assert ds.access.cache is None and type(ds).__name__ == "StreamDataset"
+    assert epoch(torch, ds) == want
     # the bound computed from the disk: half of its free space and what the cache holds, at most 50 GB
     monkeypatch.delenv("DSCONVERT_CACHE_SIZE")
     folder, bound = default_shard_cache(url, None, None)

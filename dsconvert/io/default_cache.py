@@ -10,7 +10,9 @@ not shrink as the cache fills), at most 50 GB; least recently used shards are ev
 (:class:`dsconvert.io.shard_cache.ShardCache`, which also keeps concurrent readers safe: a lock
 per file, downloads renamed into place once checked against the manifest's sha256). A disk is
 "at hand" when that folder can be made and written and the computed bound is at least 256 MB;
-otherwise the output is read without a cache (streamed by concurrent ranged requests).
+otherwise the output is read without a cache (streamed by concurrent ranged requests). So is an
+output larger than the bound (``open_dataset`` checks it against the manifest): read shuffled by
+index through a cache that cannot hold it, its shards would be fetched again and again.
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def open_dataset(
     ``~/.cache/dsconvert/shards``), bounded by ``cache_size``, ``$DSCONVERT_CACHE_SIZE``, or half
     of the disk's free space (at most 50 GB); ``cache_dir=False`` or ``DSCONVERT_CACHE=off``
     turns it off, and where no disk is at hand (the folder cannot be written, or the bound would
-    be under 256 MB) the output is read without one (:mod:`dsconvert.io.default_cache`). A cached
+    be under 256 MB), or where the output is larger than the bound, it is read without one
+    (:mod:`dsconvert.io.default_cache`). A cached
     output opens map-style, as a local one. Without a cache remote wds shards are read by
     concurrent ranged requests ahead of use and hdf5 through fsspec's file objects; npy needs a
     cache. With a cache (``cache_dir``: a local SSD folder, or the default) every shard is fetched
@@ -117,6 +118,7 @@ def open_dataset(
         return SourceDataset(scan(path, storage_options=storage_options, label=label), transform=transform,
                              target_transform=target_transform, decode=decode, storage_options=storage_options)
     # a remote output is cached on local disk by default (io/default_cache.py): read by index from there
+    by_default = cache_dir is None or cache_dir is True
     cache_dir, cache_size = default_shard_cache(path, cache_dir, cache_size)
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
     # a remote output's manifest is kept in the cache, and read from there when the remote is out of reach
@@ -129,6 +131,9 @@ def open_dataset(
             raise OptionError(f"label= and index_dir= are for tar shards without a manifest, and {path} is not one "
                               "(a dsconvert output keeps its labels)")
         manifest = kept if kept is not None else Manifest.load(access.location)
+        if by_default and access.cache is not None and _larger_than(manifest, access.cache.max_bytes):
+            # the default cache cannot hold it: a shuffled read through it would fetch shards again and again
+            access = ShardAccess(path, storage_options)
         if any((e.index or "").endswith(".index.json") for e in manifest.shards):
             warnings.warn(f"{path}: its shard records are JSON (written by an earlier dsconvert), parsed whole each "
                           "time a shard opens; `dsconvert upgrade " + path + "` rewrites them as memory-mapped binary "
@@ -145,6 +150,13 @@ def open_dataset(
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,
                    decode=decode, access=access, **options)
+
+
+def _larger_than(manifest: Manifest, bound: Optional[int]) -> bool:
+    """Whether the output's files (shards, their parts, the order file) take more than ``bound`` bytes."""
+    total = sum(e.bytes + sum(int((p or {}).get("bytes") or 0) for p in e.parts.values()) for e in manifest.shards)
+    total += int((manifest.order or {}).get("bytes") or 0)
+    return bound is not None and total > bound
 
 
 def _output_folder(access: ShardAccess) -> bool:
