@@ -7,7 +7,9 @@ many beside ``--load`` busy processes (nice 0: a claim on the CPU like the job's
 of three folders: photos in an ImageFolder, a flat folder of photos with JSON sidecars, and
 ``--tiny`` tiny JPEGs. Per folder it prints every run's bottleneck, recommended output and
 predicted gain (with its range), and whether the folder held one bottleneck and one
-recommendation with the gains within 1.5x of each other. Only prints (and writes ``--json``).
+recommendation with the gains within 1.5x of each other. Only prints (and writes ``--json``:
+every run's verdict and the measurements it was decided from, which :func:`replay` runs
+through a later :func:`decide`; tests/test_verdict_replay.py does, on the recorded file).
 """
 
 from __future__ import annotations
@@ -58,9 +60,21 @@ def analyze_json(path: str, out: str) -> Dict[str, Any]:
                          capture_output=True, text=True, timeout=3600)
     if run.returncode != 0:
         raise RuntimeError(run.stderr.strip()[-400:])
-    v = json.loads(run.stdout)["verdict"]
-    return {k: v.get(k) for k in ("bottleneck", "limit", "recommended", "predicted_speedup", "speedup_range",
-                                  "equal_alternatives", "summary")}
+    report = json.loads(run.stdout)
+    v = report["verdict"]
+    record = {k: v.get(k) for k in ("bottleneck", "limit", "recommended", "predicted_speedup", "speedup_range",
+                                    "equal_alternatives", "summary")}
+    record["measurements"] = report["measurements"]  # what decide saw: a later rule is replayed on it
+    return record
+
+
+def replay(record: Dict[str, Any]) -> Any:
+    """The verdict today's :func:`decide` gives on a run's recorded measurements."""
+    from dsconvert.analyze import Measurements, decide
+
+    m = dict(record["measurements"])
+    m["sweep"] = [tuple(point) for point in m.get("sweep") or []]
+    return decide(Measurements(**m))
 
 
 def run(a: argparse.Namespace) -> int:
