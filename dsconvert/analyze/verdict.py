@@ -35,11 +35,12 @@ made from the sample. :func:`decide` runs six small steps:
 4. **the fix** (:func:`_fix`), judged on the ranges: a conversion is worth it when the fastest
    measured output that fits is ``WORTH`` (1.3x) faster; every output whose range overlaps the
    fastest's is equal to it, whatever its own point gain (above or below ``WORTH`` decides
-   nothing); among equals :data:`TIE_RULE` picks (the one read in place, then the smaller
-   output: bytes per sample do not move with load) and the others are named as equal
-   alternatives. A verdict can then change between runs only where the fastest crosses
-   ``WORTH`` or the preferred output's range stops overlapping the fastest's; where the
-   preferred output is the fastest (a smaller re-encoded output that reads faster), nowhere;
+   nothing); among equals :data:`TIE_RULE` picks by what each does a sample when read (in
+   place: nothing converted; npy: nothing decoded; then the fewest bytes), which load does not
+   move, and the others are named as equal alternatives. A verdict can then change between
+   runs only where the fastest crosses ``WORTH`` or the preferred output's range stops
+   overlapping the fastest's; where the preferred output is also the fastest (npy --resize
+   on photos, a smaller re-encoded output on a flat folder), nowhere;
 5. **commands and notes**: only commands that accept the data (a conversion only of a source
    whose sample converted in the measurement, into a real path);
 6. **the sentences**, from :mod:`.sentences`, each made from the numbers it states.
@@ -388,17 +389,19 @@ class Fix:
     equals: List[str] = field(default_factory=list)  # within the chosen one's range: equal alternatives
 
 
-TIE_RULE = "the one read in place, then the smaller output"
+TIE_RULE = "the one read in place, then decoded arrays (npy), then the smaller output"
 
 
-def _tie_key(p: Predictions, name: str) -> Tuple[bool, float, str]:
-    """:data:`TIE_RULE` as a sort key: outputs whose ranges overlap are equal, and this picks
-    among them the same way on every run (what an output writes does not move with load). The
-    smaller output, not the one keeping every pixel: a lossy output is only measured at the
-    size the user's transform trains at, and ordering by what keeps pixels put the choice on
-    the one boundary that noise moves (a lossless output 1.35x slower than a lossy one is equal
-    on one run and not on the next: 1 flip in 6 on a flat folder, issue 41)."""
-    return (not p.outputs[name].get("same_data"), p.sizes[name], name)
+def _tie_key(p: Predictions, name: str) -> Tuple[bool, bool, float, str]:
+    """:data:`TIE_RULE` as a sort key. Where the measurements cannot tell outputs apart, the
+    one that by construction does the least work a sample when read: nothing converted (read
+    in place), then nothing decoded (npy's arrays), then the fewest bytes to read and decode.
+    None of it moves with load, so the choice among equals is the same on every run. Not "the
+    one keeping every pixel" first: a lossless output about 1.35x slower than a lossy one is
+    equal on one run and not on the next (the flat folder's 1 flip in 6, issue 41); nor the
+    smaller output first: a shrunk wds output 1.3x slower than npy --resize flipped photos."""
+    row = p.outputs[name]
+    return (not row.get("same_data"), row.get("format") != "npy", p.sizes[name], name)
 
 
 def _fix(m: Measurements, p: Predictions, c: Costs, bottleneck: str) -> Fix:
