@@ -7,7 +7,9 @@ many beside ``--load`` busy processes (nice 0: a claim on the CPU like the job's
 of three folders: photos in an ImageFolder, a flat folder of photos with JSON sidecars, and
 ``--tiny`` tiny JPEGs. Per folder it prints every run's bottleneck, recommended output and
 predicted gain (with its range), and whether the folder held one bottleneck and one
-recommendation with the gains within 1.5x of each other. Only prints (and writes ``--json``).
+recommendation with the gains within 1.5x of each other. Only prints (and writes ``--json``:
+every run's verdict and the measurements it was decided from, which :func:`replay` runs
+through a later :func:`decide`; tests/test_verdict_replay.py does, on the recorded file).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from typing import Any, Dict, List
 
+from benchmarks.common import meta
 from benchmarks.scenarios import background_load, jpegs
 
 GAIN_SPREAD = 1.5  # the most the predicted gains of one folder's runs may differ (max / min)
@@ -34,7 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 QUICK = ["--runs", "1", "--load", "1", "--photos", "24", "--tiny", "400"]
-TABLES: Dict[str, Any] = {}
 
 
 def folders(tmp: str, a: argparse.Namespace) -> Dict[str, str]:
@@ -58,9 +61,21 @@ def analyze_json(path: str, out: str) -> Dict[str, Any]:
                          capture_output=True, text=True, timeout=3600)
     if run.returncode != 0:
         raise RuntimeError(run.stderr.strip()[-400:])
-    v = json.loads(run.stdout)["verdict"]
-    return {k: v.get(k) for k in ("bottleneck", "limit", "recommended", "predicted_speedup", "speedup_range",
-                                  "equal_alternatives", "summary")}
+    report = json.loads(run.stdout)
+    v = report["verdict"]
+    record = {k: v.get(k) for k in ("bottleneck", "limit", "recommended", "predicted_speedup", "speedup_range",
+                                    "equal_alternatives", "summary")}
+    record["measurements"] = report["measurements"]  # what decide saw: a later rule is replayed on it
+    return record
+
+
+def replay(record: Dict[str, Any]) -> Any:
+    """The verdict today's :func:`decide` gives on a run's recorded measurements."""
+    from dsconvert.analyze import Measurements, decide
+
+    m = dict(record["measurements"])
+    m["sweep"] = [tuple(point) for point in m.get("sweep") or []]
+    return decide(Measurements(**m))
 
 
 def run(a: argparse.Namespace) -> int:
@@ -89,5 +104,41 @@ def run(a: argparse.Namespace) -> int:
                   f"{max(gains):.1f}x ({spread:.2f}x apart)\n", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"meta": dict(meta(), runs=a.runs, load=a.load), "folders": results}, f, indent=1)
     return 0 if ok_all else 1
+
+
+def runs_of(data: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
+    """folder -> its runs, from a record (older records are the mapping itself)."""
+    return data["folders"] if "folders" in data else data
+
+
+def render(data: Dict[str, Any]) -> str:
+    from collections import Counter
+
+    folders = runs_of(data)
+    meta = data.get("meta", {})
+    lines = [f"Each folder analysed {meta.get('runs', 3)} times with no busy process of its own (other jobs of the "
+             f"machine share its 2 cores: not a quiet machine) and {meta.get('runs', 3)} times beside "
+             f"{meta.get('load', 2)} busy processes at nice 0; *held*: one bottleneck, one recommended output, and "
+             f"predicted gains within {GAIN_SPREAD}x of each other. Gains: the 6 runs' point estimates, min-max, "
+             "median; the range is each run's own.", "",
+             "| folder | bottleneck (runs) | recommended (runs) | predicted gains, min-max [median] | each run's range "
+             "| held |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, runs in folders.items():
+        gains = sorted(r["predicted_speedup"] for r in runs)
+        median = statistics.median(gains)
+        low = min((r["speedup_range"] or [1, 1])[0] for r in runs)
+        high = max((r["speedup_range"] or [1, 1])[1] for r in runs)
+        bottlenecks = Counter(r["bottleneck"] for r in runs)
+        recommended = Counter(str(r["recommended"]) for r in runs)
+        spread = gains[-1] / max(gains[0], 1e-9)
+        held = len(bottlenecks) == 1 and len(recommended) == 1 and spread <= GAIN_SPREAD
+        said = ", ".join(f"`{k}` x{n}" for k, n in recommended.most_common())
+        lines.append(f"| {name} | {', '.join(f'{k} x{n}' for k, n in bottlenecks.most_common())} | {said} | "
+                     f"{gains[0]:.1f}-{gains[-1]:.1f}x [{median:.1f}x] ({spread:.2f}x apart) | {low:.1f}-{high:.1f}x | "
+                     f"{'yes' if held else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+TABLES = {"stability": {"argv": lambda a: [], "render": render}}

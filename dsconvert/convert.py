@@ -219,8 +219,10 @@ def _check_options(format: Any, layout: Any, order: Any, seed: Any, prefix: Any,
 
 def accepts(format: str, source: Source) -> bool:
     """Whether :func:`convert` takes the scanned ``source`` for ``format``: formats that hold
-    only (image, label) samples need an ImageFolder or list source."""
-    return get(format).any_samples or source.sample_type == "classification"
+    only (image, label) samples need an ImageFolder or list source, or one they take as it is
+    (npy: a folder of .npy arrays)."""
+    fmt = get(format)
+    return fmt.any_samples or source.sample_type == "classification" or fmt.accepts_source(source)
 
 
 def convert(
@@ -357,12 +359,18 @@ def convert(
         if not accepts(format, source):
             able = ", ".join(f for f in FORMATS if get(f).any_samples)
             hint = " or --label naming where the class label is" if source.kind in ("tar", "parquet") else ""
+            arrays = " or same-shape .npy arrays" if format == "npy" else ""
             raise SourceError(
-                f"the {format} format holds (image, label) samples: it needs an ImageFolder or list "
+                f"the {format} format holds (image, label) samples{arrays}: it needs an ImageFolder or list "
                 f"source{hint}, and {src_abs} was scanned as {source.layout} (use --format {able})", src_abs)
         classification = source.sample_type == "classification"
+        writer_options = fmt.writer_options(source)
+        packed = "array" in writer_options  # arrays stored as they are: nothing to decode or resize
+        if packed and (resize is not None or size is not None):
+            raise OptionError(f"{src_abs} holds .npy arrays, which are packed as they are: resize/size apply to "
+                              "images")
         with pixel_limit(max_image_pixels):  # images past it are skipped, and take no room
-            estimate = estimate_output_bytes(source, decode, resize, size,
+            estimate = estimate_output_bytes(source, decode and not packed, resize, size,
                                              stored_bytes=lambda s: fmt.sample_bytes(s, classification,
                                                                                      bool(compression)))
         if not force and not location.remote:  # each shard also has a fixed part (a tar's end, HDF5 headers)
@@ -370,7 +378,7 @@ def convert(
             check_space(out_dir, prefix, SizeEstimate(estimate.bytes + shards_at_least * fmt.overhead,
                                                       estimate.sampled, estimate.exact), fmt)
         format_options = {"decode": decode, "resize": resize, "size": list(size) if size else None,
-                          "decoder": decoder_name, **resampling, **shrink, **fmt.writer_options(source)}
+                          "decoder": decoder_name, **resampling, **shrink, **writer_options}
         if max_sample_bytes != MAX_SAMPLE_BYTES:  # the default left out: earlier outputs' specs still match
             format_options["max_sample_bytes"] = max_sample_bytes or 0
         if compression:  # likewise: in the spec digest only when given

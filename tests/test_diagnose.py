@@ -610,6 +610,22 @@ def test_dataset_root_guess(tmp_path):
     assert guess_dataset_root([]) is None
 
 
+def test_a_folder_of_arrays_beside_other_folders_is_its_own_root(tmp_path):
+    """issue 41's held-out job: 3,000 .npy files in one folder, beside an npy cache (which holds
+    .npy shards) and unrelated folders. Before, two sibling folders with .npy files made their
+    parent the ImageFolder root: the printed conversion took the whole parent and exited 3."""
+    for i in range(3):
+        write(str(tmp_path / "arrays" / f"{i:05d}.npy"), b"x")
+    write(str(tmp_path / "cache" / "shard-000000.npy"), b"x")
+    write(str(tmp_path / "cache" / "dsconvert.json"), b"{}")
+    for other in ("logs", "runs", "ckpt"):
+        write(str(tmp_path / other / "a.txt"), b"x")
+    seen = [str(tmp_path / "arrays" / "00001.npy")]
+    assert guess_dataset_root(seen) == str(tmp_path / "arrays")
+    write(str(tmp_path / "more" / "00000.npy"), b"x")  # one more folder of arrays, among 5 others: still not a tree
+    assert guess_dataset_root(seen) == str(tmp_path / "arrays")
+
+
 def test_missing_pyspy_and_refused_ptrace(monkeypatch, tmp_path):
     monkeypatch.setattr(pyspy.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setattr(pyspy.shutil, "which", lambda name: None)

@@ -28,6 +28,7 @@ class FixContext:
     fast_decoder: Optional[str]  # the fastest JPEG decoder that loads here ("pil" when none is faster)
     pillow: bool  # Pillow decodes (one of the details is Pillow's)
     wds_out: str  # where a conversion to wds writes ("" when the data folder is unknown)
+    npy_out: str = ""  # where a conversion to npy writes ("" when the data folder is unknown)
 
     @property
     def faster_decoder(self) -> bool:
@@ -75,9 +76,16 @@ FIXES: Dict[str, Tuple[Fix, ...]] = {
             when=lambda c: c.pillow and not c.faster_decoder),
     ),
     "read": (
+        # arrays np.load-ed one file a sample: the per-file open, read and header parse go away
+        Fix(SHARD, "the arrays packed into one memory-mapped npy cache: no np.load per sample; then "
+                   "open_dataset({npy_out!r})", "npy", {},
+            "pack the arrays into one memory-mapped array (np.save of them stacked, read with "
+            "np.load(path, mmap_mode='r')[i]) instead of one np.load per sample",
+            when=lambda c: c.top == "np.load"),
         Fix(SHARD, "many small reads become few large sequential ones", "wds", {},
             "pack the samples into a few large files read sequentially (tar shards, or arrays saved "
-            "with np.save and read with np.load(mmap_mode='r')) instead of one small file per sample"),
+            "with np.save and read with np.load(mmap_mode='r')) instead of one small file per sample",
+            when=lambda c: c.top != "np.load"),
     ),
     "remote": (
         Fix(SHARD, "with -o on local SSD the conversion is also the pre-cache", "wds", {},
@@ -152,7 +160,8 @@ def apply_fixes(category: str, fx: Fixes, details: Dict[str, float], fast_decode
     the category's details and their shares."""
     ctx = FixContext(top=max(details, key=details.__getitem__) if details else category, fast_decoder=fast_decoder,
                      pillow=any("Pillow" in d for d in details),
-                     wds_out=output_for(fx.root, "wds") if fx.root else "")
+                     wds_out=output_for(fx.root, "wds") if fx.root else "",
+                     npy_out=output_for(fx.root, "npy") if fx.root else "")
     for fix in FIXES.get(category, ()):
         if not fix.when(ctx):
             continue

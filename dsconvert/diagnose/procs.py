@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
+from ..manifest import MANIFEST_NAME
+
 __all__ = ["descendants", "cmdline", "open_files", "FileWatcher", "guess_dataset_root", "is_alive"]
 
 # files a Python process holds that are never the dataset
@@ -133,11 +135,16 @@ def guess_dataset_root(paths: Sequence[str]) -> Optional[str]:
             return root
         if len(siblings) >= 2 and ext:
             def holds(folder: str) -> bool:
+                """A class folder's like: files of that extension, and not a dsconvert output (an
+                npy cache beside a folder of .npy arrays holds .npy files too)."""
                 try:
-                    return any(n.lower().endswith(ext) for n in os.listdir(folder)[:64])
+                    names = os.listdir(folder)
                 except OSError:
                     return False
+                return MANIFEST_NAME not in names and any(n.lower().endswith(ext) for n in names[:64])
 
-            if sum(holds(e.path) for e in siblings[:8]) >= 2:
+            looked = siblings[:8]
+            alike = sum(holds(e.path) for e in looked)
+            if alike >= 2 and 2 * alike >= len(looked):  # most folders beside it are alike: a class tree
                 return parent
     return root

@@ -391,6 +391,17 @@ class Format(ABC):
         return sample.nbytes
 
     @classmethod
+    def accepts_source(cls, source: Any) -> bool:
+        """Whether the format takes ``source`` beyond what ``any_samples`` says (dict samples of
+        one kind it holds, such as a folder of .npy arrays for npy)."""
+        return False
+
+    @classmethod
+    def holds_dicts(cls, manifest: Manifest) -> bool:
+        """Whether an output of this format with ``manifest`` reads back as dict samples."""
+        return cls.any_samples
+
+    @classmethod
     def writer_options(cls, source: Any) -> Dict[str, Any]:
         """Format-specific options a shard spec carries (from the scanned source)."""
         return {}

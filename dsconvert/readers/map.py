@@ -45,7 +45,7 @@ class MapDataset(ShardDataset, TorchDataset):
                  access: Optional[ShardAccess] = None, allow_pickle: bool = False,
                  max_member_bytes: int = 1 << 31, prefetch: Optional[bool] = None, max_open_shards: int = 64):
         super().__init__(root, manifest, transform, target_transform, decode, access)
-        if not self.classification and not self.format.any_samples:
+        if not self.classification and not self.format.holds_dicts(manifest):
             raise ValueError(f"{root}: {manifest.format} outputs hold (image, label) samples only")
         self.stored = manifest.stored
         if decode in ENCODED_MODES and self.stored == "decoded":
@@ -171,6 +171,9 @@ class MapDataset(ShardDataset, TorchDataset):
         with decode_errors_naming(f"{self.manifest.shards[k].name}: {shard.keys[j]}"):
             stored = shard.fields(j, source) if source is not None else shard.fields(j)
             for name, data in stored.items():
+                if isinstance(data, np.ndarray):  # a packed array (npy): a view of the map with decode="numpy"
+                    sample[name] = data if self.decode == "numpy" else np.array(data)
+                    continue
                 sample[name] = decode_field(name, data, self.decode, self.allow_pickle)
         return self._finish_dict(sample)
 
