@@ -18,7 +18,11 @@ A second, unwrapped run of the same loader gives the total CPU per sample withou
 (every process's CPU time: the workers' and the trainer's), which the stages add up to, less
 the wrappers' cost.
 
-    python -m benchmarks stages --photos 4000 --batch 64,256 --json docs/bench/stages.json
+With ``--before DIR`` (a checkout of an earlier revision: ``git worktree add DIR REV``) every
+run is made with that checkout's dsconvert too, interleaved with this one's, and the table
+shows both side by side.
+
+    python -m benchmarks stages --photos 4000 --batch 64,256 --before ../main --json docs/bench/stages.json
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ import resource
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
-from benchmarks.common import meta
+from benchmarks.common import ROOT, meta
 
 # (label, where it lives): the wrapped stages, in the order the table lists them
 STAGES = [
@@ -182,7 +186,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3, help="runs of each; the median per stage")
     p.add_argument("--work", default=None, help="folder for the photos and the output (kept between runs)")
     p.add_argument("--json", default=None)
-    p.add_argument("--child", nargs=4, metavar=("WORK", "KIND", "BATCH", "WRAPPED"), help=argparse.SUPPRESS)
+    p.add_argument("--before", default=None, help="a checkout of an earlier revision, measured in the same rounds")
+    p.add_argument("--child", nargs=5, metavar=("WORK", "KIND", "BATCH", "WRAPPED", "FROM"), help=argparse.SUPPRESS)
 
 
 def _median(values: List[float]) -> float:
@@ -193,7 +198,9 @@ def _median(values: List[float]) -> float:
 
 def run(a: argparse.Namespace) -> int:
     if a.child:
-        work, kind, batch, wrapped = a.child
+        work, kind, batch, wrapped, source = a.child
+        if source != "-":  # that checkout's dsconvert, this one's benchmarks
+            sys.path.insert(0, os.path.abspath(source))
         print(json.dumps(one_run(os.path.join(work, "wds"), kind, int(batch), wrapped == "1")))
         return 0
     import subprocess
@@ -205,34 +212,42 @@ def run(a: argparse.Namespace) -> int:
     os.makedirs(work, exist_ok=True)
     prepare_ours(work, a.photos, a.per_shard)
     results: Dict[str, Any] = {}
+    versions = [("before", a.before), ("", "-")] if a.before else [("", "-")]
     for kind in a.transforms.split(","):
         for batch in [int(b) for b in a.batch.split(",")]:
-            runs: Dict[str, List[Dict[str, Any]]] = {"wrapped": [], "plain": []}
+            runs: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
             for _ in range(a.rounds):
-                for wrapped in ("1", "0"):
-                    proc = subprocess.run(self_command("stages", "--child", work, kind, str(batch), wrapped),
-                                          capture_output=True, text=True, check=True,
-                                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
-                    runs["wrapped" if wrapped == "1" else "plain"].append(json.loads(proc.stdout.splitlines()[-1]))
-            w, p = runs["wrapped"], runs["plain"]
-            entry = {"stages_us": {key: _median([r["stages_us"].get(key, 0.0) for r in w]) for _, key in STAGES},
-                     "worker_rest_us": _median([r["worker_rest_us"] for r in w]),
-                     "main_us": _median([r["main_us"] for r in w]),
-                     "sampler_us": _median([r["sampler_us"] for r in w]),
-                     "total_plain_us": _median([r["workers_us"] + r["main_us"] for r in p]),
-                     "plain_workers_us": _median([r["workers_us"] for r in p]),
-                     "plain_main_us": _median([r["main_us"] for r in p]),
-                     "plain_per_s": _median([r["per_s"] for r in p]),
-                     "peak_rss_worker_mb": _median([r["peak_rss_worker_mb"] for r in p]),
-                     "rounds": a.rounds}
-            results[f"{kind} {batch}"] = entry
-            print(f"{kind} batch {batch}: {entry['total_plain_us']:.0f} us/sample in all", file=sys.stderr)
+                for label, source in versions:
+                    for wrapped in ("1", "0"):
+                        proc = subprocess.run(self_command("stages", "--child", work, kind, str(batch), wrapped,
+                                                           source),
+                                              capture_output=True, text=True, check=True, cwd=ROOT,
+                                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                        runs.setdefault((label, wrapped), []).append(json.loads(proc.stdout.splitlines()[-1]))
+            for label, _ in versions:
+                name = f"{kind} {batch}" + (f" {label}" if label else "")
+                results[name] = _entry(runs[(label, "1")], runs[(label, "0")], a.rounds)
+                print(f"{name}: {results[name]['total_plain_us']:.0f} us/sample in all", file=sys.stderr)
     data = {"meta": meta(), "settings": {k: v for k, v in vars(a).items() if k != "child"}, "results": results}
     print(render(data))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(data, f, indent=1)
     return 0
+
+
+def _entry(w: List[Dict[str, Any]], p: List[Dict[str, Any]], rounds: int) -> Dict[str, Any]:
+    """The medians over rounds of the wrapped runs ``w`` and the plain runs ``p``."""
+    return {"stages_us": {key: _median([r["stages_us"].get(key, 0.0) for r in w]) for _, key in STAGES},
+            "worker_rest_us": _median([r["worker_rest_us"] for r in w]),
+            "main_us": _median([r["main_us"] for r in w]),
+            "sampler_us": _median([r["sampler_us"] for r in w]),
+            "total_plain_us": _median([r["workers_us"] + r["main_us"] for r in p]),
+            "plain_workers_us": _median([r["workers_us"] for r in p]),
+            "plain_main_us": _median([r["main_us"] for r in p]),
+            "plain_per_s": _median([r["per_s"] for r in p]),
+            "peak_rss_worker_mb": _median([r["peak_rss_worker_mb"] for r in p]),
+            "rounds": rounds}
 
 
 def render(data: Dict[str, Any]) -> str:
