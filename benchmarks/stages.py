@@ -49,6 +49,7 @@ STAGES = [
     ("resize (C kernel / Pillow)", "resize"),
     ("flip + CHW copy", "chw"),
     ("batch assembly (collate)", "collate"),
+    ("batch tensor in shared memory, its pages made present", "alloc"),
     ("Python per sample (the rest of __getitems__)", "python"),
 ]
 
@@ -109,6 +110,12 @@ def instrument(ds: Any, clock: Clock, dump: str) -> None:
     if hasattr(fused, "_planes_into"):
         fused._planes_into = clock.wrap("chw", fused._planes_into)
     collate.default_collate = clock.wrap("collate", collate.default_collate)
+    try:  # where a batch is decoded into one tensor: allocating it (the collate's pages, before)
+        from dsconvert.readers import into_batch
+    except ImportError:
+        pass
+    else:
+        into_batch.new_batch = clock.wrap("alloc", into_batch.new_batch)
     getitems = clock.wrap("python", ds.__getitems__)
     pid_started: Dict[str, float] = {}
 
@@ -273,4 +280,4 @@ def render(data: Dict[str, Any]) -> str:
 
 QUICK = ["--photos", "32", "--per-shard", "16", "--rounds", "1", "--batch", "8", "--transforms", "train",
          "--work", os.path.join(tempfile.gettempdir(), "dsconvert-bench-stages-quick")]
-TABLES: Dict[str, Any] = {}
+TABLES = {"stages": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds)], "render": render}}
