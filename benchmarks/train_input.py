@@ -494,7 +494,7 @@ TABLES = {
                                   "--readers", DROPIN_READERS] + _peer_args(a),
                "render": render, "needs": lambda a: a.python_ffcv},
     # issue 42's target: the map-style drop-in against FFCV with batches of 64 too
-    "dropin-64": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "64",
+    "dropin_64": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "64",
                                      "--readers", "dsconvert_fused,ffcv"] + _peer_args(a),
                   "render": render, "needs": lambda a: a.python_ffcv},
 }
