@@ -48,4 +48,5 @@ SUITES = {
     "writer": "dsconvert.optimize and Writer against LitData's optimize and webdataset's ShardWriter",
     "zstd_fields": "--compress zstd levels on non-image fields: write speed, size, read cost",
     "scale": "memory and time of every process from 10k to 1M (10M) samples, growth per sample",
+    "stages": "where each sample's CPU time goes on the drop-in path, stage by stage",
 }

@@ -52,6 +52,7 @@ from benchmarks.common import ROOT, meta, self_command
 READERS = ("imagefolder", "dsconvert_pil", "dsconvert_numpy", "dsconvert_fused", "dsconvert_fused_stream",
            "dsconvert_fused_batched", "dsconvert_npy", "dsconvert_npy_fused", "webdataset", "litdata", "mosaic",
            "ffcv", "dali")
+THREADED = ("ffcv", "dali")  # readers that decode in threads of the main process: no worker to report
 PEER_PYTHON = {"ffcv": "ffcv", "dali": "dali", "litdata": "peers", "mosaic": "peers", "webdataset": "peers"}
 
 
@@ -219,22 +220,55 @@ def read_dali(work, kind, workers, batch):
     return batches()
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) spent so far by this process's living children (DataLoader
+    workers), from /proc; 0 where there is no /proc."""
+    me, total = os.getpid(), 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # ppid; utime and stime are fields 14 and 15 of stat
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child(reader: str, work: str, kind: str, workers: int, batch: int) -> Dict[str, Any]:
+    """One reader's pass. ``cpu_per_1000``: CPU seconds of every process and thread (the main
+    one's threads, its workers) per 1,000 samples after the first batch: what the pass costs,
+    which the machine's load does not change the way it changes samples/s."""
     started = time.perf_counter()
     batches = globals()[f"read_{reader}"](work, kind, workers, batch)
     n = first_n = 0
     t_first = None
     shape = None
+    cpu_first = 0.0
     for images, labels in batches:
         if t_first is None:
             t_first, first_n = time.perf_counter(), len(labels)
+            cpu_first = _own_cpu() + _children_cpu()
             shape = [tuple(images.shape), str(images.dtype)]
         n += len(labels)
     end = time.perf_counter()
+    # the workers have been joined by now (the loader shut them down at its end): theirs is in RUSAGE_CHILDREN
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = _own_cpu() + children.ru_utime + children.ru_stime + _children_cpu() - cpu_first
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    rss_child = children.ru_maxrss / 1024
     return {"reader": reader, "transform": kind, "samples": n, "per_s": (n - first_n) / (end - t_first),
             "startup_s": t_first - started, "seconds": end - started, "peak_rss_mb": rss_self + rss_child,
+            "peak_rss_worker_mb": rss_child, "cpu_per_1000": cpu / max(1, n - first_n) * 1000,
             "first_batch": shape}
 
 
@@ -332,9 +366,12 @@ def summarise(rows: List[Dict[str, Any]], readers: List[str], kinds: List[str]) 
             rates = [rd[reader] for rd in by_round.values() if reader in rd]
             if not rates:
                 continue
+            mine = [r for r in rows if r["reader"] == reader and r["transform"] == kind]
             entry = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "rounds": len(rates),
-                     "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in rows
-                                                      if r["reader"] == reader and r["transform"] == kind)}
+                     "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine)}
+            if all("cpu_per_1000" in r for r in mine):  # runs recorded before the CPU figures lack them
+                entry["cpu_per_1000"] = statistics.median(r["cpu_per_1000"] for r in mine)
+                entry["peak_rss_worker_mb"] = statistics.median(r["peak_rss_worker_mb"] for r in mine)
             for base in ("ffcv", "imagefolder", "dali"):
                 ratios = [rd[reader] / rd[base] for rd in by_round.values() if reader in rd and base in rd]
                 if ratios and reader != base:
@@ -348,11 +385,19 @@ def summary_text(summary: Dict[str, Any]) -> str:
     lines = []
     for kind, table in summary.items():
         lines.append(f"\n{kind}: samples/s, median (range) over rounds; ratios are medians of per-round ratios")
-        lines.append(f"{'reader':26s}{'samples/s':>10s}{'range':>16s}{'vs FFCV':>9s}{'vs IF':>7s}{'RSS MB':>8s}")
+        cpu = all("cpu_per_1000" in e for e in table.values())
+        lines.append(f"{'reader':26s}{'samples/s':>10s}{'range':>16s}{'vs FFCV':>9s}{'vs IF':>7s}{'RSS MB':>8s}"
+                     + (f"{'worker MB':>10s}{'CPU s/1k':>9s}" if cpu else ""))
         for reader, e in table.items():
             lines.append(f"{reader:26s}{e['median']:10,.0f}{e['min']:8,.0f}-{e['max']:<7,.0f}"
                          f"{e.get('vs_ffcv', float('nan')):9.2f}{e.get('vs_imagefolder', float('nan')):7.2f}"
-                         f"{e['peak_rss_mb']:8,.0f}")
+                         f"{e['peak_rss_mb']:8,.0f}"
+                         + ((f"{e['peak_rss_worker_mb']:10,.0f}" if reader not in THREADED else f"{'-':>10s}")
+                            + f"{e['cpu_per_1000']:9.2f}" if cpu else ""))
+    if any("cpu_per_1000" in e for table in summary.values() for e in table.values()):
+        lines.append("\nworker MB: a DataLoader worker's peak RSS (FFCV and DALI decode in threads: their RSS MB is "
+                     "all of it); CPU s/1k: CPU seconds of every process and thread per 1,000 samples after the "
+                     "first batch")
     return "\n".join(lines)
 
 
@@ -448,4 +493,8 @@ TABLES = {
     "dropin": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "256",
                                   "--readers", DROPIN_READERS] + _peer_args(a),
                "render": render, "needs": lambda a: a.python_ffcv},
+    # issue 42's target: the map-style drop-in against FFCV with batches of 64 too
+    "dropin_64": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "64",
+                                     "--readers", "dsconvert_fused,ffcv"] + _peer_args(a),
+                  "render": render, "needs": lambda a: a.python_ffcv},
 }

@@ -12,13 +12,15 @@
  * is Pillow-SIMD's, which torch's AVX2 kernel also follows; a plain C loop does the same sums
  * where AVX2 is not available. The passes run without the GIL.
  *
- * window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, simd)
+ * window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, simd, flip=False)
  *   -> None
  *   src: uint8 (rows, columns, 3 or 4) with contiguous pixels (any row stride): rows
  *   [in_top, in_top + rows) and columns [in_left, in_left + columns) of an in_h x in_w image
  *   (in_top, in_left may be negative). The output window starts at (top, left) of the image
  *   resized to out_h x out_w; dst: a writable C-contiguous uint8 buffer of (3, h, w) (planar)
  *   or (h, w, 3) bytes, whose shape gives the window's size. filter: 0 bilinear, 1 bicubic.
+ *   flip: the window written mirrored left to right (a RandomHorizontalFlip's copy saved: the
+ *   horizontal pass computes output column w - 1 - x at x, with that column's own taps).
  *   ValueError when src does not hold every input pixel the window reads.
  * span(in_size, out_size, start, count, filter) -> (lo, hi): the input pixels [lo, hi) that
  *   outputs [start, start + count) read along one axis.
@@ -125,7 +127,7 @@ static int axis_init(axis_t *a, int filter, int64_t in_size, int64_t out_size, i
     a->stride = (ksize + 3) & ~3;
     a->lo = malloc(sizeof(int) * (size_t)(count ? count : 1));
     a->n = malloc(sizeof(int) * (size_t)(count ? count : 1));
-    a->w = calloc((size_t)a->stride * (size_t)(count ? count : 1), sizeof(int16_t));
+    a->w = calloc((size_t)a->stride * (size_t)(count + 1), sizeof(int16_t));  /* + 1: axis_reverse's spare */
     wt = malloc(sizeof(double) * (size_t)ksize);
     keep = malloc(sizeof(double) * (size_t)ksize * (size_t)(count ? count : 1));
     if (!a->lo || !a->n || !a->w || !wt || !keep) {
@@ -330,7 +332,7 @@ typedef struct {
     Py_ssize_t row_stride, src_end;  /* src_end: readable bytes from src */
     int channels;
     int64_t in_top, in_left, in_h, in_w, out_h, out_w, top, left, h, w;
-    int filter, planar, simd;
+    int filter, planar, simd, flip;
     uint8_t *dst;
 } job_t;
 
@@ -372,7 +374,7 @@ static void horizontal(const job_t *job, const axis_t *ax, int64_t y0, int64_t y
             uint8_t *out = mid + (size_t)(y - y0) * mid_row;
             int64_t x;
             for (x = 0; x < job->w; x++) {
-                memcpy(out + 4 * x, in + x * channels, 3);
+                memcpy(out + 4 * x, in + (job->flip ? job->w - 1 - x : x) * channels, 3);
                 out[4 * x + 3] = 0;
             }
         }
@@ -417,6 +419,24 @@ static void horizontal(const job_t *job, const axis_t *ax, int64_t y0, int64_t y
         horizontal_row(mid + (size_t)(y - y0) * mid_row, src_row(job, y), job->in_left, channels, ax, (int)job->w);
 }
 
+/* The axis's outputs in reverse order: output x then takes output count - 1 - x's taps and
+ * weights, so the pass writes the mirrored row with the same sums */
+static void axis_reverse(axis_t *a, int64_t count) {
+    int64_t i, j;
+    int16_t *tmp = a->w + (size_t)count * a->stride;  /* axis_init allocates one spare row */
+    for (i = 0, j = count - 1; i < j; i++, j--) {
+        int t = a->lo[i];
+        a->lo[i] = a->lo[j];
+        a->lo[j] = t;
+        t = a->n[i];
+        a->n[i] = a->n[j];
+        a->n[j] = t;
+        memcpy(tmp, a->w + (size_t)i * a->stride, sizeof(int16_t) * (size_t)a->stride);
+        memcpy(a->w + (size_t)i * a->stride, a->w + (size_t)j * a->stride, sizeof(int16_t) * (size_t)a->stride);
+        memcpy(a->w + (size_t)j * a->stride, tmp, sizeof(int16_t) * (size_t)a->stride);
+    }
+}
+
 /* 0, or -1 when memory runs out */
 static int run(const job_t *job) {
     axis_t ax = {0}, ay = {0};
@@ -426,6 +446,8 @@ static int run(const job_t *job) {
     int vertical = job->in_h != job->out_h, status = -1;
     if (axis_init(&ax, job->filter, job->in_w, job->out_w, job->left, job->w) < 0)
         return -1;
+    if (job->flip)
+        axis_reverse(&ax, job->w);
     if (axis_init(&ay, job->filter, job->in_h, job->out_h, job->top, job->h) < 0)
         goto done;
     if (vertical) {
@@ -523,12 +545,12 @@ static PyObject *window(PyObject *self, PyObject *args) {
     PyObject *src_obj, *dst_obj;
     Py_buffer src, dst;
     long long in_top, in_left, in_h, in_w, out_h, out_w, top, left;
-    int filter, planar, simd, status;
+    int filter, planar, simd, flip = 0, status;
     job_t job;
     int64_t lo, hi, lo_x, hi_x;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OLLLLLLLLOipp", &src_obj, &in_top, &in_left, &in_h, &in_w, &out_h, &out_w, &top,
-                          &left, &dst_obj, &filter, &planar, &simd))
+    if (!PyArg_ParseTuple(args, "OLLLLLLLLOipp|p", &src_obj, &in_top, &in_left, &in_h, &in_w, &out_h, &out_w, &top,
+                          &left, &dst_obj, &filter, &planar, &simd, &flip))
         return NULL;
     if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES | PyBUF_FORMAT) < 0)
         return NULL;
@@ -579,7 +601,7 @@ static PyObject *window(PyObject *self, PyObject *args) {
     job.channels = (int)src.shape[2];
     job.in_top = in_top, job.in_left = in_left, job.in_h = in_h, job.in_w = in_w;
     job.out_h = out_h, job.out_w = out_w, job.top = top, job.left = left;
-    job.filter = filter, job.planar = planar;
+    job.filter = filter, job.planar = planar, job.flip = flip;
 #ifdef HAVE_AVX2_KERNEL
     job.simd = simd && has_avx2();
 #else
@@ -613,7 +635,7 @@ static PyObject *simd(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"simd", simd, METH_NOARGS, "simd() -> bool: whether window() runs its AVX2 kernels on this CPU"},
     {"window", window, METH_VARARGS,
-     "window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, simd) -> None"},
+     "window(src, in_top, in_left, in_h, in_w, out_h, out_w, top, left, dst, filter, planar, simd, flip=False) -> None"},
     {"span", span, METH_VARARGS, "span(in_size, out_size, start, count, filter) -> (lo, hi)"},
     {NULL, NULL, 0, NULL},
 };

@@ -256,15 +256,19 @@ def rrc_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[flo
 
     area = height * width
     log_ratio = _log_ratio(tuple(ratio))
-    draw = torch.empty(1)
+    # one float32 and one int64 tensor drawn into in place: uniform_ as torchvision's
+    # torch.empty(1).uniform_, exp_ the same float32 kernel as its torch.exp, random_(lo, hi) what
+    # torch.randint(lo, hi, (1,)) runs on a new int64 tensor; the same draws, without a new
+    # tensor for each (a third of the box's cost)
+    draw, position = torch.empty(1), torch.empty(1, dtype=torch.int64)
     for _ in range(10):
         target_area = area * draw.uniform_(scale[0], scale[1]).item()
-        aspect_ratio = torch.exp(draw.uniform_(log_ratio[0], log_ratio[1])).item()  # float32, as torchvision
+        aspect_ratio = draw.uniform_(log_ratio[0], log_ratio[1]).exp_().item()  # float32, as torchvision
         w = int(round(math.sqrt(target_area * aspect_ratio)))
         h = int(round(math.sqrt(target_area / aspect_ratio)))
         if 0 < w <= width and 0 < h <= height:
-            i = int(torch.randint(0, height - h + 1, size=(1,)).item())
-            j = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            i = int(position.random_(0, height - h + 1).item())
+            j = int(position.random_(0, width - w + 1).item())
             return i, j, h, w
     in_ratio = float(width) / float(height)
     if in_ratio < min(ratio):
@@ -482,6 +486,16 @@ def _chw(pixels: np.ndarray, flip: bool) -> np.ndarray:
     return np.ascontiguousarray((pixels[:, ::-1] if flip else pixels).transpose(2, 0, 1))
 
 
+def _fill(out: np.ndarray, sample: Any) -> None:
+    """A sample (a CHW uint8 tensor) copied into its row of a batch."""
+    import torch
+
+    if not isinstance(sample, torch.Tensor) or sample.dtype != torch.uint8 or tuple(sample.shape) != out.shape:
+        raise ValueError(f"a sample of {getattr(sample, 'shape', type(sample).__name__)} does not fit a batch of "
+                         f"{out.shape} uint8 images")
+    np.copyto(out, sample.numpy())
+
+
 class FusedTransform:
     """``transform`` with its leading geometry fused into decoding; call it on encoded bytes
     (:meth:`from_bytes`) or on decoded HWC pixels (:meth:`from_pixels`, for outputs that store
@@ -517,56 +531,117 @@ class FusedTransform:
     def __repr__(self) -> str:
         return f"FusedTransform(geometry={self.geometry}, flip={self.flip}, output={self.output!r}, rest={self.rest})"
 
+    @property
+    def batch_shape(self) -> Optional[Tuple[int, int, int]]:
+        """(3, height, width) of every sample, where :meth:`into` can write them into one batch
+        tensor: a crop of known size, ending in ``PILToTensor`` with nothing after it; else None."""
+        g = self.geometry
+        if g is None or self.output != "uint8" or self.rest:
+            return None
+        if g.kind == "random_resized_crop" and g.size is not None:
+            return (3, g.size[0], g.size[1])
+        if g.kind in ("resize", "center_crop", "random_crop") and g.crop is not None:
+            return (3, g.crop[0], g.crop[1])
+        return None
+
+    def into(self, data: Any, out: np.ndarray) -> None:
+        """:meth:`from_bytes` written into ``out``, a C x H x W uint8 array (a row of one batch
+        tensor, so the DataLoader's collate has nothing to copy). Where the resize kernel runs,
+        it writes the crop there directly, mirrored when the flip is drawn: no per-sample
+        array, tensor, CHW copy or flip copy. Elsewhere the sample is made as :meth:`from_bytes`
+        makes it, then copied. The random draws are the same, in the same order."""
+        g = self.geometry
+        shape = self.batch_shape
+        if g is not None and shape is not None and out.shape == shape:
+            if g.kind == "random_resized_crop":
+                size = cast(Tuple[int, int], g.size)
+                pixels, k, origin, box = self._rrc_decode(data)
+                top, left, h, w = box
+                if k == 1 and (h, w) != size and resample.available(g.interpolation, (h, w), size, pixels):
+                    resample.resize_window(pixels, (origin[0] - top, origin[1] - left), (h, w), size,
+                                           (0, 0, size[0], size[1]), g.interpolation, True, flip=self._flips(),
+                                           out=out)
+                    return
+                return _fill(out, self._finish(self._crop_resize(pixels, box, k, g, origin, True)))
+            if g.kind == "resize":
+                pixels, k, origin, target, full = self._resize_decode(data)
+                crop = cast(Tuple[int, int], g.crop)
+                if (k == 1 and target is not None and full is not None and _crop_only(target, g)
+                        and resample.available(g.interpolation, full, target, pixels)):
+                    check_pixels(target[1], target[0])  # as _from_resize does
+                    top, left = _centre(target, crop)
+                    resample.resize_window(pixels, origin, full, target, (top, left, crop[0], crop[1]),
+                                           g.interpolation, True, flip=self._flips(), out=out)
+                    return
+                area = (full[1] / k, full[0] / k) if k > 1 and full is not None else None
+                return _fill(out, self._from_resize(pixels, target, area, full, origin))
+        _fill(out, self.from_bytes(data))
+
+    def _rrc_decode(self, data: Any) -> Tuple[np.ndarray, int, Tuple[int, int], Tuple[int, int, int, int]]:
+        """(pixels, k, origin, box) of a RandomResizedCrop: the box drawn as torchvision draws it,
+        the JPEG decoded at 1/k, only the region the box's resize reads (see :func:`_decode`)."""
+        g = self.geometry
+        assert g is not None and g.size is not None  # a random_resized_crop always has one
+        size = g.size
+        box: List[Tuple[int, int, int, int]] = []
+
+        def need(height: int, width: int) -> Tuple[float, float]:
+            if not box:  # drawn once, though a refused region decode asks again
+                box.append(rrc_box(height, width, g.scale, g.ratio))
+            # reduce only while the box stays DCT_MARGIN times the output size
+            return size[0] * height / box[0][2], size[1] * width / box[0][3]
+
+        def region(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
+            top, left, h, w = box[0]
+            if k == 1:  # the crop is sliced out, then resized
+                return top, top + h, left, left + w
+            # Pillow reads the filter's reach around the box (_crop_resize)
+            ry, rx = _reach(h, k, size[0]), _reach(w, k, size[1])
+            return (top // k - ry) * k, (-(-(top + h) // k) + ry) * k, (left // k - rx) * k, \
+                (-(-(left + w) // k) + rx) * k
+
+        pixels, k, origin = _decode(data, need if self._reduces else _whole(need), region)
+        if not box:  # decoded by Pillow without a header read: draw the box now
+            box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
+        return pixels, k, origin, box[0]
+
+    def _resize_decode(self, data: Any) -> Tuple[np.ndarray, int, Tuple[int, int], Optional[Tuple[int, int]],
+                                                 Optional[Tuple[int, int]]]:
+        """(pixels, k, origin, resized size, image size) of a Resize (+ CenterCrop): the JPEG
+        decoded at 1/k, only the region the centre crop's resize reads where that is all it
+        needs; the sizes are None where the header was not read (Pillow decoded it whole)."""
+        g = self.geometry
+        assert g is not None
+        target: List[Tuple[int, int]] = []
+        full: List[Tuple[int, int]] = []
+
+        def need_resized(height: int, width: int) -> Tuple[float, float]:
+            if not full:
+                full.append((height, width))
+                target.append(resized_size(height, width, g.resize, g.max_size))
+            return target[0]
+
+        def region_resized(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
+            if k == 1 and g.crop is not None and _crop_only(target[0], g):
+                return _centre_region((height, width), target[0], g.crop, g.interpolation)
+            return 0, height, 0, width  # the whole image is resized, then cropped
+
+        pixels, k, origin = _decode(data, need_resized if self._reduces else _whole(need_resized), region_resized)
+        return pixels, k, origin, target[0] if target else None, full[0] if full else None
+
     def from_bytes(self, data: Any) -> Any:
         g = self.geometry
         if g is None:
             return self._unfused(pil_rgb(bytes(data) if not isinstance(data, bytes) else data))
         if g.kind == "random_resized_crop":
-            size = g.size
-            assert size is not None  # a random_resized_crop always has one
-            box: List[Tuple[int, int, int, int]] = []
-
-            def need(height: int, width: int) -> Tuple[float, float]:
-                if not box:  # drawn once, though a refused region decode asks again
-                    box.append(rrc_box(height, width, g.scale, g.ratio))
-                # reduce only while the box stays DCT_MARGIN times the output size
-                return size[0] * height / box[0][2], size[1] * width / box[0][3]
-
-            def region(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
-                top, left, h, w = box[0]
-                if k == 1:  # the crop is sliced out, then resized
-                    return top, top + h, left, left + w
-                # Pillow reads the filter's reach around the box (_crop_resize)
-                ry, rx = _reach(h, k, size[0]), _reach(w, k, size[1])
-                return (top // k - ry) * k, (-(-(top + h) // k) + ry) * k, (left // k - rx) * k, \
-                    (-(-(left + w) // k) + rx) * k
-
-            pixels, k, origin = _decode(data, need if self._reduces else _whole(need), region)
-            if not box:  # decoded by Pillow without a header read: draw the box now
-                box.append(rrc_box(pixels.shape[0], pixels.shape[1], g.scale, g.ratio))
-            return self._finish(self._crop_resize(pixels, box[0], k, g, origin, self._planar))
+            pixels, k, origin, rrc = self._rrc_decode(data)
+            return self._finish(self._crop_resize(pixels, rrc, k, g, origin, self._planar))
         if g.kind == "resize":
-            target: List[Tuple[int, int]] = []
-
-            full: List[Tuple[int, int]] = []
-
-            def need_resized(height: int, width: int) -> Tuple[float, float]:
-                if not full:
-                    full.append((height, width))
-                    target.append(resized_size(height, width, g.resize, g.max_size))
-                return target[0]
-
-            def region_resized(height: int, width: int, k: int) -> Tuple[int, int, int, int]:
-                if k == 1 and g.crop is not None and _crop_only(target[0], g):
-                    return _centre_region((height, width), target[0], g.crop, g.interpolation)
-                return 0, height, 0, width  # the whole image is resized, then cropped
-
-            pixels, k, origin = _decode(data, need_resized if self._reduces else _whole(need_resized),
-                                        region_resized)
+            pixels, k, origin, resized, image = self._resize_decode(data)
             # at 1/k the image's ceil(width / k) columns cover width / k of it: the resize maps
             # exactly that area (resizing all the columns would stretch it by up to one pixel)
-            area = (full[0][1] / k, full[0][0] / k) if k > 1 and full else None
-            return self._from_resize(pixels, target[0] if target else None, area, full[0] if full else None, origin)
+            area = (image[1] / k, image[0] / k) if k > 1 and image is not None else None
+            return self._from_resize(pixels, resized, area, image, origin)
         pixels, _, _ = _decode(data, lambda h, w: (h, w))
         return self.from_pixels(pixels)
 
@@ -666,11 +741,18 @@ class FusedTransform:
             image = op(image)
         return image
 
+    def _flips(self) -> bool:
+        """Whether this sample is flipped: a RandomHorizontalFlip's draw, torchvision's
+        ``torch.rand(1) < p``, on every sample (p = 0 included)."""
+        import torch
+
+        return self.flip is not None and torch.rand(1).item() < self.flip
+
     def _finish(self, pixels: np.ndarray) -> Any:
         """Flip, convert to the output type, then the rest of the transform."""
         import torch
 
-        flip = self.flip is not None and torch.rand(1).item() < self.flip
+        flip = self._flips()
         if self.output == "pil":
             out: Any = Image.fromarray(np.ascontiguousarray(pixels[:, ::-1] if flip else pixels))
         else:

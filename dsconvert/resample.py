@@ -75,15 +75,21 @@ def span(in_size: int, out_size: int, start: int, count: int, interpolation: str
 
 def resize_window(pixels: np.ndarray, origin: Tuple[int, int], in_shape: Tuple[int, int],
                   out_shape: Tuple[int, int], window: Tuple[int, int, int, int], interpolation: str,
-                  planar: bool = True, simd: bool = True) -> np.ndarray:
+                  planar: bool = True, simd: bool = True, flip: bool = False,
+                  out: Optional[np.ndarray] = None) -> np.ndarray:
     """The ``window`` (top, left, height, width) of an ``in_shape`` image resized to
     ``out_shape``, exactly as torch's antialiased uint8 ``interpolation`` gives it. ``pixels``:
     HWC uint8 (3 or 4 channels, any row stride), the image's rows and columns from ``origin``
     (top, left; negative where they start before it). Returns HWC; with ``planar``, a view of a
-    new C x H x W array (a CHW tensor without a copy). ValueError when ``pixels`` lack an input
-    pixel the window reads."""
+    new C x H x W array (a CHW tensor without a copy). ``flip``: mirrored left to right (the
+    same pixels as flipping the result, without the copy). ``out``: the C x H x W (planar) or
+    H x W x C array to write, C-contiguous and of the window's size (a row of a batch), instead
+    of a new one. ValueError when ``pixels`` lack an input pixel the window reads."""
     top, left, height, width = window
-    out = np.empty((3, height, width) if planar else (height, width, 3), np.uint8)
+    if out is None:
+        out = np.empty((3, height, width) if planar else (height, width, 3), np.uint8)
+    elif out.shape != ((3, height, width) if planar else (height, width, 3)):
+        raise ValueError(f"resize_window: out is {out.shape}, the window {(height, width)}")
     _kernel().window(pixels, origin[0], origin[1], in_shape[0], in_shape[1], out_shape[0],
-                     out_shape[1], top, left, out, FILTERS[interpolation], planar, simd)
+                     out_shape[1], top, left, out, FILTERS[interpolation], planar, simd, flip)
     return out.transpose(1, 2, 0) if planar else out

@@ -110,6 +110,25 @@ def test_rrc_boxes_follow_torchvisions_distribution(torch, height, width):
         assert ks_distance([stat(b) for b in ours], [stat(b) for b in theirs]) < 0.044
 
 
+def test_rrc_boxes_are_torchvisions_get_params_draw_for_draw(torch):
+    """The same seed gives torchvision's boxes and leaves torch's generator where
+    torchvision's leaves it (the next draw, a flip, agrees): 2,000 random sizes, scales and
+    ratios, the fallback after ten refused draws included."""
+    tv = pytest.importorskip("torchvision.transforms")
+    rng = random.Random(5)
+    for _ in range(2000):
+        height, width = rng.randint(1, 3000), rng.randint(1, 3000)
+        scale = tuple(sorted((rng.uniform(0.01, 1.0), rng.uniform(0.01, 1.0))))
+        ratio = tuple(sorted((rng.uniform(0.1, 1.5), rng.uniform(0.5, 8.0))))
+        seed = rng.randrange(1 << 30)
+        torch.manual_seed(seed)
+        ours = [fz.rrc_box(height, width, scale, ratio) for _ in range(2)], torch.rand(1)
+        torch.manual_seed(seed)
+        image = torch.empty(1, height, width)
+        theirs = [tuple(tv.RandomResizedCrop.get_params(image, scale, ratio)) for _ in range(2)], torch.rand(1)
+        assert ours[0] == theirs[0] and torch.equal(ours[1], theirs[1]), (height, width, scale, ratio, seed)
+
+
 def test_rrc_falls_back_to_the_centre_crop_like_torchvision(torch):
     torch.manual_seed(0)
     # a 10:1 strip can never hold a crop of ratio <= 4/3 and area >= 8%... only the fallback

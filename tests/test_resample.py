@@ -112,6 +112,32 @@ def test_large_reductions_and_thin_images_are_torchs_pixels(torch, interpolation
 
 
 @needs_kernel
+@pytest.mark.parametrize("simd", [True, False], ids=["avx2", "plain-c"])
+@pytest.mark.parametrize("interpolation", FILTERS)
+def test_a_flipped_window_is_torchs_pixels_mirrored(torch, interpolation, simd):
+    """flip=True (a RandomHorizontalFlip written by the kernel, no copy): 300 random cases,
+    the columns unchanged included (the pass that only copies), planar and interleaved, into a
+    given array; every pixel equals torch's resize of the whole image, mirrored."""
+    if simd and not kernel.simd():
+        pytest.skip("this CPU has no AVX2: the kernel's AVX2 loops do not run here")
+    rng = np.random.default_rng(11 + simd + 2 * FILTERS.index(interpolation))
+    for case in range(300):
+        image, out_shape, window = random_case(rng)
+        src, origin = tight_src(image, out_shape, window, interpolation, rng)
+        top, left, h, w = window
+        want = torch_resize(torch, image, *out_shape, interpolation)[:, top:top + h, left:left + w][:, :, ::-1]
+        planar = case % 2 == 0
+        out = np.full((3, h, w) if planar else (h, w, 3), 7, np.uint8)
+        got = resample.resize_window(src, origin, image.shape[:2], out_shape, window, interpolation, planar, simd,
+                                     flip=True, out=out)
+        assert np.shares_memory(got, out)
+        assert np.array_equal(got.transpose(2, 0, 1), want), (case, image.shape, out_shape, window)
+    with pytest.raises(ValueError, match="out is"):
+        resample.resize_window(image, (0, 0), image.shape[:2], (8, 8), (0, 0, 8, 8), interpolation,
+                               out=np.empty((3, 8, 9), np.uint8))
+
+
+@needs_kernel
 def test_a_missing_input_pixel_is_refused():
     """src one row or column short of what the window reads, on each side: ValueError, saying
     what it holds and what the window reads."""

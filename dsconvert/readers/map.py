@@ -177,11 +177,48 @@ class MapDataset(ShardDataset, TorchDataset):
                 sample[name] = decode_field(name, data, self.decode, self.allow_pickle)
         return self._finish_dict(sample)
 
+    def _batch_shape(self) -> Optional[Tuple[int, int, int]]:
+        """(3, height, width) where a batch's images are decoded into one tensor
+        (:mod:`dsconvert.readers.into_batch`): ``decode="fused"`` with a crop of known size
+        ending in ``PILToTensor``, over encoded (image, label) samples; else None."""
+        if self.fused is None or not self.classification or self.stored == "decoded":
+            return None
+        return self.fused.batch_shape
+
+    def _into_batch(self, indices: List[int], shape: Tuple[int, int, int],
+                    places: Optional[List[Tuple[int, int]]] = None, sources: Optional[Dict[int, Any]] = None
+                    ) -> List[Any]:
+        """The batch's images decoded into the rows of one uint8 tensor, which torch's
+        ``default_collate`` then returns without a copy (see :mod:`dsconvert.readers.into_batch`);
+        ``places`` and ``sources``: where each sample is and its shard's bytes, already fetched."""
+        from .into_batch import RowsOfBatch, new_batch
+
+        images = new_batch(len(indices), shape)
+        rows = images.numpy()
+        into = self.fused.into  # type: ignore[union-attr]
+        where, shard_of, target_transform = self.where, self.shard, self.target_transform
+        labels = []
+        for slot, index in enumerate(indices):
+            k, j = where(index) if places is None else places[slot]
+            shard = shard_of(k)
+            try:  # a plain try, as in __getitem__
+                into(shard.image(j) if sources is None else shard.image(j, sources[k]),  # type: ignore[call-arg]
+                     rows[slot])
+            except Exception:
+                with decode_errors_naming(f"{self.manifest.shards[k].name}[{j}]"):
+                    raise
+            label = shard.labels[j]
+            labels.append(label if target_transform is None else target_transform(label))
+        return RowsOfBatch(images, labels)
+
     def __getitems__(self, indices: List[int]) -> List[Any]:
         """The samples of one batch (torch's DataLoader calls this once per batch, then
         collates): one call instead of ``len(indices)`` from the fetcher; on latency-bound
         storage, their bytes requested at once."""
+        shape = self._batch_shape()
         if not self._fetches():
+            if shape is not None:
+                return self._into_batch(indices, shape)
             getitem = self.__getitem__
             return [getitem(i) for i in indices]
         places = [self.where(i) for i in indices]
@@ -192,6 +229,8 @@ class MapDataset(ShardDataset, TorchDataset):
         try:
             for k, js in wanted.items():
                 sources[k] = self.shard(k).scattered(js, self.classification)
+            if shape is not None:
+                return self._into_batch(indices, shape, places, sources)
             out: List[Any] = []
             for k, j in places:
                 shard, source = self.shard(k), sources[k]
