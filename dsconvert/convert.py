@@ -20,9 +20,12 @@ import stat
 import sys
 import tempfile
 import time
+from array import array
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
+
+import numpy as np
 
 from . import skips
 from .codecs import (
@@ -43,7 +46,6 @@ from .errors import (
     SourceError,
 )
 from .formats import FORMATS, Format, get
-from .formats.base import part_of
 from .inputs import read_samples
 from .io.localfs import free_bytes, mount_of
 from .io.location import Location, is_remote, local_form
@@ -65,7 +67,8 @@ from .processes import available_cpus, process_pool
 from .progress import progress_bar
 from .reencode import DEFAULT_QUALITY
 from .samples import LAYOUTS, Skipped, Source
-from .shuffle import ORDERS, order_bytes, shuffled_order
+from .scan_table import Reordered, ScanTable
+from .shuffle import ORDERS, StoredPositions, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import scan
 from .source.arrow import dataset_folder
@@ -228,26 +231,30 @@ def refuse_foreign(out: Location, fmt: Type[Format], todo: List[ShardSpec], owne
 def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, samples_per_shard: int,
                 shard_bytes: int, min_shards: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
                 format_options: Dict[str, Any], bytes_ratio: float,
-                storage_options: Dict[str, Any], positions: Optional[List[int]] = None,
-                owner: str = "") -> List[ShardSpec]:
-    """Plan shards; ``bytes_ratio`` scales source bytes to output bytes (decoded pixels);
+                storage_options: Dict[str, Any], positions: Optional[np.ndarray] = None,
+                owner: str = "") -> _LazySpecs:
+    """Plan shards: the specs, each made when asked for (it holds only its own samples);
+    ``bytes_ratio`` scales source bytes to output bytes (decoded pixels);
     ``positions``: the samples' stored order, as source positions (None: the source's), each
     then recorded as the sample's place in the original order (``source.positions`` maps it
     further, for a source that is itself a shuffled output)."""
     sample_type = source.sample_type
     classification = sample_type == "classification"
     compressed = bool(format_options.get("compress"))
-    samples = source.samples if positions is None else [source.samples[p] for p in positions]
+    samples = source.samples if positions is None else Reordered(source.samples, positions)
     if source.positions is not None:  # the original order's places, carried through
-        positions = [source.positions[p] for p in positions] if positions is not None else list(source.positions)
+        given = np.asarray(source.positions, dtype=np.int64)
+        positions = given if positions is None else given[positions]
     ranges = spread_plan(samples, samples_per_shard, max(1, shard_bytes - fmt.overhead), min_shards,
                          size_of=lambda s: int(fmt.sample_bytes(s, classification, compressed) * bytes_ratio))
-    return [
-        ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
-                  tuple(samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options,
-                  source.kind, tuple(positions[a:b]) if positions is not None else (), owner)
-        for i, (a, b) in enumerate(ranges)
-    ]
+
+    def make(i: int) -> ShardSpec:
+        a, b = ranges[i]
+        return ShardSpec(fmt.id, i, fmt.shard_name(prefix, i), source.root, out.url, sample_type,
+                         tuple(samples[a:b]), verify, max_image_pixels, strict, format_options, storage_options,
+                         source.kind, tuple(positions[a:b].tolist()) if positions is not None else (), owner)
+
+    return _LazySpecs([fmt.shard_name(prefix, i) for i in range(len(ranges))], make)
 
 
 SHUFFLABLE_KINDS = ("files", "tar")  # sources read in any order at no extra cost (a file, a member)
@@ -316,35 +323,56 @@ def out_of_space_is_resumable(out: Location) -> Iterator[None]:
             "command again to resume", out.url) from None
 
 
-def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], bar,
-         owned: Optional[Owned] = None, pool: Optional[cf.ProcessPoolExecutor] = None) -> List[ShardResult]:
+def _run(specs: Sequence[ShardSpec], workers: int, executor: Optional[cf.Executor], bar,
+         owned: Optional[Owned] = None, pool: Optional[cf.ProcessPoolExecutor] = None,
+         on_result: Optional[Callable[[int, ShardResult], None]] = None) -> List[ShardResult]:
     """Write every spec, reporting each finished shard; the first error cancels the rest.
     With ``owned``, a file this output cannot prove it wrote where a shard goes stops it first.
-    ``pool``: a process pool started before the scan (:func:`started_pool`), used as this run's own."""
-    if not specs:
+    ``pool``: a process pool started before the scan (:func:`started_pool`), used as this run's own.
+
+    ``specs`` is read by index, each spec made when it is needed (:class:`_LazySpecs`): only the
+    shards whose files are already there are looked at before writing (finished, or a foreign
+    file), and at most two specs per worker are in flight, so the parent never holds every
+    spec's samples. ``on_result(index, result)`` sees each result as it comes."""
+    count = len(specs)
+    if not count:
         return []
-    fmt = get(specs[0].format)
+    first = specs[0]
+    fmt = get(first.format)
+    out = Location(first.out_dir, first.storage_options)
     results: Dict[int, ShardResult] = {}
-    todo: List[ShardSpec] = []
-    for spec in specs:
+
+    def take(index: int, result: ShardResult) -> None:
+        results[index] = result
+        if on_result is not None:
+            on_result(index, result)
+
+    names = specs.names if isinstance(specs, _LazySpecs) else [spec.name for spec in specs]
+    present = set(out.listdir())
+    todo: List[int] = []
+    for i, name in enumerate(names):
+        if not any(n in present for n in fmt.planned_files(name)):
+            todo.append(i)  # nothing there: neither finished nor in the way
+            continue
+        spec = specs[i]
         done = fmt.completed(spec)
         if done is not None:
-            results[spec.index] = done
+            take(i, done)
             bar.update(len(spec.samples))
-        else:
-            todo.append(spec)
-    if owned is not None and todo:
-        refuse_foreign(owned.out, fmt, todo, owned)
+            continue
+        if owned is not None:
+            refuse_foreign(owned.out, fmt, [spec], owned)
+        todo.append(i)
     started = time.perf_counter()
     nbytes = 0
 
     def finished(spec: ShardSpec, result: ShardResult) -> None:
         nonlocal nbytes
-        results[spec.index] = result
+        take(spec.index, result)
         nbytes += result.entry.bytes
         bar.update(len(spec.samples))
         rate = nbytes / max(time.perf_counter() - started, 1e-9) / 1e6
-        bar.set_postfix_str(f"{len(results)}/{len(specs)} shards, {rate:.0f} MB/s")
+        bar.set_postfix_str(f"{len(results)}/{count} shards, {rate:.0f} MB/s")
 
     own_pool = None
     # a format whose native library may crash on a failed write is written in a child process
@@ -356,23 +384,54 @@ def _run(specs: List[ShardSpec], workers: int, executor: Optional[cf.Executor], 
         own_pool = executor = process_pool(min(workers, len(todo)))
     try:
         if executor is None:
-            for spec in todo:
+            for i in todo:
+                spec = specs[i]
                 finished(spec, write_shard(spec))
         else:
             task = _write_shard if own_pool is not None or executor is pool else write_shard
-            futures = {executor.submit(task, spec): spec for spec in todo}
+            limit = 2 * max(1, workers)  # specs in flight: every worker busy, one more queued each
+            waiting = iter(todo)
+            futures: Dict[cf.Future, ShardSpec] = {}
             try:
-                for future in cf.as_completed(futures):
-                    finished(futures[future], future.result())
+                while True:
+                    while len(futures) < limit:
+                        following = next(waiting, None)
+                        if following is None:
+                            break
+                        spec = specs[following]
+                        futures[executor.submit(task, spec)] = spec
+                    if not futures:
+                        break
+                    done_now, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
+                    for future in sorted(done_now, key=lambda f: futures[f].index):
+                        finished(futures[future], future.result())
+                        del futures[future]
             except BaseException as exc:
                 for future in futures:
                     future.cancel()
-                raise_worker_cause(exc, futures, specs[0].out_dir)
+                raise_worker_cause(exc, futures, first.out_dir)
                 raise
     finally:
         if own_pool is not None:
             own_pool.shutdown(wait=True, cancel_futures=True)
-    return [results[spec.index] for spec in specs]
+    return [results[i] for i in range(count)]
+
+
+class _LazySpecs(Sequence[ShardSpec]):
+    """A plan's shard specs, each made when asked for (it holds its samples), with every
+    shard's name known ahead."""
+
+    def __init__(self, names: List[str], make: Callable[[int], ShardSpec]):
+        self.names = names
+        self.make = make
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self.make(i) for i in range(*index.indices(len(self.names)))]
+        return self.make(int(index))
 
 
 def started_pool(workers: int) -> cf.ProcessPoolExecutor:
@@ -661,15 +720,22 @@ def convert(
         specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes, min_shards,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}),
                             positions, owned.token)
+        stored = StoredPositions()  # each shard's positions, on disk as it finishes: the order file's
+
+        def keep_positions(index: int, result: ShardResult) -> None:
+            if result.positions is not None:
+                stored.add(index, result.positions)
+                result.positions = None
+
         with progress_bar(progress, f"writing {format}", total=len(source.samples), unit=" samples") as bar:
-            results = _run(specs, workers, executor, bar, None if overwrite else owned, pool)
+            results = _run(specs, workers, executor, bar, None if overwrite else owned, pool, keep_positions)
 
         keep = {name for r in results for name in fmt.files_of(r.entry)}
         remove_stale(location, prefix, keep, Owned(location, owned.token))  # read again: the writers added
         manifest = build_manifest(src_abs, source, format, results, options, decode, compression)
         if shuffled or source.positions is not None:  # before the manifest, which names it: a kill in between
             # leaves no finished output
-            manifest.order = _save_order(location, results, owned.token)
+            manifest.order = _save_order(location, results, stored, owned.token)
         manifest.save(location, temp_noter(location, owned.token))
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, out_dir, False, len(results) - resumed, resumed,
@@ -678,36 +744,42 @@ def convert(
 
 def _drop_over_limit(source: Source, limit: Optional[int]) -> Source:
     """The source less the samples with an input the scan already knows is over the byte bound
-    (a file's size, a tar member's, a Parquet row group's bytes per row): skipped unread."""
-    if not limit or not any(f.size > limit for s in source.samples for f in s.files):
+    (a file's size, a tar member's, a Parquet row group's bytes per row): skipped unread. A
+    scan table knows its largest input without a pass; the kept samples go to a new one."""
+    if not limit:
         return source
-    kept, skipped = [], list(source.skipped)
+    largest = getattr(source.samples, "max_file_size", None)
+    if largest is not None and largest <= limit:
+        return source
+    if largest is None and not any(f.size > limit for s in source.samples for f in s.files):
+        return source
+    kept, skipped = ScanTable(), list(source.skipped)
     given = source.positions
-    positions: Optional[List[int]] = [] if given is not None else None
+    places = array("q")  # the kept samples' indexes, when they carry positions
     for i, sample in enumerate(source.samples):
         big = next((f for f in sample.files if f.size > limit), None)
         if big is None:
             kept.append(sample)
-            if positions is not None and given is not None:
-                positions.append(given[i])
+            if given is not None:
+                places.append(i)
             continue
         reason = over_limit(big.size, limit)
         if source.kind == "parquet":
             reason = "about " + reason.replace(" bytes, over", " bytes a row in its row group, over", 1)
         skipped.extend(Skipped(f.path, reason) for f in sample.files)
+    positions = None if given is None else np.asarray(given, dtype=np.int64)[np.frombuffer(places, dtype=np.int64)]
     return dataclasses.replace(source, samples=kept, skipped=skipped, positions=positions)
 
 
-def _save_order(out: Location, results: List[ShardResult], owner: str = "") -> Dict[str, Any]:
-    """Write the order file of a shuffled output (:mod:`dsconvert.shuffle`); its manifest entry."""
-    stored: List[int] = []
-    for r in results:
-        if r.positions is None or len(r.positions) != r.entry.num_samples:
+def _save_order(out: Location, results: List[ShardResult], stored: StoredPositions, owner: str = "") -> Dict[str, Any]:
+    """Write the order file of a shuffled output (:mod:`dsconvert.shuffle`), from the shards'
+    positions ``stored`` as they finished; its manifest entry."""
+    for i, r in enumerate(results):
+        if stored.count_of(i) != r.entry.num_samples:
             raise RuntimeError(f"internal error: shard {r.entry.name} has no source positions")
-        stored.extend(r.positions)
-    data = order_bytes(stored)
-    out.write_bytes(ORDER_NAME, data, temp_noter(out, owner))
-    return {"name": ORDER_NAME, **part_of(data)}
+    with out.write(ORDER_NAME, before=temp_noter(out, owner)) as f:
+        nbytes, sha256 = stored.write_order(f, range(len(results)))
+    return {"name": ORDER_NAME, "bytes": nbytes, "sha256": sha256}
 
 
 def _skip_entry(path: str, s: Skipped) -> Dict[str, Any]:

@@ -30,18 +30,22 @@ import csv
 import errno
 import io
 import json
+import marshal
 import os
 import re
 import stat as stat_mod
+import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..codecs import IMAGE_EXTENSIONS, is_image_field
 from ..errors import SourceError
 from ..io.location import filesystem, is_remote, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
+from ..scan_table import ScanTable
 
 __all__ = ["scan_files", "FolderListing", "looks_like_image_folder", "is_ignored", "source_of_listings",
            "LIST_SUFFIXES", "ProgressFn"]
@@ -70,7 +74,27 @@ class FolderListing:
     """One folder's files, as the walkers see it (the layout test needs no more)."""
 
     rel: str  # "" for the root
-    files: List[Tuple[str, int, int]]  # (name, size, mtime_ns), sorted by name
+    files: Sequence[Tuple[str, int, int]]  # (name, size, mtime_ns), sorted by name
+
+
+class _SpooledFiles(Sequence[Tuple[str, int, int]]):
+    """A walked folder's files, kept in the walk's spool file until asked for: a walk of
+    millions of files holds one folder's names at a time, not the tree's."""
+
+    def __init__(self, spool: Any, offset: int, length: int, count: int):
+        self.spool, self.offset, self.length, self.files = spool, offset, length, count
+
+    def _load(self) -> List[Tuple[str, int, int]]:
+        return marshal.loads(os.pread(self.spool.fileno(), self.length, self.offset))
+
+    def __len__(self) -> int:
+        return self.files
+
+    def __iter__(self) -> Iterator[Tuple[str, int, int]]:
+        return iter(self._load())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._load()[index]
 
 
 
@@ -78,11 +102,14 @@ class FolderListing:
 class _Walker:
     """scandir-based walk that follows symlinks, refuses loops and records what it drops."""
 
-    def __init__(self, root: str, progress: Optional[ProgressFn]):
+    def __init__(self, root: str, progress: Optional[ProgressFn], spool: bool = True):
         self.root = root
         self.progress = progress
         self.skipped: List[Skipped] = []
         self.ignored: List[Skipped] = []
+        # each folder's listing goes to an unnamed file (gone with the last listing that reads it)
+        self.spool = tempfile.TemporaryFile(prefix="dsconvert-walk-") if spool else None
+        self.spooled = 0
 
     def walk(self, rel: str = "") -> List[FolderListing]:
         top = os.path.join(self.root, rel) if rel else self.root
@@ -132,20 +159,33 @@ class _Walker:
             else:
                 self.skipped.append(Skipped(relpath, "not a regular file"))
         files.sort()
-        out.append(FolderListing(rel, files))
         if self.progress is not None:
             self.progress(len(files))
+        if self.spool is not None:
+            raw = marshal.dumps(files)
+            os.pwrite(self.spool.fileno(), raw, self.spooled)
+            out.append(FolderListing(rel, _SpooledFiles(self.spool, self.spooled, len(raw), len(files))))
+            self.spooled += len(raw)
+        else:
+            out.append(FolderListing(rel, files))
+        del files, entries
         for sub, ident in subdirs:
             self._walk(sub, ancestors | {ident}, out)
 
 
-def _image_folder(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> Source:
+def _samples(on_disk: bool) -> Any:
+    """Where a scan puts its samples: a table on disk (a conversion's scan), or a list (a
+    small part of a source, analyze's, which it shuffles in place)."""
+    return ScanTable() if on_disk else []
+
+
+def _image_folder(root: str, walker: _Walker, dirs: Sequence[FolderListing], on_disk: bool = True) -> Source:
     top = dirs[0]
     classes = sorted({d.rel.split("/", 1)[0] for d in dirs[1:]})
     label_of = {c: i for i, c in enumerate(classes)}
     for name, _, _ in top.files:
         walker.skipped.append(Skipped(name, "not inside a class folder"))
-    samples: List[Sample] = []
+    samples = _samples(on_disk)
     # class by class (sorted), then sorted(os.walk(class_dir)) within it, as torchvision
     for d in sorted(dirs[1:], key=lambda d: (d.rel.split("/", 1)[0], d.rel)):
         label = label_of[d.rel.split("/", 1)[0]]
@@ -170,8 +210,8 @@ def _image_folder(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> 
     return Source(root, "imagefolder", samples, classes, walker.skipped, walker.ignored)
 
 
-def _flat(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> Source:
-    samples: List[Sample] = []
+def _flat(root: str, walker: _Walker, dirs: Sequence[FolderListing], on_disk: bool = True) -> Source:
+    samples = _samples(on_disk)
     for d in dirs:
         groups: Dict[str, List[Tuple[str, str, int, int]]] = {}
         for n, size, mtime in d.files:
@@ -339,7 +379,7 @@ def _list(list_path: str, storage_options: Optional[Dict[str, Any]] = None) -> S
         classes = sorted(set(labels))
         label_index = {c: i for i, c in enumerate(classes)}
     width = max(6, len(str(len(rows) - 1)))
-    samples: List[Sample] = []
+    samples = ScanTable()
     skipped: List[Skipped] = []
     images = []
     for i, (lineno, rel, label) in enumerate(rows):
@@ -438,16 +478,16 @@ def source_of_listings(src: str, dirs: List[FolderListing], layout: str = "auto"
     """The :class:`Source` that folder listings already taken (the root's first) describe:
     analyze builds its measured sample this way from part of its inventory, without a
     second walk of the tree."""
-    return _from_listing(src, layout, _Listed(), dirs)
+    return _from_listing(src, layout, _Listed(), dirs, on_disk=False)
 
 
-def _from_listing(src: str, layout: str, walker: Any, dirs: List[FolderListing]) -> Source:
+def _from_listing(src: str, layout: str, walker: Any, dirs: List[FolderListing], on_disk: bool = True) -> Source:
     if layout == "auto":
         layout = "imagefolder" if looks_like_image_folder(dirs) else "flat"
     if layout == "imagefolder":
-        source = _image_folder(src, walker, dirs)
+        source = _image_folder(src, walker, dirs, on_disk)
     else:
-        source = _flat(src, walker, dirs)
+        source = _flat(src, walker, dirs, on_disk)
     if not source.samples:
         raise SourceError(
             f"no samples found in {src} (layout {layout}; images are {', '.join(IMAGE_EXTENSIONS)})",
