@@ -26,8 +26,8 @@ from .samples import Sample, SourceFile
 
 __all__ = ["ScanTable", "Reordered", "iter_range"]
 
-_FLUSH_BYTES = 1 << 20  # records buffered before a write
-_READ_CHUNK = 8192  # samples decoded per read when iterating
+_FLUSH_BYTES = 1 << 18  # records buffered before a write
+_READ_CHUNK = 1024  # samples decoded per read when iterating (a bounded slice: ~0.6 MB of objects)
 
 
 class ScanTable(Sequence[Sample]):

@@ -26,7 +26,7 @@ __all__ = ["ORDERS", "shuffled_order", "order_bytes", "load_order", "mapped_orde
 ORDERS = ("auto", "shuffled", "source")  # auto: shuffled for labelled wds outputs (see convert)
 
 
-_CHUNK = 1 << 16  # positions hashed (and tie-scanned) per step
+_CHUNK = 8192  # positions hashed (and tie-scanned) per step: ~1 MB of digests in flight
 _TOP_BITS = 32  # digest bits sorted with the position in one uint64; ties there are re-ordered
 
 
@@ -147,7 +147,7 @@ class StoredPositions:
     order file is those stored places in rising source position, which is what ``argsort``
     of distinct positions gives."""
 
-    WINDOW = 1 << 20  # source positions per bucket, at least (bounded: ~24 bytes each in memory)
+    WINDOW = 1 << 16  # source positions per bucket, at least (~32 bytes each in memory while one is read)
     MAX_BUCKETS = 256  # open bucket files at most
 
     def __init__(self) -> None:
@@ -193,8 +193,9 @@ class StoredPositions:
         np.lib.format.write_array_header_1_0(head, {"descr": "<i8", "fortran_order": False, "shape": (total,)})
         emit(head.getvalue())
         span = self.largest + 1
-        width = max(self.WINDOW, -(-span // self.MAX_BUCKETS))
-        buckets = [tempfile.TemporaryFile(prefix="dsconvert-order-") for _ in range(max(1, -(-span // width)))]
+        width = max(1, min(span, max(self.WINDOW, -(-span // self.MAX_BUCKETS))))  # a bucket's positions
+        buckets = [tempfile.TemporaryFile(prefix="dsconvert-order-", buffering=0)  # no buffer each
+                   for _ in range(max(1, -(-span // width)))]
         try:
             place = 0
             for shard in shards:
