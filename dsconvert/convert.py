@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import pickle
 import re
 import stat
 import sys
@@ -67,7 +68,7 @@ from .processes import available_cpus, process_pool
 from .progress import progress_bar
 from .reencode import DEFAULT_QUALITY
 from .samples import LAYOUTS, Skipped, Source
-from .scan_table import Reordered, ScanTable
+from .scan_table import Reordered, ScanTable, SpilledInts
 from .shuffle import ORDERS, StoredPositions, shuffled_order
 from .sizing import SizeEstimate, estimate_output_bytes, format_size
 from .source import scan
@@ -231,11 +232,12 @@ def refuse_foreign(out: Location, fmt: Type[Format], todo: List[ShardSpec], owne
 def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, samples_per_shard: int,
                 shard_bytes: int, min_shards: int, verify: bool, strict: bool, max_image_pixels: Optional[int],
                 format_options: Dict[str, Any], bytes_ratio: float,
-                storage_options: Dict[str, Any], positions: Optional[np.ndarray] = None,
+                storage_options: Dict[str, Any], positions: Any = None,
                 owner: str = "") -> _LazySpecs:
     """Plan shards: the specs, each made when asked for (it holds only its own samples);
     ``bytes_ratio`` scales source bytes to output bytes (decoded pixels);
-    ``positions``: the samples' stored order, as source positions (None: the source's), each
+    ``positions``: the samples' stored order, as source positions (an array or
+    :class:`SpilledInts`; None: the source's), each
     then recorded as the sample's place in the original order (``source.positions`` maps it
     further, for a source that is itself a shuffled output)."""
     sample_type = source.sample_type
@@ -244,7 +246,7 @@ def _make_specs(source: Source, fmt: Type[Format], out: Location, prefix: str, s
     samples = source.samples if positions is None else Reordered(source.samples, positions)
     if source.positions is not None:  # the original order's places, carried through
         given = np.asarray(source.positions, dtype=np.int64)
-        positions = given if positions is None else given[positions]
+        positions = given if positions is None else given[np.asarray(positions[0:len(positions)])]
     ranges = spread_plan(samples, samples_per_shard, max(1, shard_bytes - fmt.overhead), min_shards,
                          size_of=lambda s: int(fmt.sample_bytes(s, classification, compressed) * bytes_ratio))
 
@@ -366,11 +368,11 @@ def _run(specs: Sequence[ShardSpec], workers: int, executor: Optional[cf.Executo
     started = time.perf_counter()
     nbytes = 0
 
-    def finished(spec: ShardSpec, result: ShardResult) -> None:
+    def finished(index: int, samples: int, result: ShardResult) -> None:
         nonlocal nbytes
-        take(spec.index, result)
+        take(index, result)
         nbytes += result.entry.bytes
-        bar.update(len(spec.samples))
+        bar.update(samples)
         rate = nbytes / max(time.perf_counter() - started, 1e-9) / 1e6
         bar.set_postfix_str(f"{len(results)}/{count} shards, {rate:.0f} MB/s")
 
@@ -386,12 +388,13 @@ def _run(specs: Sequence[ShardSpec], workers: int, executor: Optional[cf.Executo
         if executor is None:
             for i in todo:
                 spec = specs[i]
-                finished(spec, write_shard(spec))
+                finished(i, len(spec.samples), write_shard(spec))
         else:
-            task = _write_shard if own_pool is not None or executor is pool else write_shard
+            task = _write_pickled_quietly if own_pool is not None or executor is pool else write_pickled_shard
             limit = 2 * max(1, workers)  # specs in flight: every worker busy, one more queued each
             waiting = iter(todo)
-            futures: Dict[cf.Future, ShardSpec] = {}
+            # each in flight as its pickle (~0.2 kB a sample, where its objects take ~0.7 kB)
+            futures: Dict[cf.Future, Tuple[int, int]] = {}
             try:
                 while True:
                     while len(futures) < limit:
@@ -399,12 +402,14 @@ def _run(specs: Sequence[ShardSpec], workers: int, executor: Optional[cf.Executo
                         if following is None:
                             break
                         spec = specs[following]
-                        futures[executor.submit(task, spec)] = spec
+                        blob = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+                        futures[executor.submit(task, blob)] = (spec.index, len(spec.samples))
+                        del spec, blob
                     if not futures:
                         break
                     done_now, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
-                    for future in sorted(done_now, key=lambda f: futures[f].index):
-                        finished(futures[future], future.result())
+                    for future in sorted(done_now, key=lambda f: futures[f][0]):
+                        finished(*futures[future], future.result())
                         del futures[future]
             except BaseException as exc:
                 for future in futures:
@@ -467,7 +472,18 @@ def _write_shard(spec: ShardSpec) -> ShardResult:
     return write_shard(spec)
 
 
-def raise_worker_cause(exc: BaseException, futures: Dict[cf.Future, ShardSpec], out_dir: str) -> None:
+def write_pickled_shard(blob: bytes) -> ShardResult:
+    """:func:`write_shard` of a pickled spec: what a conversion sends an executor, so that the
+    specs in flight are held as bytes, not as an object per sample."""
+    return write_shard(pickle.loads(blob))
+
+
+def _write_pickled_quietly(blob: bytes) -> ShardResult:
+    """What our own pool's workers run: :func:`write_pickled_shard`, with quiet finalizers."""
+    return _write_shard(pickle.loads(blob))
+
+
+def raise_worker_cause(exc: BaseException, futures: Dict[cf.Future, Any], out_dir: str) -> None:
     """Raise what the user needs to know when a shard failed, if it is not ``exc`` itself.
 
     A worker that dies (SIGKILL, the OOM killer, a crash in a native library) breaks the
@@ -716,7 +732,8 @@ def convert(
             format_options["compress"] = compression
         ratio = estimate.bytes / source.nbytes if decode and source.nbytes and estimate.bytes else 1.0
         shuffled = resolve_order(order, fmt, source) == "shuffled"
-        positions = shuffled_order(len(source.samples), seed) if shuffled else None
+        # the order on disk while the shards are written: its 8 bytes a sample are the sort's peak only
+        positions = SpilledInts(shuffled_order(len(source.samples), seed)) if shuffled else None
         specs = _make_specs(source, fmt, location, prefix, samples_per_shard, shard_bytes, min_shards,
                             verify, strict, max_image_pixels, format_options, ratio, dict(storage_options or {}),
                             positions, owned.token)

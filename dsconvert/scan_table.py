@@ -24,7 +24,7 @@ import numpy as np
 
 from .samples import Sample, SourceFile
 
-__all__ = ["ScanTable", "Reordered", "iter_range"]
+__all__ = ["ScanTable", "Reordered", "SpilledInts", "iter_range"]
 
 _FLUSH_BYTES = 1 << 18  # records buffered before a write
 _READ_CHUNK = 1024  # samples decoded per read when iterating (a bounded slice: ~0.6 MB of objects)
@@ -171,11 +171,43 @@ def _rebuild(records: bytes, ends: bytes, sums: Tuple[int, int, int, int, List[s
     return table
 
 
+class SpilledInts:
+    """An int64 array moved to an unnamed temporary file and read back by index or slice
+    (``pread``): a shuffled plan's order stays out of memory while the shards are written."""
+
+    def __init__(self, values: np.ndarray):
+        self._file = tempfile.TemporaryFile(prefix="dsconvert-ints-")
+        self.length = len(values)
+        step = 1 << 16
+        for a in range(0, self.length, step):
+            os.pwrite(self._file.fileno(), np.ascontiguousarray(values[a:a + step], dtype="<i8").tobytes(), 8 * a)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        if start >= stop:
+            return np.zeros(0, dtype=np.int64)
+        return np.frombuffer(os.pread(self._file.fileno(), 8 * (stop - start), 8 * start), dtype="<i8")
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.length)
+            values = self._read(start, stop) if step > 0 else self._read(0, self.length)
+            return values if step == 1 else values[index] if step < 0 else values[::step]
+        i = int(index)
+        if i < 0:
+            i += self.length
+        if not 0 <= i < self.length:
+            raise IndexError("index out of range")
+        return int(self._read(i, i + 1)[0])
+
+
 class Reordered(Sequence[Sample]):
     """``base`` read in the order ``order`` (an array of its indices): item i is
     ``base[order[i]]``; a shuffled plan reads its table through one."""
 
-    def __init__(self, base: Sequence[Sample], order: np.ndarray):
+    def __init__(self, base: Sequence[Sample], order: Any):  # an array, or SpilledInts
         self.base = base
         self.order = order
 

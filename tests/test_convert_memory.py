@@ -21,7 +21,7 @@ from PIL import Image
 
 from dsconvert import convert, scan_table, shuffle
 from dsconvert.samples import Sample, SourceFile
-from dsconvert.scan_table import Reordered, ScanTable
+from dsconvert.scan_table import Reordered, ScanTable, SpilledInts
 from dsconvert.shuffle import StoredPositions, order_bytes, shuffled_order
 
 from conftest import encode
@@ -126,6 +126,9 @@ def test_a_scan_table_gives_back_what_was_appended(monkeypatch):
     assert isinstance(again, ScanTable) and again == samples and again.nbytes == table.nbytes
     order = np.array([5, 0, 29, 2], dtype=np.int64)
     assert list(Reordered(table, order)) == [samples[i] for i in order] == Reordered(table, order)[0:4]
+    spilled = SpilledInts(order)
+    assert list(Reordered(table, spilled)) == [samples[i] for i in order]
+    assert spilled[1:3].tolist() == [0, 29] and spilled[-1] == 2 and spilled[::-1].tolist() == [2, 29, 0, 5]
 
 
 def test_a_scan_table_holds_no_sample_in_memory():
