@@ -26,6 +26,7 @@ Symlinks to files and folders are followed; a link back to an ancestor folder is
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import io
@@ -38,7 +39,7 @@ import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..codecs import IMAGE_EXTENSIONS, is_image_field
 from ..errors import SourceError
@@ -297,30 +298,62 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _read_list(path: str, text: str) -> List[Tuple[int, str, str]]:
-    """Rows of a list file's ``text`` as (line number, path, label text)."""
-    rows: List[Tuple[int, str, str]] = []
-    with io.StringIO(text, newline="") as f:
-        if path.lower().endswith((".jsonl", ".ndjson")):
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    rows.append(_json_row(path, lineno, line))
-            return rows
-        dialect = "excel-tab" if path.lower().endswith(".tsv") else "excel"
-        reader = csv.reader(f, dialect=dialect)
-        try:
-            for row in reader:
-                lineno = reader.line_num
-                if not row or not "".join(row).strip():
-                    continue
-                if len(row) < 2:
-                    raise SourceError(f"{path}:{lineno}: expected 'path,label', got {_short(row)}", path)
-                if lineno == 1 and row[0].strip().lower() in ("path", "file", "filename", "image"):
-                    continue  # a header
-                rows.append((lineno, row[0].strip(), row[1].strip()))
-        except csv.Error as exc:  # a field over csv's size limit, say
-            raise SourceError(f"{path}:{reader.line_num}: not a valid CSV row ({exc})", path) from None
-    return rows
+def _read_list(path: str, f: IO[str]) -> Iterator[Tuple[int, str, str]]:
+    """Rows of a list file (``f``: its text, read with ``newline=""``) as (line number, path,
+    label text), one at a time."""
+    if path.lower().endswith((".jsonl", ".ndjson")):
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield _json_row(path, lineno, line)
+        return
+    dialect = "excel-tab" if path.lower().endswith(".tsv") else "excel"
+    reader = csv.reader(f, dialect=dialect)
+    try:
+        for row in reader:
+            lineno = reader.line_num
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) < 2:
+                raise SourceError(f"{path}:{lineno}: expected 'path,label', got {_short(row)}", path)
+            if lineno == 1 and row[0].strip().lower() in ("path", "file", "filename", "image"):
+                continue  # a header
+            yield lineno, row[0].strip(), row[1].strip()
+    except csv.Error as exc:  # a field over csv's size limit, say
+        raise SourceError(f"{path}:{reader.line_num}: not a valid CSV row ({exc})", path) from None
+
+
+class _ListFile:
+    """A list file read as text as many times as the scan needs, never whole: checked to be
+    UTF-8 first (an error names its line, as reading it whole did)."""
+
+    def __init__(self, list_path: str, open_binary: Callable[[], IO[bytes]]):
+        self.path = list_path
+        self.open_binary = open_binary
+        with self.rows() as rows:
+            try:
+                for _ in rows.text:
+                    pass
+            except UnicodeDecodeError:
+                with open_binary() as f:
+                    _decode_list(list_path, f.read())  # raises, naming the line
+                raise
+
+    @contextlib.contextmanager
+    def rows(self) -> Iterator[Any]:
+        with self.open_binary() as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
+            yield _Rows(self.path, text)
+
+
+class _Rows:
+    def __init__(self, path: str, text: IO[str]):
+        self.text = text
+        self.path = path
+
+    def __iter__(self) -> Iterator[Tuple[int, str, str]]:
+        return _read_list(self.path, self.text)
+
+
+_STAT_BATCH = 1024  # list entries stat'ed at a time (remote ones concurrently)
 
 
 def _stat_local(base: str, rels: Sequence[str]) -> List[Union[Tuple[int, int], str]]:
@@ -353,46 +386,69 @@ def _stat_remote(fs: Any, base: str, rels: Sequence[str]) -> List[Union[Tuple[in
 
 
 def _list(list_path: str, storage_options: Optional[Dict[str, Any]] = None) -> Source:
+    """A list file's samples, its rows read a few times over and never held: whether every
+    label is an integer (and in range), the class names otherwise, then the samples, their
+    files stat'ed a batch at a time."""
     if is_remote(list_path):
         fs, path = filesystem(list_path, storage_options)
         base = list_path.rsplit("/", 1)[0]
-        text = _decode_list(list_path, fs.cat_file(path))
+        listed = _ListFile(list_path, lambda: fs.open(path, "rb"))
         stat = lambda rels: _stat_remote(fs, path.rsplit("/", 1)[0], rels)  # noqa: E731
     else:
         base = os.path.dirname(list_path)
-        with open(list_path, "rb") as f:
-            text = _decode_list(list_path, f.read())
+        listed = _ListFile(list_path, lambda: open(list_path, "rb"))
         stat = lambda rels: _stat_local(base, rels)  # noqa: E731
-    rows = _read_list(list_path, text)
-    if not rows:
-        raise SourceError(f"the list file {list_path} has no entries", list_path)
-    labels = [label for _, _, label in rows]
-    if all(_is_int(label) for label in labels):
-        classes = None
-        label_index = {label: int(label) for label in labels}
+    count, all_int = 0, True
+    out_of_range: Optional[Tuple[int, str]] = None  # the first integer label past int64, in row order
+    with listed.rows() as rows:
         for lineno, _, label in rows:
-            if not 0 <= label_index[label] <= LABEL_MAX:
-                shown = label if len(label) <= 24 else label[:21] + "..."
-                raise SourceError(f"{list_path}:{lineno}: label {shown} is out of range: integer labels are "
-                                  f"class indices, 0 to {LABEL_MAX} (int64)", list_path)
+            count += 1
+            if not all_int:
+                continue
+            if not _is_int(label):
+                all_int = False
+            elif out_of_range is None and not 0 <= int(label) <= LABEL_MAX:
+                out_of_range = (lineno, label)
+    if not count:
+        raise SourceError(f"the list file {list_path} has no entries", list_path)
+    classes: Optional[List[str]] = None
+    label_index: Dict[str, int] = {}
+    if all_int:
+        if out_of_range is not None:
+            lineno, label = out_of_range
+            shown = label if len(label) <= 24 else label[:21] + "..."
+            raise SourceError(f"{list_path}:{lineno}: label {shown} is out of range: integer labels are "
+                              f"class indices, 0 to {LABEL_MAX} (int64)", list_path)
     else:
-        classes = sorted(set(labels))
+        with listed.rows() as rows:
+            classes = sorted({label for _, _, label in rows})
         label_index = {c: i for i, c in enumerate(classes)}
-    width = max(6, len(str(len(rows) - 1)))
+    width = max(6, len(str(count - 1)))
     samples = ScanTable()
-    skipped: List[Skipped] = []
-    images = []
-    for i, (lineno, rel, label) in enumerate(rows):
-        ext = _split_ext(rel.rsplit("/", 1)[-1])[1]
-        if is_image_field(ext):
-            images.append((i, lineno, rel, label, ext.lower()))
-        else:
-            skipped.append(Skipped(rel, f"line {lineno}: not an image file"))
-    for (i, lineno, rel, label, ext), st in zip(images, stat([img[2] for img in images])):
-        if isinstance(st, str):
-            skipped.append(Skipped(rel, f"line {lineno}: {st}"))
-            continue
-        samples.append(Sample(f"{i:0{width}d}", (SourceFile(ext, rel, st[0], st[1]),), label_index[label]))
+    skipped: List[Skipped] = []  # not images, in row order; then those that could not be stat'ed
+    unreadable: List[Skipped] = []
+    batch: List[Tuple[int, int, str, str, str]] = []
+
+    def add(batch: List[Tuple[int, int, str, str, str]]) -> None:
+        for (i, lineno, rel, label, ext), st in zip(batch, stat([img[2] for img in batch])):
+            if isinstance(st, str):
+                unreadable.append(Skipped(rel, f"line {lineno}: {st}"))
+                continue
+            samples.append(Sample(f"{i:0{width}d}", (SourceFile(ext, rel, st[0], st[1]),),
+                                  int(label) if all_int else label_index[label]))
+
+    with listed.rows() as rows:
+        for i, (lineno, rel, label) in enumerate(rows):
+            ext = _split_ext(rel.rsplit("/", 1)[-1])[1]
+            if not is_image_field(ext):
+                skipped.append(Skipped(rel, f"line {lineno}: not an image file"))
+                continue
+            batch.append((i, lineno, rel, label, ext.lower()))
+            if len(batch) >= _STAT_BATCH:
+                add(batch)
+                batch = []
+    add(batch)
+    skipped += unreadable
     return Source(base, "list", samples, classes, skipped, [])
 
 
