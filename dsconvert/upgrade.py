@@ -39,7 +39,7 @@ def upgrade(out: str, storage_options: Optional[Dict[str, Any]] = None,
             log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Rewrite the JSON shard records of the output at ``out`` as binary records; returns
     {"records": rewritten, "removed": JSON records removed, "bytes_before", "bytes_after"}."""
-    from .convert import output_lock
+    from .write.output import output_lock
 
     say = log or (lambda msg: None)
     location = Location(out, storage_options)

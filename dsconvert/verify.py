@@ -369,7 +369,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
            storage_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Verify the output at ``out`` (a path or a URL, with ``storage_options``); see the
     module doc. Returns the report (schema ``dsconvert.verify``, version 1)."""
-    from .convert import _shard_files
+    from .write.output import shard_files
 
     say = log or (lambda msg: None)
     source = local_form(source) if source is not None else None  # file:// URLs as the paths they name
@@ -403,7 +403,7 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     fmt: Type[Format] = get(manifest.format)
     listed = {n for e in manifest.shards for n in fmt.files_of(e)}
     prefix = manifest.options.get("prefix", "shard")
-    pattern = re.compile(rf"^{_shard_files(prefix)}$")
+    pattern = re.compile(rf"^{shard_files(prefix)}$")
     for name in location.listdir():
         if pattern.match(name) and name not in listed:
             problems.append(Problem("extra-file", name, "a shard file the manifest does not list (left by "

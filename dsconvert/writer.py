@@ -25,8 +25,9 @@ over up to ``min_shards`` as :func:`dsconvert.plan.spread_plan` does), one shard
 bytes do not depend on the number of workers. Each shard's spec carries a digest of its inputs
 (their pickles, sets in a fixed order: the same in every process, :func:`_fingerprint`);
 a killed run, started again, keeps every finished shard whose spec is unchanged and calls ``fn``
-only for the inputs of the others. Both share conversion's output handling
-(:mod:`dsconvert.convert`): the claim on the folder, its lock, the owner journal, the manifest.
+only for the inputs of the others. Both are built on :mod:`dsconvert.write`, as conversion is:
+the option checks, the output's life cycle (the claim on the folder, its lock, the owner
+journal, the manifest) and, for :func:`optimize`, the executor loop.
 """
 
 from __future__ import annotations
@@ -60,35 +61,30 @@ from typing import (
 
 import numpy as np
 
-from .codecs import (
-    PICKLE_EXTENSIONS,
-    compression_label,
-    field_kind,
-    parse_compression,
-    require_codec,
-    resolve_decoder,
-)
-from .convert import (
-    ConvertResult,
-    build_manifest,
-    claim_output,
-    out_of_space_is_resumable,
-    output_lock,
-    raise_worker_cause,
-    refuse_foreign,
-    remove_previous,
-    remove_stale,
-)
-from .errors import BadInputError, OptionError, OutputExistsError
+from .codecs import PICKLE_EXTENSIONS, compression_label, field_kind, resolve_decoder
+from .convert import ConvertResult, build_manifest
+from .errors import BadInputError, OptionError
 from .formats import FORMATS, Format, get
 from .io.location import Location, local_form
-from .io.owner import Owned, owner_token, temp_noter
 from .keys import encode_key
-from .manifest import MANIFEST_NAME, Manifest
-from .plan import MIN_SHARDS, ShardResult, ShardSpec, parse_size, spread_plan
-from .processes import available_cpus, process_pool
+from .manifest import Manifest
+from .plan import MIN_SHARDS, ShardResult, ShardSpec, spread_plan
+from .processes import available_cpus
 from .progress import progress_bar
 from .samples import LABEL_MAX, Sample, Source, SourceFile
+from .write import loop
+from .write.options import (
+    check_compression,
+    check_decode,
+    check_flag,
+    check_format,
+    check_positive,
+    check_prefix,
+    check_quality,
+    check_shard_size,
+    check_storage_options,
+)
+from .write.output import ForeignFiles, Output, open_output
 
 __all__ = ["Writer", "optimize", "encode_fields", "SAMPLE_TYPES", "KEY_DIGITS", "QUALITY"]
 
@@ -287,20 +283,19 @@ def _kind_error(key: str, fields: Iterable[str], requested: str) -> BadInputErro
 # --- options shared by Writer and optimize ------------------------------------------------
 
 
-def _format_options(fmt: Type[Format], decode: bool, classes: Optional[List[str]], quality: int,
-                    sample_type: str, compression: Optional[Dict[str, Any]] = None) -> Tuple[bool, Dict[str, Any]]:
-    if compression is not None:
-        if not fmt.compresses_fields:
-            raise OptionError(f"compress applies to {', '.join(f for f in FORMATS if get(f).compresses_fields)} "
-                              f"outputs: {fmt.id} holds images and labels only, which are not compressed")
-        require_codec(compression)
-    decode = bool(decode) or fmt.pixels == "always"
-    if decode and fmt.pixels == "never":
-        raise OptionError(f"decode=True needs a format that stores pixels "
-                          f"({', '.join(f for f in FORMATS if get(f).pixels != 'never')})")
+def _check_dict_samples(fmt: Type[Format], sample_type: str) -> None:
+    """hdf5 and npy hold (image, label) samples only: dict samples are one clear error."""
     if sample_type == "dict" and not fmt.any_samples:
         raise OptionError(f"the {fmt.id} format holds (image, label) samples (one image field and an int cls each): "
                           f"use format={', '.join(repr(f) for f in FORMATS if get(f).any_samples)} for dict samples")
+
+
+def _format_options(fmt: Type[Format], decode: bool, classes: Optional[List[str]], quality: int,
+                    sample_type: str, compression: Optional[Dict[str, Any]] = None) -> Tuple[bool, Dict[str, Any]]:
+    """Whether pixels are stored, and the options every shard's spec carries (compression
+    already checked: :func:`dsconvert.write.options.check_compression`)."""
+    decode = check_decode(fmt, decode)
+    _check_dict_samples(fmt, sample_type)
     decoder = resolve_decoder("auto") if decode else None
     source = Source("", "auto", [], classes=list(classes) if classes is not None else None)
     return decode, {"decode": decode, "resize": None, "size": None, "decoder": decoder, "quality": quality,
@@ -312,24 +307,17 @@ def _check_common(format: Any, sample_type: Any, quality: Any, prefix: Any, samp
                   storage_options: Any = None) -> Type[Format]:
     """Every option Writer and optimize share, checked before anything is written: a bad one
     found at ``close()`` would lose a whole run's samples."""
-    if not isinstance(format, str) or format not in FORMATS:
-        raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    fmt = check_format(format)
     if not isinstance(sample_type, str) or sample_type not in SAMPLE_TYPES:
         raise OptionError(f"sample_type must be one of {SAMPLE_TYPES}, not {sample_type!r}")
-    if type(quality) is not int or not 1 <= quality <= 100:
-        raise OptionError(f"quality must be an int within 1..100, not {quality!r}")
-    if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
-        raise OptionError(f"prefix must be a plain file name stem, not {prefix!r}")
-    if type(samples_per_shard) is not int or samples_per_shard < 1:
-        raise OptionError(f"samples_per_shard must be a positive int, not {samples_per_shard!r}")
+    check_quality(quality)
+    check_prefix(prefix)
+    check_positive("samples_per_shard", samples_per_shard)
     _check_classes(classes)
-    for name, value in (("decode", decode), ("overwrite", overwrite)):
-        if not isinstance(value, bool):
-            raise OptionError(f"{name} must be True or False, not {value!r}")
-    if storage_options is not None and not (isinstance(storage_options, Mapping)
-                                            and all(isinstance(k, str) for k in storage_options)):
-        raise OptionError(f"storage_options must be a dict of option names to values, not {storage_options!r}")
-    return get(format)
+    check_flag("decode", decode)
+    check_flag("overwrite", overwrite)
+    check_storage_options(storage_options)
+    return fmt
 
 
 def _check_classes(classes: Any) -> None:
@@ -353,45 +341,15 @@ def _check_classes(classes: Any) -> None:
         raise OptionError(f"classes names {len(classes):,} classes, more than labels 0..{LABEL_MAX} hold")
 
 
-def _check_shard_size(shard_size: Any) -> int:
-    if isinstance(shard_size, str):
-        nbytes = parse_size(shard_size)
-    elif type(shard_size) is int:
-        nbytes = shard_size
-    else:
-        raise OptionError(f"shard_size must be a size (an int of bytes, or a str such as '1GB'), not {shard_size!r}")
-    if nbytes < 1:
-        raise OptionError(f"shard_size must be positive, not {shard_size!r}")
-    return nbytes
-
-
-def _open_output(location: Location, overwrite: bool, options: Dict[str, Any], url: str
-                 ) -> Tuple[Owned, Optional[Manifest]]:
-    """After the claim and the lock: the owner journal, and the finished manifest of an earlier
-    identical run (None: write). Another finished output is an error unless ``overwrite``."""
-    owned = Owned(location, owner_token(location))
-    if location.exists(MANIFEST_NAME):
-        previous = Manifest.load(location)
-        if overwrite:
-            remove_previous(location, previous)
-        elif previous.options == options and previous.source.get("url") == url:
-            return owned, previous
-        else:
-            raise OutputExistsError(f"{location.url} already holds a finished output made with other options or "
-                                    "inputs; pass overwrite=True to replace it", location.url)
-    return owned, None
-
-
-def _finish(location: Location, fmt: Type[Format], prefix: str, owned: Owned, url: str, sample_type: str,
+def _finish(output: Output, fmt: Type[Format], prefix: str, url: str, sample_type: str,
             classes: Optional[List[str]], inputs: List[Sample], results: List[ShardResult],
             options: Dict[str, Any], decoded: bool, compression: Optional[Dict[str, Any]] = None) -> Manifest:
     """Remove what an earlier run left that this one did not write; then the manifest."""
-    _check_unique_keys(location, fmt, results)
-    keep = {name for r in results for name in fmt.files_of(r.entry)}
-    remove_stale(location, prefix, keep, Owned(location, owned.token))
+    _check_unique_keys(output.location, fmt, results)
+    output.remove_stale(fmt, prefix, results)
     source = Source("", "auto", inputs, classes=classes, labelled=sample_type == "classification")
     manifest = build_manifest(url, source, fmt.id, results, options, decoded, compression)
-    manifest.save(location, temp_noter(location, owned.token))
+    output.save(manifest)
     return manifest
 
 
@@ -500,8 +458,8 @@ class Writer:
                  storage_options: Optional[Dict[str, Any]] = None, compress: Optional[str] = None):
         self.fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard, classes, decode, overwrite,
                                  storage_options)
-        self.shard_bytes = _check_shard_size(shard_size)
-        self.compression = parse_compression(compress)
+        self.shard_bytes = check_shard_size(shard_size)
+        self.compression = check_compression(self.fmt, compress)
         self.decoded, self.format_options = _format_options(self.fmt, decode, classes, quality, sample_type,
                                                             self.compression)
         self.out = local_form(out)
@@ -544,16 +502,9 @@ class Writer:
         stack = contextlib.ExitStack()
         try:
             self.location = Location(self.out, self.storage_options)
-            self.location.makedirs()
-            claim_output(self.location, self.overwrite)
-            if not self.location.remote:
-                stack.enter_context(output_lock(self.location.url))
-            self.owned = Owned(self.location, owner_token(self.location))
-            if self.location.exists(MANIFEST_NAME):  # a finished output is replaced, never extended
-                if not self.overwrite:
-                    raise OutputExistsError(f"{self.location.url} already holds a finished output; pass overwrite=True "
-                                            "to replace it", self.location.url)
-                remove_previous(self.location, Manifest.load(self.location))
+            self.output = stack.enter_context(open_output(self.location, self.overwrite, resumable=False))
+            self.owned = self.output.owned
+            self.output.finished("output")  # a finished output is replaced, never extended
         except BaseException:
             stack.close()
             raise
@@ -575,7 +526,7 @@ class Writer:
         if self.sample_type is None:
             self.sample_type = "classification" if shaped else "dict"
             if self.sample_type == "dict":
-                _format_options(self.fmt, False, None, self.quality, "dict")  # hdf5/npy: one clear error
+                _check_dict_samples(self.fmt, "dict")  # hdf5/npy: one clear error
         if self.sample_type == "classification" and not shaped:
             raise _kind_error(key, fields, self.requested)
         self._keys.add(key)
@@ -604,7 +555,7 @@ class Writer:
                          self.sample_type or "dict", self._shard_samples,  # type: ignore[arg-type]
                          False, None, False, self.format_options, self.storage_options, "files", (), self.owned.token)
         if not self.overwrite:  # a file where this shard goes must be one an earlier run of this output left
-            refuse_foreign(self.location, self.fmt, [spec], self.owned)
+            ForeignFiles(self.owned).refuse(self.fmt, spec)
         self._shard = _ShardThread(self.fmt, spec)
         self._shard_count = 0
         self._shard_nbytes = 0
@@ -620,7 +571,7 @@ class Writer:
                 self._results.append(self._shard.finish())
                 self._shard = None
             sample_type = self.sample_type or ("classification" if not self.fmt.any_samples else "dict")
-            self.manifest = _finish(self.location, self.fmt, self.prefix, self.owned, "python:dsconvert.Writer",
+            self.manifest = _finish(self.output, self.fmt, self.prefix, "python:dsconvert.Writer",
                                     sample_type, self.classes, self._inputs, self._results, self._options,
                                     self.decoded, self.compression)
         except BaseException:
@@ -719,7 +670,7 @@ def _optimize_shard(spec: ShardSpec, fn: Callable[[Any], Any], chunk: Sequence[A
                 sample_type = "classification" if done[j][2] is not None else "dict"
                 break
     if sample_type == "dict" and not fmt.any_samples:
-        _format_options(fmt, False, None, quality, "dict")  # the one clear error
+        _check_dict_samples(fmt, "dict")  # the one clear error
     spec = dataclasses.replace(spec, sample_type=sample_type)
 
     def samples() -> Iterator[Tuple[Sample, Any]]:
@@ -758,15 +709,13 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
         raise OptionError(f"fn must be callable, not {type(fn).__name__}")
     fmt = _check_common(format, sample_type, quality, prefix, samples_per_shard, classes, decode, overwrite,
                         storage_options)
-    if type(min_shards) is not int or min_shards < 1:
-        raise OptionError(f"min_shards must be a positive int, not {min_shards!r}")
+    check_positive("min_shards", min_shards)
     if workers is not None and (type(workers) is not int or workers < 1):
         raise OptionError(f"workers must be a positive int (or None: the CPUs), not {workers!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise OptionError(f"executor must be a concurrent.futures.Executor (or None), not {type(executor).__name__}")
-    if not isinstance(progress, bool):
-        raise OptionError(f"progress must be True or False, not {progress!r}")
-    compression = parse_compression(compress)
+    check_flag("progress", progress)
+    compression = check_compression(fmt, compress)
     decoded, format_options = _format_options(fmt, decode, classes, quality, sample_type, compression)
     items = list(inputs)
     workers = available_cpus() if workers is None else max(1, int(workers))
@@ -783,11 +732,9 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
     ranges = spread_plan(placeholders, samples_per_shard, 1 << 62, min_shards, size_of=lambda s: 0)
     started = time.perf_counter()
     location = Location(local_form(out), storage_options)
-    location.makedirs()
-    claim_output(location, overwrite)
-    lock = contextlib.nullcontext() if location.remote else output_lock(location.url)
-    with lock, out_of_space_is_resumable(location):
-        owned, previous = _open_output(location, overwrite, options, url)
+    with open_output(location, overwrite) as output:
+        previous = output.finished("output made with other options or inputs",
+                                   reusable=lambda m: m.options == options and m.source.get("url") == url)
         if previous is not None:
             return ConvertResult(previous, location.url, already_complete=True)
         specs = []
@@ -797,11 +744,25 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
                                    "classification" if sample_type == "auto" else sample_type,
                                    tuple(placeholders[a:b]), False, None, False,
                                    dict(format_options, fn=name, inputs_sha256=digest), dict(storage_options or {}),
-                                   "files", (), owned.token))
+                                   "files", (), output.owned.token))
+        num_classes = len(classes) if classes is not None else None
+        kinds = ("classification", "dict") if sample_type == "auto" else (sample_type,)
+
+        def job(spec: ShardSpec) -> loop.Job:
+            a, b = ranges[spec.index]
+            return _optimize_shard, (spec, fn, items[a:b], a, sample_type, num_classes)
+
+        def completed(spec: ShardSpec) -> Optional[Tuple[str, ShardResult]]:
+            """An earlier run's shard of this spec, written as either sample type ``auto`` chose."""
+            for kind in kinds:
+                found = fmt.completed(dataclasses.replace(spec, sample_type=kind))
+                if found is not None:
+                    return kind, found
+            return None
+
         with progress_bar(progress, f"writing {format}", total=len(items), unit=" inputs") as bar:
-            num_classes = len(classes) if classes is not None else None
-            done = _run_optimize(fmt, specs, ranges, items, fn, sample_type, num_classes, workers, executor, bar,
-                                 None if overwrite else owned)
+            done = loop.run_shards(specs, len(specs), job, workers=workers, executor=executor, bar=bar,
+                                   owned=output.guarded, completed=completed, shard_result=lambda r: r[1])
         types = {t for t, r in done if r.entry.num_samples}
         if len(types) > 1:
             raise BadInputError("some shards hold (image, cls) samples and others dict samples: give every sample one "
@@ -809,58 +770,8 @@ def optimize(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str, *, forma
         final = types.pop() if types else ("classification" if not fmt.any_samples or sample_type == "classification"
                                            else "dict")
         results = [r for _, r in done]
-        manifest = _finish(location, fmt, prefix, owned, url, final, list(classes) if classes is not None else None,
+        manifest = _finish(output, fmt, prefix, url, final, list(classes) if classes is not None else None,
                            placeholders, results, options, decoded, compression)
     resumed = sum(r.resumed for r in results)
     return ConvertResult(manifest, location.url, False, len(results) - resumed, resumed,
                          time.perf_counter() - started, workers if executor is None else 0)
-
-
-def _run_optimize(fmt: Type[Format], specs: List[ShardSpec], ranges: List[Tuple[int, int]], items: List[Any],
-                  fn: Callable[[Any], Any], requested: str, num_classes: Optional[int], workers: int,
-                  executor: Optional[cf.Executor], bar, owned: Optional[Owned]) -> List[Tuple[str, ShardResult]]:
-    """Each shard: the finished one of an earlier run where its spec matches, else written by
-    :func:`_optimize_shard`; the first error cancels the rest (as conversion's ``_run``)."""
-    kinds = ("classification", "dict") if requested == "auto" else (requested,)
-    results: Dict[int, Tuple[str, ShardResult]] = {}
-    todo: List[ShardSpec] = []
-    for spec in specs:
-        for kind in kinds:
-            found = fmt.completed(dataclasses.replace(spec, sample_type=kind))
-            if found is not None:
-                results[spec.index] = (kind, found)
-                bar.update(len(spec.samples))
-                break
-        else:
-            todo.append(spec)
-    if owned is not None and todo:
-        refuse_foreign(owned.out, fmt, todo, owned)
-
-    def task(spec: ShardSpec) -> Tuple[Any, ...]:
-        a, b = ranges[spec.index]
-        return (spec, fn, items[a:b], a, requested, num_classes)
-
-    own_pool = None
-    if executor is None and ((workers > 1 and len(todo) > 1) or (todo and fmt.write_in_child)):
-        own_pool = executor = process_pool(min(workers, len(todo)))
-    try:
-        if executor is None:
-            for spec in todo:
-                results[spec.index] = _optimize_shard(*task(spec))
-                bar.update(len(spec.samples))
-        else:
-            futures = {executor.submit(_optimize_shard, *task(spec)): spec for spec in todo}
-            try:
-                for future in cf.as_completed(futures):
-                    spec = futures[future]
-                    results[spec.index] = future.result()
-                    bar.update(len(spec.samples))
-            except BaseException as exc:
-                for future in futures:
-                    future.cancel()
-                raise_worker_cause(exc, futures, specs[0].out_dir)
-                raise
-    finally:
-        if own_pool is not None:
-            own_pool.shutdown(wait=True, cancel_futures=True)
-    return [results[spec.index] for spec in specs]

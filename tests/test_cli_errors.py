@@ -586,15 +586,14 @@ print("done", flush=True)
 
 SHARD_THEN_WAIT = """
 import sys
-import dsconvert.convert
 from dsconvert.cli import main
-c = sys.modules["dsconvert.convert"]  # the module (the package's name is the function)
-run = c._run
+from dsconvert.write import loop
+run = loop.run_shards
 def paused(*args, **kwargs):  # the conversion holds its lock and has planned its shards: wait here
     print("writing", flush=True)
     sys.stdin.readline()
     return run(*args, **kwargs)
-c._run = paused
+loop.run_shards = paused
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -147,7 +147,7 @@ def test_second_writer_is_refused(tmp_path, image_folder):
 
 
 def test_one_process_cannot_take_its_own_output_twice(tmp_path, image_folder):
-    from dsconvert.convert import output_lock
+    from dsconvert.write.output import output_lock
 
     (tmp_path / "out").mkdir()
     with output_lock(str(tmp_path / "out")):

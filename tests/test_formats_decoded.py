@@ -189,11 +189,9 @@ def test_no_verify_still_skips_undecodable_images_for_pixels(tmp_path, image_fol
 
 
 def test_disk_space_refusal(tmp_path, image_folder, monkeypatch):
-    import importlib
+    from dsconvert.write import output
 
-    conv = importlib.import_module("dsconvert.convert")  # the module, not the function
-
-    monkeypatch.setattr(conv, "free_bytes", lambda path: 10_000)  # a nearly full disk
+    monkeypatch.setattr(output, "free_bytes", lambda path: 10_000)  # a nearly full disk
     with pytest.raises(InsufficientSpaceError) as exc:
         convert(image_folder, str(tmp_path / "npy"), format="npy", workers=1)
     message = str(exc.value)
@@ -204,7 +202,7 @@ def test_disk_space_refusal(tmp_path, image_folder, monkeypatch):
     assert not os.path.exists(tmp_path / "npy" / "dsconvert.json")
     m = convert(image_folder, str(tmp_path / "npy"), format="npy", workers=1, force=True).manifest
     assert m.num_samples == 16 and m.shards[0].bytes == 331_904  # what the check said it needs
-    monkeypatch.setattr(conv, "free_bytes", lambda path: 10**12)
+    monkeypatch.setattr(output, "free_bytes", lambda path: 10**12)
     convert(image_folder, str(tmp_path / "wds"), workers=1)
 
 

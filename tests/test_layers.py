@@ -39,6 +39,9 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("plan", ["plan", "sizing"]),
     # each format: how its shards are named, written from the samples it is handed, and read
     ("formats", ["formats"]),
+    # writing one output, for every writer: option checks, the output's life cycle (claim, lock,
+    # owner journal, finished outputs, stale files, manifest), the executor loop over shard specs
+    ("write", ["write"]),
     # the scanner: a source (folders, lists, tars, Parquet, outputs: these through their formats)
     # turned into samples, reading no contents
     ("source", ["source"]),

@@ -11,7 +11,6 @@ ROOT = pathlib.Path(dsconvert.__file__).parent
 # entry when its module stops importing the name
 KNOWN = {
     "dsconvert/readers/sampler.py: _torch_data from base",
-    "dsconvert/verify.py: _shard_files from convert",
 }
 
 
