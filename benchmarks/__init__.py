@@ -34,6 +34,7 @@ SUITES = {
     "analyze": "analyze on a large tree",
     "diagnose": "what diagnose costs the job it samples",
     "remote": "S3 reads and Dask conversion",
+    "remote_peers": "the default remote read against litdata, MosaicML Streaming, webdataset over S3",
     "resize": "npy --resize 256 against earlier revisions",
     "loader": "dsconvert bench through a real DataLoader",
     "tracers": "what each of diagnose's recorders costs",

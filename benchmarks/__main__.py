@@ -144,6 +144,7 @@ def run_all(argv: List[str]) -> int:
     ap.add_argument("--python-peers")
     ap.add_argument("--python-litdata", help="wds_reads: an interpreter where litdata was installed with its own "
                     "dependencies (without it, litdata runs in this interpreter)")
+    ap.add_argument("--python-mosaic", help="remote_peers: an interpreter where mosaicml-streaming was installed")
     a = ap.parse_args(argv)
     names = []
     for n in a.only or list(known):

@@ -43,6 +43,15 @@ def can_build_extensions(*headers: str) -> bool:
     return bool(shutil.which("cc") or shutil.which("gcc")) and all(map(os.path.exists, (python_h, *headers)))
 
 
+@pytest.fixture(autouse=True)
+def _default_cache_in_tmp(tmp_path_factory, monkeypatch):
+    """Remote outputs are cached by default (dsconvert/io/default_cache.py): every test's default
+    cache is a folder of its own under pytest's temporary root, never the user's ~/.cache, and
+    never shared between tests (its subprocesses and DataLoader workers inherit it)."""
+    monkeypatch.setenv("DSCONVERT_CACHE", str(tmp_path_factory.mktemp("dsconvert-cache")))
+    monkeypatch.delenv("DSCONVERT_CACHE_SIZE", raising=False)
+
+
 @pytest.fixture(scope="session")
 def torch():
     """torch, for the tests that use it (take ``torch`` as an argument, or
@@ -272,6 +281,7 @@ def s3_endpoint():
     saved = {k: os.environ.get(k) for k in s3server.CREDENTIALS}
     os.environ.update(s3server.CREDENTIALS)
     proc, endpoint = s3server.start()
+    S3.log_path = proc.log_path
     try:
         yield endpoint
     finally:
@@ -306,6 +316,16 @@ class S3:
         base = f"{self.bucket}/{key}"
         return {p[len(base) + 1:]: self.fs.cat_file(p) for p in self.fs.find(base)
                 if not p[len(base) + 1:].startswith(".")}  # as local_files: not the output's marker
+
+    log_path = ""  # the server's request log (s3_endpoint sets it)
+
+    def requests(self, key=""):
+        """The requests the server has logged so far for objects under ``key`` in this bucket,
+        as their request lines ("GET /bucket/key HTTP/1.1")."""
+        prefix = f"/{self.bucket}/{key}"
+        with open(self.log_path, errors="replace") as f:
+            lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in f]
+        return [line.split('"')[1] for line in lines if f" {prefix}" in line and line.count('"') >= 2]
 
     def cli(self):
         return ["--storage-option", f"client_kwargs.endpoint_url={self.endpoint}",

@@ -10,7 +10,7 @@ from dsconvert.readers.order import Deal, GlobalOrder, remaining
 from conftest import examples
 
 
-def consumption(length, ranks, workers, chunk):
+def consumption(length, ranks, workers, chunk, run=None, batch=None):
     """Offsets in the order a DDP job with DataLoader workers consumes them: at step s every
     rank takes its s-th batch, which the DataLoader's round robin takes from worker s % workers
     (a worker with nothing left drops out of the round, as DataLoader does)."""
@@ -18,9 +18,10 @@ def consumption(length, ranks, workers, chunk):
     for r in range(ranks):
         chunks = []
         for w in range(workers):
-            d = Deal(length, ranks, r, workers, w, chunk)
+            d = Deal(length, ranks, r, workers, w, chunk, run)
             offs = d.offsets(0, d.length).tolist()
-            chunks.append([offs[i:i + chunk] for i in range(0, len(offs), chunk)])
+            b = batch or chunk  # the DataLoader's batch: the chunk when the dataset batches
+            chunks.append([offs[i:i + b] for i in range(0, len(offs), b)])
         order, step = [], 0
         while any(chunks):
             # round robin over the workers still holding batches, from where it stood
@@ -71,6 +72,46 @@ def test_what_a_job_consumed_is_a_prefix_of_the_order(n, ranks, workers, chunk):
         if (s + 1) * ranks * chunk <= n and all(len(b) == chunk for b in batches) and len(batches) == ranks:
             assert sorted(consumed) == list(range((s + 1) * ranks * chunk))
     assert sorted(consumed) == list(range(n))
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(n=st.integers(0, 400), ranks=st.integers(1, 5), workers=st.integers(1, 4), chunk=st.integers(1, 5),
+       run=st.integers(1, 70), seen=st.integers(0, 420), even=st.sampled_from([None, "pad", "drop"]))
+def test_runs_of_a_worker_deal_every_position_once_and_keep_the_ranks(n, ranks, workers, chunk, run, seen, even):
+    """Workers taking runs of ``run`` positions (a stream that does not know the DataLoader's
+    batch) change neither what a rank takes nor that every position is dealt once."""
+    length = remaining(n, seen, ranks, even)
+    got = []
+    for r in range(ranks):
+        mine = []
+        for w in range(workers):
+            d = Deal(length, ranks, r, workers, w, chunk, run)
+            offs = d.offsets(0, d.length).tolist()
+            assert all(b - a == 1 for i, (a, b) in enumerate(zip(offs, offs[1:])) if (i + 1) % run and chunk == 1
+                       and ranks == 1)  # a run is consecutive positions
+            mine += offs
+        assert sorted(mine) == sorted(Deal(length, ranks, r, 1, 0, chunk).offsets(0, length).tolist())
+        got += mine
+    assert sorted(got) == list(range(length))
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(n=st.integers(1, 400), ranks=st.integers(1, 4), workers=st.integers(2, 4), batch=st.integers(1, 9))
+def test_runs_of_the_dataloaders_batch_are_consumed_as_a_prefix(n, ranks, workers, batch):
+    """A stream without batch_size deals ranks one sample at a time and workers runs of
+    ``run``: a DataLoader whose batch is the run consumes a prefix of the order, so an elastic
+    resume from samples_seen is exact (runs of one sample, as before, never were with workers)."""
+    steps = consumption(n, ranks, workers, 1, run=batch, batch=batch)
+    consumed = []
+    for s, batches in enumerate(steps):
+        for b in batches:
+            consumed += b
+        if (s + 1) * ranks * batch <= n and all(len(b) == batch for b in batches) and len(batches) == ranks:
+            assert sorted(consumed) == list(range((s + 1) * ranks * batch))
+    assert sorted(consumed) == list(range(n))
+    if batch > 1 and n >= 2 * ranks * batch:  # runs of one: the first step is not a prefix
+        first = [o for b in consumption(n, ranks, workers, 1, batch=batch)[0] for o in b]
+        assert sorted(first) != list(range(ranks * batch))
 
 
 def test_a_deal_of_one_sample_per_chunk_is_distributed_samplers():

@@ -117,16 +117,19 @@ class Sha1:
 def test_open_dataset_from_s3_without_a_cache(s3, s3_outputs, torch):
     url, local = s3_outputs["wds"]
     want = digests(open_dataset(local, decode="raw"))
-    assert digests(open_dataset(url, decode="raw", storage_options=s3.options)) == want
-    ds = open_dataset(url, decode="raw", storage_options=s3.options, transform=Sha1())
+    assert digests(open_dataset(url, decode="raw", storage_options=s3.options, cache_dir=False)) == want
+    ds = open_dataset(url, decode="raw", storage_options=s3.options, transform=Sha1(), cache_dir=False)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)  # forked workers make their own client
     assert sorted(h for h, _ in loader) == want
     url, local = s3_outputs["hdf5"]  # h5py reads through fsspec's file objects
-    remote = open_dataset(url, decode="raw", storage_options=s3.options)
+    remote = open_dataset(url, decode="raw", storage_options=s3.options, cache_dir=False)
     assert [remote[i][0] for i in range(len(remote))] == [x for x, _ in open_dataset(local, decode="raw")]
     url, _ = s3_outputs["npy"]
     with pytest.raises(OptionError, match="cache_dir"):
-        open_dataset(url, decode="numpy", storage_options=s3.options)[0]
+        open_dataset(url, decode="numpy", storage_options=s3.options, cache_dir=False)[0]
+    # by default a remote output is cached (tests/test_default_cache.py), so npy reads too
+    assert digests(open_dataset(url, decode="numpy", storage_options=s3.options)) == digests(
+        open_dataset(s3_outputs["npy"][1], decode="numpy"))
 
 
 def test_cache_serves_later_epochs_without_the_store(s3, s3_outputs, tmp_path, torch):

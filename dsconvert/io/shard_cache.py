@@ -15,9 +15,11 @@ as if whole); a cache shared by training processes needs:
   workers and ranks never read a half-downloaded shard and download each shard once
   (``simplecache`` writes the download under its final name);
 * verification: a shard's copy is hashed once against the manifest's sha256 and size, and a
-  ``.sha256`` marker records the result; a mismatch (a re-converted output, a bad transfer)
-  downloads it again, and a second mismatch is a ManifestError;
-* a size cap with least-recently-used eviction (each use touches the copy's mtime), under an
+  ``.sha256`` marker records the result and the version of the copy it checked (inode, size,
+  mtime, ctime); a copy changed since (written in place, cut short) is hashed again, and a
+  mismatch (a re-converted output, a bad transfer, a damaged disk) downloads it again; a second
+  mismatch is a ManifestError;
+* a size cap with least-recently-used eviction (each use touches the copy's marker), under an
   exclusive lock that downloads hold shared, so nothing being fetched or verified is
   removed. A copy another process has memory-mapped stays readable after its removal (the
   kernel keeps it until it is unmapped).
@@ -37,10 +39,11 @@ import glob
 import hashlib
 import mmap
 import os
+import queue
 import shutil
 import stat
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from ..errors import ManifestError, OptionError
 from ..units import parse_size
@@ -59,10 +62,32 @@ MARKER = ".sha256"
 _hashed: Dict[str, Tuple[int, int, int, int, int, str]] = {}
 
 
-def _write_marker(local: str, sha256: str) -> None:
+def _write_marker(local: str, sha256: str, version: str = "") -> None:
+    """The marker beside a copy: the sha256 it was checked against and, for shard copies, the
+    version of the file that was checked (:func:`_version`)."""
     with open(local + MARKER + ".tmp", "w", encoding="ascii") as f:
-        f.write(sha256)
+        f.write(f"{sha256} {version}".strip())
     os.replace(local + MARKER + ".tmp", local + MARKER)
+
+
+def _version(st: os.stat_result) -> str:
+    """A copy's version as its marker records it: inode, size, mtime and ctime in ns. A write
+    into the copy changes its mtime and ctime (and no one can set a ctime back), so a copy
+    changed in place after its check no longer matches its marker and is hashed again; the LRU
+    stamp goes on the marker, never on the copy, so that using a copy leaves its version alone."""
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _marked(local: str) -> Tuple[str, str]:
+    """(sha256, version) a copy's marker names; version "" in markers of earlier releases
+    (a copy then trusted by its sha256 alone, as they were)."""
+    sha256, _, version = _read_text(local + MARKER).partition(" ")
+    return sha256, version
+
+
+def _matches(local: str, st: os.stat_result, sha256: str) -> bool:
+    marked, version = _marked(local)
+    return marked == sha256 and (not version or version == _version(st))
 
 
 def _read_text(path: str) -> str:
@@ -88,14 +113,14 @@ def _verified(local: str, sha256: Optional[str], size: Optional[int]) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
         return False
-    return sha256 is None or _read_text(local + MARKER) == sha256
+    return sha256 is None or _matches(local, st, sha256)
 
 
 def _touch(local: str) -> bool:
-    """Stamp a copy as just used (LRU); False if it was removed meanwhile (evicted). A cache
-    that cannot be written keeps its stamps."""
+    """Stamp a copy as just used (LRU), on its marker (the copy's own times are its version);
+    False if it was removed meanwhile (evicted). A cache that cannot be written keeps its stamps."""
     try:
-        os.utime(local)
+        os.utime(local + MARKER if os.path.exists(local + MARKER) else local)
     except FileNotFoundError:
         return False
     except OSError as exc:
@@ -176,9 +201,9 @@ class ShardCache:
                     raise ManifestError(f"{url}: its bytes do not match the manifest's sha256 even after a second "
                                         "download: the output changed while being read, or the store returns bad data",
                                         url)
-            if sha256 is not None:
-                _write_marker(local, sha256)  # before the rename: a copy in place is always a checked one
-            os.replace(tmp, local)
+            os.replace(tmp, local)  # checked before the rename: a copy in place is always a checked one
+            if sha256 is not None:  # after it, with the version renamed into place (a rename sets the ctime)
+                _write_marker(local, sha256, _version(os.stat(local)))
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
@@ -213,7 +238,7 @@ class ShardCache:
                 self._remove(local)
                 self._download(url, local, sha256, size)
                 fetched = True
-            os.utime(local)  # the LRU stamp
+            _touch(local)  # the LRU stamp
         if fetched and counted:
             with self._counter:
                 self.downloads += 1
@@ -227,12 +252,16 @@ class ShardCache:
         """Whether the copy ``local`` is there and, with ``sha256``, checked against it (hashed
         now when its marker names another digest or none, and the result marked if ``record``).
         Caller holds the file's lock, or the cache cannot be written."""
-        present = os.path.exists(local)
-        if present and sha256 is not None and _read_text(local + MARKER) != sha256:
-            # a copy checked against another digest (the output was rewritten), or never checked
-            present = (size is None or os.path.getsize(local) == size) and file_sha256(local) == sha256
+        try:  # a copy of another size than the manifest's is not it, whatever its marker says (cut short)
+            present = size is None or os.path.getsize(local) == size
+        except FileNotFoundError:
+            present = False
+        if present and sha256 is not None and not _matches(local, os.stat(local), sha256):
+            # a copy checked against another digest (the output was rewritten), never checked, or changed since
+            st = os.stat(local)
+            present = (size is None or st.st_size == size) and file_sha256(local) == sha256
             if present and record:
-                _write_marker(local, sha256)
+                _write_marker(local, sha256, _version(st))
         return present
 
     def holds(self, url: str, sha256: Optional[str] = None, size: Optional[int] = None) -> bool:
@@ -338,7 +367,11 @@ class ShardCache:
             for entry in os.scandir(self.files):
                 if entry.is_file() and not entry.name.endswith((MARKER, ".tmp")):
                     st = entry.stat()
-                    entries.append((st.st_mtime, st.st_size, entry.path))
+                    try:  # the LRU stamp is on the marker (a copy without one: its own time)
+                        used = os.stat(entry.path + MARKER).st_mtime
+                    except FileNotFoundError:
+                        used = st.st_mtime
+                    entries.append((used, st.st_size, entry.path))
             total = sum(size for _, size, _ in entries)
             removed = 0
             for _, size, path in sorted(entries):
@@ -434,6 +467,34 @@ class ShardAccess:
         if path is not None:
             regular_size(path)
         return path
+
+    def fetch_ahead(self, files: Sequence[Tuple[str, Optional[str], Optional[int], bool]], threads: int = 4) -> None:
+        """Fetch ``files`` ((name, sha256, bytes, counted) each) into the cache in ``threads``
+        background threads, in the order given, while the caller reads: a first epoch then
+        waits for one download at a time at most, where a shuffled read would fetch each shard
+        when it first needs it, one after another. The threads are daemons (a worker that
+        ends leaves a temp file at most, which the next download removes); a file whose
+        fetch fails is left to the read that needs it, which says why."""
+        cache = self.cache
+        if cache is None or not files:
+            return
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for item in files:
+            todo.put(item)
+
+        def fetch() -> None:
+            while True:
+                try:
+                    name, sha256, size, counted = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    cache.get(self.url_of(name), sha256, size, counted=counted)
+                except Exception:  # noqa: BLE001 - the read that needs the file raises it, in one line
+                    pass
+
+        for _ in range(max(1, min(threads, len(files)))):
+            threading.Thread(target=fetch, name="dsconvert-fetch-ahead", daemon=True).start()
 
     def cache_dir_or_root(self) -> str:
         """The local folder reads come from (to judge whether it is latency-bound)."""

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field
+from ..distributed import worker_info
 from ..errors import ManifestError
 from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
@@ -97,6 +98,9 @@ class MapDataset(ShardDataset, TorchDataset):
         shard = shards.pop(k, None)
         if shard is None:
             settle_worker()
+            if "fetching" not in self._local:
+                self._local["fetching"] = True
+                self._fetch_ahead()
             if len(shards) >= self.max_open_shards:  # the least recently used closes (it reopens when read)
                 shards.pop(next(iter(shards))).close()
             shard = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest, **self._open_options)
@@ -104,6 +108,28 @@ class MapDataset(ShardDataset, TorchDataset):
                 shard.prepare(0, len(shard.keys), False, views=True)
         shards[k] = shard
         return shard
+
+    def _fetch_ahead(self) -> None:
+        """A remote output read through the cache: every shard it lacks fetched in background
+        threads from the first read on (each worker starting at its own share of the shards, so
+        that two workers fetch different ones first), where the output fits in half the cache's
+        bound (a larger one would evict what it fetched; it is fetched as read)."""
+        cache = self.access.cache
+        if cache is None or not self.access.remote:
+            return
+        entries = list(self.manifest.shards)
+        files = []
+        for entry in entries:
+            names = self.format.files_of(entry)
+            files.append([(names[0], entry.sha256, entry.bytes, True)] + [
+                (name, (entry.parts.get(name) or {}).get("sha256"), (entry.parts.get(name) or {}).get("bytes"), False)
+                for name in names[1:]])
+        total = sum(size or 0 for group in files for _, _, size, _ in group)
+        if cache.max_bytes is not None and 2 * total > cache.max_bytes:
+            return
+        wid, nworkers = worker_info()
+        start = wid * len(files) // nworkers
+        self.access.fetch_ahead([f for group in files[start:] + files[:start] for f in group])
 
     def where(self, index: int) -> Tuple[int, int]:
         """(shard, sample in it) of the source's sample ``index``."""

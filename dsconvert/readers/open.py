@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 from ..errors import OptionError, UpgradeWarning
 from ..formats import FORMATS, get
+from ..io.default_cache import default_shard_cache
 from ..io.localfs import is_latency_bound
 from ..io.location import local_form
 from ..io.owner import LOCK_NAME, OWNER_NAME
@@ -29,7 +30,7 @@ def open_dataset(
     decode: str = "pil",
     *,
     storage_options: Optional[Dict[str, Any]] = None,
-    cache_dir: Optional[str] = None,
+    cache_dir: Union[str, bool, None] = None,
     cache_size: Union[int, str, None] = None,
     stream: Optional[bool] = None,
     **options: Any,
@@ -57,11 +58,12 @@ def open_dataset(
 
     ``stream=True`` (or any of the streaming options below) opens a wds output as an
     IterableDataset instead, reading the shards in order: for remote shards without a cache,
-    latency-bound storage, or a resumable position across ranks and workers. A wds output on an
-    object store or a latency-bound mount (NFS, CephFS, FUSE...) without ``cache_dir`` streams by
-    default: the stream reads ahead in threads while the worker decodes (``stream=False`` reads
-    it by index, each batch's members requested at once). With ``cache_dir`` on a local SSD it
-    is read by index from there.
+    latency-bound storage, or a resumable position across ranks and workers. A wds output on a
+    latency-bound mount (NFS, CephFS, FUSE...), or on an object store read with
+    ``cache_dir=False``, streams by default: the stream reads ahead in threads while the worker
+    decodes, and deals each DataLoader worker runs of 64 consecutive samples
+    (``stream=False`` reads it by index, each batch's members requested at once). With a cache on
+    a local SSD it is read by index from there.
 
     Streaming options (wds): ``shuffle``, ``seed``, ``buffer_size``, ``rank``, ``world_size``,
     ``even`` (``"pad"``, the default: every rank takes as many samples, the last ones
@@ -81,23 +83,32 @@ def open_dataset(
     and npy's ``"numpy"`` mode returns zero-copy, read-only views of the memory map.
 
     ``path`` may be a URL fsspec reaches (``s3://bucket/train-wds``), with ``storage_options``.
-    Without ``cache_dir`` remote wds shards are read by concurrent ranged requests ahead of
-    use and hdf5 through fsspec's file objects; npy needs ``cache_dir``. With ``cache_dir`` (a
-    local SSD folder) every shard is fetched whole on first use, verified against the
-    manifest's sha256, and read from there after; ``cache_size`` caps it ("500GB"), evicting
-    the least recently used shards. Safe for any number of workers and ranks at once. A local
-    output on a network file system can be cached the same way. A remote output's manifest is
-    kept in ``cache_dir`` each time it is read, so a fully cached output opens and reads with the
+    **A remote output is cached on local disk by default**, as litdata and MosaicML Streaming do:
+    in ``$DSCONVERT_CACHE/shards`` (else ``$XDG_CACHE_HOME/dsconvert/shards``, else
+    ``~/.cache/dsconvert/shards``), bounded by ``cache_size``, ``$DSCONVERT_CACHE_SIZE``, or half
+    of the disk's free space (at most 50 GB); ``cache_dir=False`` or ``DSCONVERT_CACHE=off``
+    turns it off, and where no disk is at hand (the folder cannot be written, or the bound would
+    be under 256 MB), or where the output is larger than the bound, it is read without one
+    (:mod:`dsconvert.io.default_cache`). A cached
+    output opens map-style, as a local one. Without a cache remote wds shards are read by
+    concurrent ranged requests ahead of use and hdf5 through fsspec's file objects; npy needs a
+    cache. With a cache (``cache_dir``: a local SSD folder, or the default) every shard is fetched
+    whole on first use, verified against the manifest's sha256, and read from there after;
+    ``cache_size`` caps it ("500GB"), evicting the least recently used shards. Safe for any
+    number of workers and ranks at once. A local output on a network file system can be cached
+    the same way (``cache_dir=True``: the default folder). A remote output's manifest is
+    kept in the cache each time it is read, so a fully cached output opens and reads with the
     remote unreachable (every file verified against that manifest; an OfflineCacheWarning says
     so); while the remote answers, its manifest wins: :mod:`dsconvert.readers.offline`.
     """
     path = local_form(path)  # file:// URLs as the paths they name
-    cache_dir = local_form(cache_dir) if cache_dir is not None else None
+    if cache_dir is not None and type(cache_dir) is not bool:
+        cache_dir = local_form(cache_dir)
 
     label = options.pop("label", None)
     index_dir = options.pop("index_dir", None)
     if _in_place_table(path, storage_options):
-        if stream or cache_dir is not None or index_dir is not None or options:
+        if stream or cache_dir not in (None, False) or index_dir is not None or options:
             given = sorted([*options, *(["stream"] if stream else []), *(["cache_dir"] if cache_dir else []),
                             *(["index_dir"] if index_dir is not None else [])])
             raise OptionError(f"{path} is Parquet or Arrow read in place, map-style (sample i is the conversion's "
@@ -106,6 +117,9 @@ def open_dataset(
 
         return SourceDataset(scan(path, storage_options=storage_options, label=label), transform=transform,
                              target_transform=target_transform, decode=decode, storage_options=storage_options)
+    # a remote output is cached on local disk by default (io/default_cache.py): read by index from there
+    by_default = cache_dir is None or cache_dir is True
+    cache_dir, cache_size = default_shard_cache(path, cache_dir, cache_size)
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
     # a remote output's manifest is kept in the cache, and read from there when the remote is out of reach
     kept = load_manifest(access) if access.cache is not None and access.remote else None
@@ -117,6 +131,9 @@ def open_dataset(
             raise OptionError(f"label= and index_dir= are for tar shards without a manifest, and {path} is not one "
                               "(a dsconvert output keeps its labels)")
         manifest = kept if kept is not None else Manifest.load(access.location)
+        if by_default and access.cache is not None and _larger_than(manifest, access.cache.max_bytes):
+            # the default cache cannot hold it: a shuffled read through it would fetch shards again and again
+            access = ShardAccess(path, storage_options)
         if any((e.index or "").endswith(".index.json") for e in manifest.shards):
             warnings.warn(f"{path}: its shard records are JSON (written by an earlier dsconvert), parsed whole each "
                           "time a shard opens; `dsconvert upgrade " + path + "` rewrites them as memory-mapped binary "
@@ -133,6 +150,13 @@ def open_dataset(
         from .map import MapDataset as dataset  # type: ignore[assignment]
     return dataset(root, manifest, transform=transform, target_transform=target_transform,
                    decode=decode, access=access, **options)
+
+
+def _larger_than(manifest: Manifest, bound: Optional[int]) -> bool:
+    """Whether the output's files (shards, their parts, the order file) take more than ``bound`` bytes."""
+    total = sum(e.bytes + sum(int((p or {}).get("bytes") or 0) for p in e.parts.values()) for e in manifest.shards)
+    total += int((manifest.order or {}).get("bytes") or 0)
+    return bound is not None and total > bound
 
 
 def _output_folder(access: ShardAccess) -> bool:

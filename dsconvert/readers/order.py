@@ -11,9 +11,12 @@ them, and within a rank the DataLoader's round robin takes chunk i from worker `
 So the remaining positions can be dealt afresh over any new topology, each exactly once.
 
 ``chunk`` is the batch a rank takes per step when the dataset knows it (``batch_size``), else
-one sample; with one sample per chunk and several workers a worker's samples are still exactly
-determined (so the StatefulDataLoader protocol resumes exactly), but the DataLoader's per-worker
-batches no longer consume a prefix, so an elastic resume needs the batch in the dataset.
+one sample. Within a rank, workers take runs of ``worker_chunk`` positions: the batch when the
+dataset knows it, else 64 (``STREAM_RUN`` in the stream reader), so that a worker reads runs of
+neighbouring samples. A worker's samples are always exactly determined (so the
+StatefulDataLoader protocol resumes exactly); the DataLoader's per-worker batches consume a
+prefix of the rank's sequence when its batch is the run (``batch_size`` given, or a DataLoader
+batch of 64 with the default run), else an elastic resume needs the batch in the dataset.
 """
 
 from __future__ import annotations
@@ -99,27 +102,35 @@ def remaining(total: int, seen: int, ranks: int, even: Optional[str]) -> int:
 class Deal:
     """One (rank, worker)'s share of ``length`` remaining positions: see the module doc.
 
-    ``rank_length`` is the rank's count (the counts of two ranks differ by at most one);
+    Ranks take the positions in runs of ``chunk``, and a rank's DataLoader workers take its
+    sequence in runs of ``worker_chunk`` (``chunk`` unless given): a stream that does not know
+    the DataLoader's batch still hands each worker runs of consecutive positions (neighbours in
+    a shard, fetched by one request), where runs of one would interleave the workers sample by
+    sample. ``rank_length`` is the rank's count (the counts of two ranks differ by at most one);
     ``offsets(start, stop)`` gives, for the worker's items ``start..stop`` (samples, or whole
     chunks with ``batched``), their offsets into the remaining positions, in reading order.
     """
 
-    def __init__(self, length: int, ranks: int, rank: int, workers: int, worker: int, chunk: int):
-        if not (0 <= rank < ranks and 0 <= worker < workers and chunk >= 1 and length >= 0):
-            raise ValueError(f"bad deal: length={length} rank={rank}/{ranks} worker={worker}/{workers} chunk={chunk}")
+    def __init__(self, length: int, ranks: int, rank: int, workers: int, worker: int, chunk: int,
+                 worker_chunk: Optional[int] = None):
+        wc = chunk if worker_chunk is None else worker_chunk
+        if not (0 <= rank < ranks and 0 <= worker < workers and chunk >= 1 and wc >= 1 and length >= 0):
+            raise ValueError(f"bad deal: length={length} rank={rank}/{ranks} worker={worker}/{workers} chunk={chunk}"
+                             f"/{wc}")
         self.ranks, self.rank, self.workers, self.worker, self.chunk = ranks, rank, workers, worker, chunk
+        self.worker_chunk = wc
         self.rounds = length // (ranks * chunk)  # whole steps of every rank
         tail = length - self.rounds * ranks * chunk
         self.tail_lo, tail_hi = (rank * tail) // ranks, ((rank + 1) * tail) // ranks
         self.rank_length = self.rounds * chunk + tail_hi - self.tail_lo
-        chunks = -(-self.rank_length // chunk)  # the rank's chunks; only its last may be short
+        chunks = -(-self.rank_length // wc)  # the rank's runs; only its last may be short
         mine = max(0, -(-(chunks - worker) // workers))
         self.chunks = mine
-        last = worker + (mine - 1) * workers  # this worker's last chunk
-        self.length = 0 if mine == 0 else (mine - 1) * chunk + min(chunk, self.rank_length - last * chunk)
+        last = worker + (mine - 1) * workers  # this worker's last run
+        self.length = 0 if mine == 0 else (mine - 1) * wc + min(wc, self.rank_length - last * wc)
 
     def batches(self) -> int:
-        """Whole (possibly short) chunks this worker reads."""
+        """Whole (possibly short) runs this worker reads (its batches when batched)."""
         return self.chunks
 
     def offsets(self, start: int, stop: int) -> np.ndarray:
@@ -128,8 +139,8 @@ class Deal:
         if start >= stop:
             return np.zeros(0, dtype=np.int64)
         t = np.arange(start, stop, dtype=np.int64)
-        c, R, W = self.chunk, self.ranks, self.workers
-        i = (self.worker + (t // c) * W) * c + t % c  # index in the rank's sequence
+        c, R, W, wc = self.chunk, self.ranks, self.workers, self.worker_chunk
+        i = (self.worker + (t // wc) * W) * wc + t % wc  # index in the rank's sequence
         whole = self.rounds * c
         return np.where(i < whole, (i // c) * R * c + self.rank * c + i % c,
                         self.rounds * R * c + self.tail_lo + (i - whole))

@@ -8,7 +8,11 @@ exactly: with torchdata's StatefulDataLoader (each worker's place, :meth:`state_
 another number of ranks and workers (``load_state_dict({"epoch", "samples_seen"})``). A
 sample is located by arithmetic, never by reading what came before it. Local shards are read
 by ``pread`` (a memory map for ``decode="buffer"`` views), latency-bound and remote ones by
-concurrent ranged requests for exactly the members needed, one group ahead. ``even`` (``"pad"`` by
+concurrent ranged requests for exactly the members needed, one group ahead. DataLoader workers
+take their rank's samples in runs (``batch_size``, else ``STREAM_RUN`` = 64 consecutive
+positions): neighbours in a shard, so one request serves a run and no worker fetches bytes
+another worker reads (runs of one sample each interleaved the workers, and each merged range
+then carried its neighbours' samples too). ``even`` (``"pad"`` by
 default, as ``DistributedSampler``) pads or drops so that every rank takes as many samples and
 steps; ``None`` splits exactly, ranks differing by one sample.
 """
@@ -164,10 +168,17 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         return epoch_order([s.num_samples for s in self.manifest.shards], self.shuffle, self.buffer_size,
                            self.seed, epoch)
 
+    def _run(self, nworkers: int) -> int:
+        """The run of consecutive positions each worker takes in turn: the batch when the
+        dataset knows it, else :data:`STREAM_RUN` (one sample per run would interleave the
+        workers sample by sample, each then fetching its neighbours' bytes too); one worker's
+        run changes nothing, and is recorded as 1 (as states saved before runs had)."""
+        return self.batch_size or (STREAM_RUN if nworkers > 1 else 1)
+
     def _deal(self, seen: int, wid: int, nworkers: int) -> Deal:
         rank, world = world_info(self.rank, self.world_size)
         length = remaining(self.manifest.num_samples, seen, world, self.even)
-        return Deal(length, world, rank, nworkers, wid, self.batch_size or 1)
+        return Deal(length, world, rank, nworkers, wid, self.batch_size or 1, self._run(nworkers))
 
     def __len__(self) -> int:
         """Samples for this rank in an epoch (batches with ``batch_size``; the last one may be
@@ -181,11 +192,10 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         wid, nworkers = worker_info()
         rank, world = world_info(self.rank, self.world_size)
         resume, self._resume = self._resume, None
-        epoch, seen, skip = begin_iteration(self._epoch, resume, [rank, world, wid, nworkers, self.batch_size or 1],
-                                            "batch")
+        here = [rank, world, wid, nworkers, self._run(nworkers)]
+        epoch, seen, skip = begin_iteration(self._epoch, resume, here, "run")
         deal = self._deal(seen, wid, nworkers)
-        self._state = {"epoch": epoch, "samples_seen": seen,
-                       "worker": [rank, world, wid, nworkers, self.batch_size or 1]}
+        self._state = {"epoch": epoch, "samples_seen": seen, "worker": here}
         self._yielded = skip
         return epoch, seen, deal, skip
 
@@ -331,6 +341,7 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
             yield out
 
 
+STREAM_RUN = 64  # consecutive positions a worker takes in turn when the dataset does not know the batch
 _PIECE = 256  # samples located at once, and fetched at once from latency-bound storage
 _FETCH_BUDGET = 64 << 20  # ... at most this many bytes per group (two groups in memory)
 

@@ -45,6 +45,7 @@ from ..io.decompress import (
     DecompressedFile,
     compression_of,
 )
+from ..io.default_cache import cache_home
 from ..io.localfs import SizeBoundedFile, atomic_write, open_regular
 from ..io.location import Location, json_bytes, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
@@ -413,9 +414,8 @@ def looks_like_tars(src: str, storage_options: Optional[Dict[str, Any]] = None) 
 
 
 def _default_index_dir(url: str) -> str:
-    base = os.environ.get("DSCONVERT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsconvert")
-    return os.path.join(base, "tar-index", hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:24])
+    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return os.path.join(cache_home(), "tar-index", digest)
 
 
 class TarShards:
