@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .manifest import ShardEntry
 from .samples import Sample, Skipped
+from .scan_table import iter_range
 from .units import parse_size
 
 __all__ = ["ShardSpec", "ShardResult", "plan_shards", "spread_plan", "parse_size", "CHANGED_DURING", "MIN_SHARDS",
@@ -68,7 +69,9 @@ class ShardResult:
     fields: Dict[str, str] = field(default_factory=dict)
     files_written: int = 0
     resumed: bool = False
-    positions: Optional[List[int]] = None  # source positions of the written samples (shuffled order)
+    # source positions of the written samples (shuffled order); a conversion moves them to disk
+    # as each shard finishes (dsconvert.shuffle.StoredPositions)
+    positions: Optional[List[int]] = None
     compressed: List[str] = field(default_factory=list)  # the fields stored compressed (--compress)
 
 
@@ -78,11 +81,18 @@ def plan_shards(
     """Cut the sample sequence into [start, stop) ranges: a new shard starts when the next
     sample would pass ``max_samples`` or ``max_bytes`` (a single larger sample gets a shard of
     its own). Pure and order-preserving, so the plan never depends on the worker count."""
+    return _plan_run(samples, 0, len(samples), max_samples, max_bytes, size_of)
+
+
+def _plan_run(samples: Sequence[Sample], first: int, end: int, max_samples: int, max_bytes: int,
+              size_of) -> List[Tuple[int, int]]:
+    """:func:`plan_shards` of ``samples[first:end]``, read a bounded slice at a time (the
+    samples may be a table on disk), as ranges of ``samples``."""
     if max_samples < 1 or max_bytes < 1:
         raise ValueError("shard limits must be positive")
     ranges: List[Tuple[int, int]] = []
-    start, count, nbytes = 0, 0, 0
-    for i, sample in enumerate(samples):
+    start, count, nbytes = first, 0, 0
+    for i, sample in enumerate(iter_range(samples, first, end), first):
         size = size_of(sample)
         if count and (count + 1 > max_samples or nbytes + size > max_bytes):
             ranges.append((start, i))
@@ -90,7 +100,7 @@ def plan_shards(
         count += 1
         nbytes += size
     if count:
-        ranges.append((start, len(samples)))
+        ranges.append((start, end))
     return ranges
 
 
@@ -114,7 +124,7 @@ def spread_plan(samples: Sequence[Sample], max_samples: int, max_bytes: int, min
     spread: List[Tuple[int, int]] = []
     for i in range(want):
         a, b = (i * n) // want, ((i + 1) * n) // want
-        spread += [(a + x, a + y) for x, y in plan_shards(samples[a:b], max_samples, max_bytes, size_of)]
+        spread += _plan_run(samples, a, b, max_samples, max_bytes, size_of)
     return spread
 
 

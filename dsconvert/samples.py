@@ -6,7 +6,9 @@ formats, the manifest and the readers take them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from .errors import BadInputError
 
@@ -64,7 +66,7 @@ class Source:
 
     root: str
     layout: str
-    samples: List[Sample]
+    samples: Sequence[Sample]  # a list, or a dsconvert.scan_table.ScanTable on disk
     classes: Optional[List[str]] = None
     skipped: List[Skipped] = field(default_factory=list)
     ignored: List[Skipped] = field(default_factory=list)
@@ -73,7 +75,7 @@ class Source:
     options: Dict[str, Any] = field(default_factory=dict)  # what shaped the scan (label=...), recorded
     # each sample's place in the order its data was first converted from, when the samples come
     # in another (a shuffled dsconvert output, read in its stored order); None: this order
-    positions: Optional[List[int]] = None
+    positions: Optional[np.ndarray] = None  # int64
     chosen: str = ""  # container sources: what the samples are and why (the label column found, or none)
 
     @property
@@ -86,11 +88,15 @@ class Source:
     @property
     def num_files(self) -> int:
         """Input files seen: in a sample or skipped (ignored litter is not counted)."""
-        return sum(len(s.files) for s in self.samples) + sum(s.count for s in self.skipped)
+        in_samples = getattr(self.samples, "num_files", None)  # a scan table's sum, kept as it was written
+        if in_samples is None:
+            in_samples = sum(len(s.files) for s in self.samples)
+        return in_samples + sum(s.count for s in self.skipped)
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.samples)
+        summed = getattr(self.samples, "nbytes", None)
+        return summed if summed is not None else sum(s.nbytes for s in self.samples)
 
 
 Fields = Dict[str, bytes]  # a sample's fields by name (the input files' extensions), as bytes

@@ -13,27 +13,79 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Any, List, Sequence
+import os
+import tempfile
+from typing import IO, Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from .errors import ManifestError
 
-__all__ = ["ORDERS", "shuffled_order", "order_bytes", "load_order", "mapped_order"]
+__all__ = ["ORDERS", "shuffled_order", "order_bytes", "load_order", "mapped_order", "StoredPositions"]
 
 ORDERS = ("auto", "shuffled", "source")  # auto: shuffled for labelled wds outputs (see convert)
 
 
-def shuffled_order(n: int, seed: int) -> List[int]:
-    """A seeded permutation of ``range(n)``: source positions sorted by a keyed BLAKE2b hash of
-    each position. Pinned by its definition, not by a library's generator (numpy does not
-    promise its streams across versions), so the same source and seed give the same shards
-    with any dsconvert, numpy or worker count."""
-    key = hashlib.sha256(str(seed).encode()).digest()[:32]
+_CHUNK = 8192  # positions hashed (and tie-scanned) per step: ~1 MB of digests in flight
+_TOP_BITS = 32  # digest bits sorted with the position in one uint64; ties there are re-ordered
+
+
+def _digests(start: int, stop: int, key: bytes) -> np.ndarray:
+    """The keyed BLAKE2b digests of positions ``start..stop`` as uint64 (big-endian: the
+    integers sort as the digests' bytes do)."""
     blake2b = hashlib.blake2b
-    digests = b"".join(blake2b(i.to_bytes(8, "little"), digest_size=8, key=key).digest() for i in range(n))
-    # big-endian: the integers sort as the digests' bytes do; ties (2**-64 a pair) by position
-    return np.argsort(np.frombuffer(digests, dtype=">u8"), kind="stable").tolist()
+    raw = b"".join(blake2b(i.to_bytes(8, "little"), digest_size=8, key=key).digest() for i in range(start, stop))
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64)
+
+
+def shuffled_order(n: int, seed: int) -> np.ndarray:
+    """A seeded permutation of ``range(n)`` (int64): source positions sorted by a keyed BLAKE2b
+    hash of each position, ties by position. Pinned by its definition, not by a library's
+    generator (numpy does not promise its streams across versions), so the same source and
+    seed give the same shards with any dsconvert, numpy or worker count.
+
+    Computed in one uint64 per position, in place: the digest's top bits above the position,
+    sorted; positions whose top bits tie are then put in the order of their whole digests (a
+    few thousand at 10M). So the order costs 8 bytes a sample, not a Python int and a digest."""
+    key = hashlib.sha256(str(seed).encode()).digest()[:32]
+    if n >= 1 << (64 - _TOP_BITS):  # positions do not fit beside the top bits: the plain definition
+        whole = np.concatenate([_digests(a, min(n, a + _CHUNK), key) for a in range(0, n, _CHUNK)] or [
+            np.zeros(0, dtype=np.uint64)])
+        return np.argsort(whole, kind="stable").astype(np.int64)
+    low = np.uint64((1 << (64 - _TOP_BITS)) - 1)
+    shift = np.uint64(64 - _TOP_BITS)
+    packed = np.empty(n, dtype=np.uint64)
+    for a in range(0, n, _CHUNK):
+        b = min(n, a + _CHUNK)
+        packed[a:b] = ((_digests(a, b, key) >> shift) << shift) | np.arange(a, b, dtype=np.uint64)
+    packed.sort()
+    for start, stop in _tied_runs(packed, shift):
+        run = packed[start:stop] & low
+        whole = _digests_of(run, key)
+        packed[start:stop] = run[np.lexsort((run, whole))]  # by whole digest, then position
+    packed &= low
+    return packed.view(np.int64)
+
+
+def _tied_runs(packed: np.ndarray, shift: np.uint64) -> List[Tuple[int, int]]:
+    """[start, stop) runs of sorted ``packed`` whose top bits are equal (two values or more)."""
+    runs: List[Tuple[int, int]] = []
+    n = len(packed)
+    for a in range(0, n - 1, _CHUNK):
+        b = min(n - 1, a + _CHUNK)
+        top = packed[a:b + 1] >> shift
+        for i in np.flatnonzero(top[1:] == top[:-1]).tolist():
+            i += a
+            if runs and runs[-1][1] == i + 1:
+                runs[-1] = (runs[-1][0], i + 2)
+            else:
+                runs.append((i, i + 2))
+    return runs
+
+
+def _digests_of(positions: np.ndarray, key: bytes) -> np.ndarray:
+    """The digests of scattered positions (a tied run's)."""
+    return np.concatenate([_digests(p, p + 1, key) for p in positions.tolist()])
 
 
 def order_bytes(stored_sources: Sequence[int]) -> bytes:
@@ -83,3 +135,94 @@ def mapped_order(buf: Any, n: int, where: str) -> np.ndarray:
     if len(buf) != offset + 8 * n:
         raise ManifestError(f"{where}: {len(buf):,} bytes, not the {offset + 8 * n:,} of {n} positions", where)
     return np.frombuffer(buf, dtype="<i8", count=n, offset=offset)
+
+
+class StoredPositions:
+    """The source positions of each shard's written samples, kept on disk as shards finish
+    (in any order), then turned into the order file in bounded memory: the same bytes as
+    :func:`order_bytes` of them all, in shard order, without holding them.
+
+    How: the (source position, stored place) pairs are spread over bucket files by source
+    position, each bucket then scattered into a window of its positions and compacted; the
+    order file is those stored places in rising source position, which is what ``argsort``
+    of distinct positions gives."""
+
+    WINDOW = 1 << 16  # source positions per bucket, at least (~32 bytes each in memory while one is read)
+    MAX_BUCKETS = 256  # open bucket files at most
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="dsconvert-positions-")
+        self._where: Dict[int, Tuple[int, int]] = {}  # shard index -> (offset, count), per shard
+        self._size = 0
+        self.count = 0
+        self.largest = -1
+
+    def add(self, shard: int, positions: Sequence[int]) -> None:
+        arr = np.asarray(positions, dtype="<i8")
+        if arr.size and arr.min() < 0:
+            raise ValueError("source positions are never negative")
+        os.pwrite(self._file.fileno(), arr.tobytes(), self._size)
+        self._where[shard] = (self._size, len(arr))
+        self._size += arr.nbytes
+        self.count += len(arr)
+        if arr.size:
+            self.largest = max(self.largest, int(arr.max()))
+
+    def count_of(self, shard: int) -> int:
+        """Positions added for ``shard`` (-1: none)."""
+        return self._where[shard][1] if shard in self._where else -1
+
+    def _read(self, shard: int) -> np.ndarray:
+        offset, count = self._where[shard]
+        return np.frombuffer(os.pread(self._file.fileno(), 8 * count, offset), dtype="<i8")
+
+    def write_order(self, out: IO[bytes], shards: Sequence[int]) -> Tuple[int, str]:
+        """The order file of the shards ``shards`` (their indexes, in stored order) written to
+        ``out``; its (bytes, sha256)."""
+        digest = hashlib.sha256()
+        written = 0
+
+        def emit(data: bytes) -> None:
+            nonlocal written
+            out.write(data)
+            digest.update(data)
+            written += len(data)
+
+        total = sum(self._where[s][1] for s in shards)
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, {"descr": "<i8", "fortran_order": False, "shape": (total,)})
+        emit(head.getvalue())
+        span = self.largest + 1
+        width = max(1, min(span, max(self.WINDOW, -(-span // self.MAX_BUCKETS))))  # a bucket's positions
+        buckets = [tempfile.TemporaryFile(prefix="dsconvert-order-", buffering=0)  # no buffer each
+                   for _ in range(max(1, -(-span // width)))]
+        try:
+            place = 0
+            for shard in shards:
+                values = self._read(shard)
+                pairs = np.empty((len(values), 2), dtype="<i8")
+                pairs[:, 0] = values
+                pairs[:, 1] = np.arange(place, place + len(values), dtype=np.int64)
+                place += len(values)
+                which = values // width
+                for b in np.unique(which).tolist():
+                    buckets[b].write(pairs[which == b].tobytes())
+            seen = 0
+            for b, bucket in enumerate(buckets):
+                bucket.flush()
+                bucket.seek(0)
+                pairs = np.frombuffer(bucket.read(), dtype="<i8").reshape(-1, 2)
+                bucket.close()
+                window = np.full(width, -1, dtype="<i8")
+                window[pairs[:, 0] - b * width] = pairs[:, 1]
+                kept = window[window >= 0]
+                if len(kept) != len(pairs):
+                    raise ValueError("a source position is stored twice")
+                seen += len(kept)
+                emit(kept.tobytes())
+            if seen != total:
+                raise ValueError("positions lost while writing the order")
+        finally:
+            for bucket in buckets:
+                bucket.close()
+        return written, digest.hexdigest()

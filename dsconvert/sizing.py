@@ -11,7 +11,7 @@ import io
 import os
 import random
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from PIL import Image
 
@@ -61,14 +61,21 @@ def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] =
     if not decoded:
         per = stored_bytes or (lambda s: s.nbytes)
         return SizeEstimate(sum(per(s) for s in source.samples), 0, True)
-    images = [(s, f) for s in source.samples for f in s.files if is_image_field(f.field)]
-    if not images:
+    # the image files are counted, then the picked ones found in a second pass: random.sample
+    # picks by index, so sampling range(count) picks what sampling a list of them did
+    count = sum(1 for s in source.samples for f in s.files if is_image_field(f.field))
+    if not count:
         return SizeEstimate(0, 0, True)
     if size is not None:
-        return SizeEstimate(len(images) * size[0] * size[1] * 3, 0, True)
-    picked = images if len(images) <= sample else random.Random(seed).sample(images, sample)
+        return SizeEstimate(count * size[0] * size[1] * 3, 0, True)
+    wanted = set(range(count) if count <= sample else random.Random(seed).sample(range(count), sample))
+    picked: List[SourceFile] = []
+    images = (f for s in source.samples for f in s.files if is_image_field(f.field))
+    for i, f in enumerate(images):
+        if i in wanted:
+            picked.append(f)
     total = counted = 0
-    for _, f in picked:
+    for f in picked:
         try:
             h, w = resized_shape(*_image_size(source, f), resize=resize)
         except Exception:
@@ -81,5 +88,5 @@ def estimate_output_bytes(source: Source, decoded: bool, resize: Optional[int] =
         counted += 1
     if counted == 0:
         return SizeEstimate(0, len(picked), False)
-    exact = len(picked) == len(images)
-    return SizeEstimate(total if exact else int(total / counted * len(images)), len(picked), exact)
+    exact = len(picked) == count
+    return SizeEstimate(total if exact else int(total / counted * count), len(picked), exact)

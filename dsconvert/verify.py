@@ -208,7 +208,8 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
     # today's scan (what ds[i] relies on), when the source is as it was
     misplaced = []
     if not (missing or extra or changed):
-        places = source.positions or range(len(source.samples))  # a shuffled output as the source: its places
+        # a shuffled output as the source: its places
+        places = source.positions.tolist() if source.positions is not None else range(len(source.samples))
         first = {place: escape_path(s.files[0].path) if s.files else None for place, s in zip(places, source.samples)}
         for record in records:
             for j, place in enumerate(record.d.get("positions") or []):

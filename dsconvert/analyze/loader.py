@@ -87,7 +87,9 @@ def sample_source(src: str, listings: Sequence[FolderListing], picked: Sequence[
         if keep or d.rel == "" or layout == "imagefolder":
             dirs.append(FolderListing(d.rel, keep))
     source = source_of_listings(src, dirs, layout)
-    random.Random(seed).shuffle(source.samples)
+    samples = list(source.samples)
+    random.Random(seed).shuffle(samples)
+    source.samples = samples
     return source
 
 

@@ -26,22 +26,27 @@ Symlinks to files and folders are followed; a link back to an ancestor folder is
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import io
 import json
+import marshal
 import os
 import re
 import stat as stat_mod
+import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..codecs import IMAGE_EXTENSIONS, is_image_field
 from ..errors import SourceError
 from ..io.location import filesystem, is_remote, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
+from ..scan_table import ScanTable
 
 __all__ = ["scan_files", "FolderListing", "looks_like_image_folder", "is_ignored", "source_of_listings",
            "LIST_SUFFIXES", "ProgressFn"]
@@ -70,7 +75,27 @@ class FolderListing:
     """One folder's files, as the walkers see it (the layout test needs no more)."""
 
     rel: str  # "" for the root
-    files: List[Tuple[str, int, int]]  # (name, size, mtime_ns), sorted by name
+    files: Sequence[Tuple[str, int, int]]  # (name, size, mtime_ns), sorted by name
+
+
+class _SpooledFiles(Sequence[Tuple[str, int, int]]):
+    """A walked folder's files, kept in the walk's spool file until asked for: a walk of
+    millions of files holds one folder's names at a time, not the tree's."""
+
+    def __init__(self, spool: Any, offset: int, length: int, count: int):
+        self.spool, self.offset, self.length, self.files = spool, offset, length, count
+
+    def _load(self) -> List[Tuple[str, int, int]]:
+        return marshal.loads(os.pread(self.spool.fileno(), self.length, self.offset))
+
+    def __len__(self) -> int:
+        return self.files
+
+    def __iter__(self) -> Iterator[Tuple[str, int, int]]:
+        return iter(self._load())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._load()[index]
 
 
 
@@ -78,11 +103,14 @@ class FolderListing:
 class _Walker:
     """scandir-based walk that follows symlinks, refuses loops and records what it drops."""
 
-    def __init__(self, root: str, progress: Optional[ProgressFn]):
+    def __init__(self, root: str, progress: Optional[ProgressFn], spool: bool = True):
         self.root = root
         self.progress = progress
         self.skipped: List[Skipped] = []
         self.ignored: List[Skipped] = []
+        # each folder's listing goes to an unnamed file (gone with the last listing that reads it)
+        self.spool = tempfile.TemporaryFile(prefix="dsconvert-walk-") if spool else None
+        self.spooled = 0
 
     def walk(self, rel: str = "") -> List[FolderListing]:
         top = os.path.join(self.root, rel) if rel else self.root
@@ -132,20 +160,33 @@ class _Walker:
             else:
                 self.skipped.append(Skipped(relpath, "not a regular file"))
         files.sort()
-        out.append(FolderListing(rel, files))
         if self.progress is not None:
             self.progress(len(files))
+        if self.spool is not None:
+            raw = marshal.dumps(files)
+            os.pwrite(self.spool.fileno(), raw, self.spooled)
+            out.append(FolderListing(rel, _SpooledFiles(self.spool, self.spooled, len(raw), len(files))))
+            self.spooled += len(raw)
+        else:
+            out.append(FolderListing(rel, files))
+        del files, entries
         for sub, ident in subdirs:
             self._walk(sub, ancestors | {ident}, out)
 
 
-def _image_folder(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> Source:
+def _samples(on_disk: bool) -> Any:
+    """Where a scan puts its samples: a table on disk (a conversion's scan), or a list (a
+    small part of a source, analyze's, which it shuffles in place)."""
+    return ScanTable() if on_disk else []
+
+
+def _image_folder(root: str, walker: _Walker, dirs: Sequence[FolderListing], on_disk: bool = True) -> Source:
     top = dirs[0]
     classes = sorted({d.rel.split("/", 1)[0] for d in dirs[1:]})
     label_of = {c: i for i, c in enumerate(classes)}
     for name, _, _ in top.files:
         walker.skipped.append(Skipped(name, "not inside a class folder"))
-    samples: List[Sample] = []
+    samples = _samples(on_disk)
     # class by class (sorted), then sorted(os.walk(class_dir)) within it, as torchvision
     for d in sorted(dirs[1:], key=lambda d: (d.rel.split("/", 1)[0], d.rel)):
         label = label_of[d.rel.split("/", 1)[0]]
@@ -170,8 +211,8 @@ def _image_folder(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> 
     return Source(root, "imagefolder", samples, classes, walker.skipped, walker.ignored)
 
 
-def _flat(root: str, walker: _Walker, dirs: Sequence[FolderListing]) -> Source:
-    samples: List[Sample] = []
+def _flat(root: str, walker: _Walker, dirs: Sequence[FolderListing], on_disk: bool = True) -> Source:
+    samples = _samples(on_disk)
     for d in dirs:
         groups: Dict[str, List[Tuple[str, str, int, int]]] = {}
         for n, size, mtime in d.files:
@@ -257,30 +298,62 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _read_list(path: str, text: str) -> List[Tuple[int, str, str]]:
-    """Rows of a list file's ``text`` as (line number, path, label text)."""
-    rows: List[Tuple[int, str, str]] = []
-    with io.StringIO(text, newline="") as f:
-        if path.lower().endswith((".jsonl", ".ndjson")):
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    rows.append(_json_row(path, lineno, line))
-            return rows
-        dialect = "excel-tab" if path.lower().endswith(".tsv") else "excel"
-        reader = csv.reader(f, dialect=dialect)
-        try:
-            for row in reader:
-                lineno = reader.line_num
-                if not row or not "".join(row).strip():
-                    continue
-                if len(row) < 2:
-                    raise SourceError(f"{path}:{lineno}: expected 'path,label', got {_short(row)}", path)
-                if lineno == 1 and row[0].strip().lower() in ("path", "file", "filename", "image"):
-                    continue  # a header
-                rows.append((lineno, row[0].strip(), row[1].strip()))
-        except csv.Error as exc:  # a field over csv's size limit, say
-            raise SourceError(f"{path}:{reader.line_num}: not a valid CSV row ({exc})", path) from None
-    return rows
+def _read_list(path: str, f: IO[str]) -> Iterator[Tuple[int, str, str]]:
+    """Rows of a list file (``f``: its text, read with ``newline=""``) as (line number, path,
+    label text), one at a time."""
+    if path.lower().endswith((".jsonl", ".ndjson")):
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield _json_row(path, lineno, line)
+        return
+    dialect = "excel-tab" if path.lower().endswith(".tsv") else "excel"
+    reader = csv.reader(f, dialect=dialect)
+    try:
+        for row in reader:
+            lineno = reader.line_num
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) < 2:
+                raise SourceError(f"{path}:{lineno}: expected 'path,label', got {_short(row)}", path)
+            if lineno == 1 and row[0].strip().lower() in ("path", "file", "filename", "image"):
+                continue  # a header
+            yield lineno, row[0].strip(), row[1].strip()
+    except csv.Error as exc:  # a field over csv's size limit, say
+        raise SourceError(f"{path}:{reader.line_num}: not a valid CSV row ({exc})", path) from None
+
+
+class _ListFile:
+    """A list file read as text as many times as the scan needs, never whole: checked to be
+    UTF-8 first (an error names its line, as reading it whole did)."""
+
+    def __init__(self, list_path: str, open_binary: Callable[[], IO[bytes]]):
+        self.path = list_path
+        self.open_binary = open_binary
+        with self.rows() as rows:
+            try:
+                for _ in rows.text:
+                    pass
+            except UnicodeDecodeError:
+                with open_binary() as f:
+                    _decode_list(list_path, f.read())  # raises, naming the line
+                raise
+
+    @contextlib.contextmanager
+    def rows(self) -> Iterator[Any]:
+        with self.open_binary() as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
+            yield _Rows(self.path, text)
+
+
+class _Rows:
+    def __init__(self, path: str, text: IO[str]):
+        self.text = text
+        self.path = path
+
+    def __iter__(self) -> Iterator[Tuple[int, str, str]]:
+        return _read_list(self.path, self.text)
+
+
+_STAT_BATCH = 1024  # list entries stat'ed at a time (remote ones concurrently)
 
 
 def _stat_local(base: str, rels: Sequence[str]) -> List[Union[Tuple[int, int], str]]:
@@ -313,46 +386,69 @@ def _stat_remote(fs: Any, base: str, rels: Sequence[str]) -> List[Union[Tuple[in
 
 
 def _list(list_path: str, storage_options: Optional[Dict[str, Any]] = None) -> Source:
+    """A list file's samples, its rows read a few times over and never held: whether every
+    label is an integer (and in range), the class names otherwise, then the samples, their
+    files stat'ed a batch at a time."""
     if is_remote(list_path):
         fs, path = filesystem(list_path, storage_options)
         base = list_path.rsplit("/", 1)[0]
-        text = _decode_list(list_path, fs.cat_file(path))
+        listed = _ListFile(list_path, lambda: fs.open(path, "rb"))
         stat = lambda rels: _stat_remote(fs, path.rsplit("/", 1)[0], rels)  # noqa: E731
     else:
         base = os.path.dirname(list_path)
-        with open(list_path, "rb") as f:
-            text = _decode_list(list_path, f.read())
+        listed = _ListFile(list_path, lambda: open(list_path, "rb"))
         stat = lambda rels: _stat_local(base, rels)  # noqa: E731
-    rows = _read_list(list_path, text)
-    if not rows:
-        raise SourceError(f"the list file {list_path} has no entries", list_path)
-    labels = [label for _, _, label in rows]
-    if all(_is_int(label) for label in labels):
-        classes = None
-        label_index = {label: int(label) for label in labels}
+    count, all_int = 0, True
+    out_of_range: Optional[Tuple[int, str]] = None  # the first integer label past int64, in row order
+    with listed.rows() as rows:
         for lineno, _, label in rows:
-            if not 0 <= label_index[label] <= LABEL_MAX:
-                shown = label if len(label) <= 24 else label[:21] + "..."
-                raise SourceError(f"{list_path}:{lineno}: label {shown} is out of range: integer labels are "
-                                  f"class indices, 0 to {LABEL_MAX} (int64)", list_path)
+            count += 1
+            if not all_int:
+                continue
+            if not _is_int(label):
+                all_int = False
+            elif out_of_range is None and not 0 <= int(label) <= LABEL_MAX:
+                out_of_range = (lineno, label)
+    if not count:
+        raise SourceError(f"the list file {list_path} has no entries", list_path)
+    classes: Optional[List[str]] = None
+    label_index: Dict[str, int] = {}
+    if all_int:
+        if out_of_range is not None:
+            lineno, label = out_of_range
+            shown = label if len(label) <= 24 else label[:21] + "..."
+            raise SourceError(f"{list_path}:{lineno}: label {shown} is out of range: integer labels are "
+                              f"class indices, 0 to {LABEL_MAX} (int64)", list_path)
     else:
-        classes = sorted(set(labels))
+        with listed.rows() as rows:
+            classes = sorted({label for _, _, label in rows})
         label_index = {c: i for i, c in enumerate(classes)}
-    width = max(6, len(str(len(rows) - 1)))
-    samples: List[Sample] = []
-    skipped: List[Skipped] = []
-    images = []
-    for i, (lineno, rel, label) in enumerate(rows):
-        ext = _split_ext(rel.rsplit("/", 1)[-1])[1]
-        if is_image_field(ext):
-            images.append((i, lineno, rel, label, ext.lower()))
-        else:
-            skipped.append(Skipped(rel, f"line {lineno}: not an image file"))
-    for (i, lineno, rel, label, ext), st in zip(images, stat([img[2] for img in images])):
-        if isinstance(st, str):
-            skipped.append(Skipped(rel, f"line {lineno}: {st}"))
-            continue
-        samples.append(Sample(f"{i:0{width}d}", (SourceFile(ext, rel, st[0], st[1]),), label_index[label]))
+    width = max(6, len(str(count - 1)))
+    samples = ScanTable()
+    skipped: List[Skipped] = []  # not images, in row order; then those that could not be stat'ed
+    unreadable: List[Skipped] = []
+    batch: List[Tuple[int, int, str, str, str]] = []
+
+    def add(batch: List[Tuple[int, int, str, str, str]]) -> None:
+        for (i, lineno, rel, label, ext), st in zip(batch, stat([img[2] for img in batch])):
+            if isinstance(st, str):
+                unreadable.append(Skipped(rel, f"line {lineno}: {st}"))
+                continue
+            samples.append(Sample(f"{i:0{width}d}", (SourceFile(ext, rel, st[0], st[1]),),
+                                  int(label) if all_int else label_index[label]))
+
+    with listed.rows() as rows:
+        for i, (lineno, rel, label) in enumerate(rows):
+            ext = _split_ext(rel.rsplit("/", 1)[-1])[1]
+            if not is_image_field(ext):
+                skipped.append(Skipped(rel, f"line {lineno}: not an image file"))
+                continue
+            batch.append((i, lineno, rel, label, ext.lower()))
+            if len(batch) >= _STAT_BATCH:
+                add(batch)
+                batch = []
+    add(batch)
+    skipped += unreadable
     return Source(base, "list", samples, classes, skipped, [])
 
 
@@ -438,16 +534,16 @@ def source_of_listings(src: str, dirs: List[FolderListing], layout: str = "auto"
     """The :class:`Source` that folder listings already taken (the root's first) describe:
     analyze builds its measured sample this way from part of its inventory, without a
     second walk of the tree."""
-    return _from_listing(src, layout, _Listed(), dirs)
+    return _from_listing(src, layout, _Listed(), dirs, on_disk=False)
 
 
-def _from_listing(src: str, layout: str, walker: Any, dirs: List[FolderListing]) -> Source:
+def _from_listing(src: str, layout: str, walker: Any, dirs: List[FolderListing], on_disk: bool = True) -> Source:
     if layout == "auto":
         layout = "imagefolder" if looks_like_image_folder(dirs) else "flat"
     if layout == "imagefolder":
-        source = _image_folder(src, walker, dirs)
+        source = _image_folder(src, walker, dirs, on_disk)
     else:
-        source = _flat(src, walker, dirs)
+        source = _flat(src, walker, dirs, on_disk)
     if not source.samples:
         raise SourceError(
             f"no samples found in {src} (layout {layout}; images are {', '.join(IMAGE_EXTENSIONS)})",

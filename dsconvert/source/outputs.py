@@ -71,6 +71,6 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
                            access.url_of(ORDER_NAME))
         inverse = np.empty(len(order), dtype=np.int64)
         inverse[order] = np.arange(len(order), dtype=np.int64)
-        positions = inverse.tolist()
+        positions = inverse
     return Source(access.location.url, "output", samples, manifest.classes, kind="output",
                   labelled=classification, positions=positions)

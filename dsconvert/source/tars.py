@@ -50,6 +50,7 @@ from ..io.localfs import SizeBoundedFile, atomic_write, open_regular
 from ..io.location import Location, json_bytes, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..samples import Sample, Skipped, Source, SourceFile
+from ..scan_table import ScanTable
 
 __all__ = ["TarShards", "list_tars", "looks_like_tars", "tar_source", "parse_label", "label_index",
            "check_label_field", "read_bounded", "INDEX_FOLDER"]
@@ -638,7 +639,7 @@ def tar_source(src: str, label: Optional[str] = None,
     check_label_field(shards, src)
     classes = shards.classes() if label else None
     label_field, label_path = shards.label if shards.label is not None else ("", [])
-    samples: List[Sample] = []
+    samples = ScanTable()  # on disk (the tars' records and the keys seen are still in memory)
     seen: Dict[str, int] = {}
     for name in shards.names:
         record = shards.records[name]

@@ -47,7 +47,8 @@ def run_shards(specs: Iterable[ShardSpec], total: int, job: Callable[[ShardSpec]
                pool: Optional[cf.ProcessPoolExecutor] = None,
                completed: Optional[Callable[[ShardSpec], Any]] = None,
                shard_result: Callable[[Any], ShardResult] = _itself,
-               in_flight: Optional[int] = None) -> List[Any]:
+               in_flight: Optional[int] = None,
+               on_result: Optional[Callable[[int, Any], None]] = None) -> List[Any]:
     """Every one of the ``total`` specs done, their results in spec order; see the module doc.
 
     ``job(spec)``: what writes the spec's shard. ``completed(spec)``: an earlier run's result for
@@ -55,7 +56,8 @@ def run_shards(specs: Iterable[ShardSpec], total: int, job: Callable[[ShardSpec]
     result (results may carry more). ``owned``: a file where a shard goes that this journal
     cannot prove ours stops the run (None: replaced). ``pool``: a process pool started earlier,
     used as our own. ``in_flight``: the most specs submitted and not yet finished (default:
-    twice the workers, or the executor's slots where it says)."""
+    twice the workers, or the executor's slots where it says). ``on_result(i, result)``: sees
+    each result as it comes, resumed ones too (conversion moves a shard's positions to disk)."""
     bar = bar if bar is not None else progress_bar(False, "")
     results: List[Any] = [None] * total
     count = resumed = 0
@@ -64,12 +66,14 @@ def run_shards(specs: Iterable[ShardSpec], total: int, job: Callable[[ShardSpec]
     fmt: Optional[Type[Format]] = None
     out_dir = ""
 
-    def finished(i: int, spec: ShardSpec, result: Any) -> None:
+    def finished(i: int, samples: int, result: Any) -> None:
         nonlocal count, nbytes
         results[i] = result
+        if on_result is not None:
+            on_result(i, result)
         count += 1
         nbytes += shard_result(result).entry.bytes
-        bar.update(len(spec.samples))
+        bar.update(samples)
         rate = nbytes / max(time.perf_counter() - started, 1e-9) / 1e6
         bar.set_postfix_str(f"{count}/{total} shards, {rate:.0f} MB/s")
 
@@ -87,6 +91,8 @@ def run_shards(specs: Iterable[ShardSpec], total: int, job: Callable[[ShardSpec]
             found = (completed or fmt.completed)(spec)
             if found is not None:
                 results[i] = found
+                if on_result is not None:
+                    on_result(i, found)
                 count += 1
                 resumed += 1
                 bar.update(len(spec.samples))
@@ -115,7 +121,7 @@ def run_shards(specs: Iterable[ShardSpec], total: int, job: Callable[[ShardSpec]
         if executor is None:
             for i, spec in todo:
                 function, args = job(spec)
-                finished(i, spec, function(*args))
+                finished(i, len(spec.samples), function(*args))
         else:
             ours = executor is own_pool or executor is pool
             _submit_bounded(todo, job, executor, ours, in_flight or in_flight_bound(executor, workers),
@@ -127,16 +133,17 @@ def run_shards(specs: Iterable[ShardSpec], total: int, job: Callable[[ShardSpec]
 
 
 def _submit_bounded(todo: Iterator[Tuple[int, ShardSpec]], job: Callable[[ShardSpec], Job], executor: cf.Executor,
-                    ours: bool, bound: int, finished: Callable[[int, ShardSpec, Any], None], out_dir: str) -> None:
-    """Keep at most ``bound`` specs outstanding: the next is pulled only when one has finished."""
-    outstanding: Dict[cf.Future, Tuple[int, ShardSpec]] = {}
+                    ours: bool, bound: int, finished: Callable[[int, int, Any], None], out_dir: str) -> None:
+    """Keep at most ``bound`` specs outstanding: the next is pulled only when one has finished.
+    An outstanding spec is held as its job's arguments only (its index and sample count here)."""
+    outstanding: Dict[cf.Future, Tuple[int, int]] = {}
 
     def collect() -> None:
         done, _ = cf.wait(outstanding, return_when=cf.FIRST_COMPLETED)
         for future in done:
             result = future.result()
-            i, spec = outstanding.pop(future)
-            finished(i, spec, result)
+            i, samples = outstanding.pop(future)
+            finished(i, samples, result)
 
     try:
         while True:
@@ -147,7 +154,8 @@ def _submit_bounded(todo: Iterator[Tuple[int, ShardSpec]], job: Callable[[ShardS
                 break
             function, args = job(nxt[1])
             future = executor.submit(_quietly, function, *args) if ours else executor.submit(function, *args)
-            outstanding[future] = nxt
+            outstanding[future] = (nxt[0], len(nxt[1].samples))
+            del nxt, args
         while outstanding:
             collect()
     except BaseException as exc:
