@@ -1027,3 +1027,21 @@ def test_strace_when_perf_is_missing_or_refused(tmp_path, perf):
     assert ("not installed" if perf == "missing" else "refused") in report["block"]["reason"]
     assert report["groups"]["file read"]["bytes"] >= 30_000 and report["groups"]["open"]["count"] >= 1
     assert set(report["processes"]) == {str(p) for p in job.pids}
+
+
+def test_gpu_comparison_said_when_the_loop_never_waited():
+    """A compute-bound loop may have no wait sample at all: its GPU comparison says 0 %, where it
+    was left out (the slow fake-nvidia-smi test failed on a run where the loop never waited)."""
+    from dsconvert.diagnose import _gpu_report
+
+    class Sampler:
+        def summary(self):
+            return {"available": True, "job_gpus": [0], "gpus": {0: {"low_share": 0.25}}}
+
+    got = _gpu_report(Sampler(), {"compute": {"share": 0.9}})  # type: ignore[arg-type]
+    assert got["wait_share"] is None
+    assert got["comparison"].startswith("GPU 0 below 10 % in 25% of samples; the training loop waited for a "
+                                        "batch in 0% of py-spy's wall samples")
+    waited = _gpu_report(Sampler(), {"wait": {"share": 0.4}, "compute": {"share": 0.5}})  # type: ignore[arg-type]
+    assert waited["wait_share"] == 0.4 and "waited for a batch in 40% of" in waited["comparison"]
+    assert "comparison" not in _gpu_report(Sampler(), {})  # type: ignore[arg-type]

@@ -168,11 +168,12 @@ def _gpu_report(sampler: GpuSampler, main: Dict[str, Dict]) -> Dict[str, Any]:
     out = sampler.summary()
     wait = main.get("wait", {}).get("share") if main else None
     out["wait_share"] = wait
-    if out["available"] and wait is not None:
+    if out["available"] and main:  # no wait sample among the loop's: it waited in 0 % of them
+        waited = wait or 0.0
         parts = [f"GPU {i} below 10 % in {out['gpus'][i]['low_share']:.0%} of samples" for i in out["job_gpus"]
                  if i in out["gpus"]]
         out["comparison"] = (
-            f"{'; '.join(parts)}; the training loop waited for a batch in {wait:.0%} of py-spy's wall samples over "
+            f"{'; '.join(parts)}; the training loop waited for a batch in {waited:.0%} of py-spy's wall samples over "
             "the same seconds. py-spy's samples carry no timestamps, so these are shares of the period compared, "
             "not samples lined up: similar shares fit a GPU idling while the loop waits for data; an idle share "
             "well above the wait share points elsewhere (synchronisation, CPU work in the loop, another job)")
