@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -85,6 +85,17 @@ def npy_header(length: int) -> bytes:
     return header
 
 
+def _save_rows(spec: ShardSpec, rows: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+    """Write a shard's rows table (each sample's offset, shape and label) beside its pixels; the
+    shard entry's fields that name it."""
+    rows_name = Npy.rows_name(spec.name)
+    table = io.BytesIO()
+    np.save(table, np.array(rows, dtype=SAMPLE_DTYPE))
+    write_owned(Location(spec.out_dir, spec.storage_options), spec.owner, rows_name, table.getvalue())
+    return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest(),
+            "parts": {rows_name: part_of(table.getvalue())}}
+
+
 class _PixelSink(Sink):
     def __init__(self, spec: ShardSpec, file: Any):
         self.spec = spec
@@ -107,13 +118,7 @@ class _PixelSink(Sink):
         self.file.seek(0)
         self.file.write(npy_header(self.length))
         self.file.seek(0, os.SEEK_END)
-        rows_name = Npy.rows_name(self.spec.name)
-        table = io.BytesIO()
-        np.save(table, np.array(self.rows, dtype=SAMPLE_DTYPE))
-        write_owned(Location(self.spec.out_dir, self.spec.storage_options), self.spec.owner, rows_name,
-                    table.getvalue())
-        return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest(),
-                "parts": {rows_name: part_of(table.getvalue())}}
+        return _save_rows(self.spec, self.rows)
 
 
 def arrays_source(source: Source) -> bool:
@@ -209,13 +214,7 @@ class _ArraySink(Sink):
         self.file.seek(0)
         self.file.write(header)
         self.file.seek(0, os.SEEK_END)
-        rows_name = Npy.rows_name(self.spec.name)
-        table = io.BytesIO()
-        np.save(table, np.array(self.rows, dtype=SAMPLE_DTYPE))
-        write_owned(Location(self.spec.out_dir, self.spec.storage_options), self.spec.owner, rows_name,
-                    table.getvalue())
-        return {"samples_file": rows_name, "samples_sha256": hashlib.sha256(table.getvalue()).hexdigest(),
-                "parts": {rows_name: part_of(table.getvalue())}, "arrays": True}
+        return {**_save_rows(self.spec, self.rows), "arrays": True}
 
 
 def arrays_extent(f: IO[bytes], size: int, num_samples: int, where: str) -> Tuple[int, Tuple[int, ...], np.dtype]:
