@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["thread_wait_s", "waits_of", "children", "unloaded", "cpu_s_of"]
+__all__ = ["thread_wait_s", "waits_of", "children", "unloaded", "cpu_s_of", "main_thread_times", "on_cpu_shares"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -114,3 +114,31 @@ def unloaded(rate: float, waits: Dict[int, Tuple[float, float]]) -> float:
     if alive <= 0 or waited <= 0 or waited >= alive:
         return rate
     return rate * alive / (alive - waited)
+
+
+def main_thread_times(pids: Iterable[int]) -> Dict[int, Tuple[float, float]]:
+    """For each live process in ``pids``: (seconds on a CPU, seconds waiting in the run queue) of
+    its main thread so far. Unknown (schedstats off, the process gone): left out."""
+    out: Dict[int, Tuple[float, float]] = {}
+    for pid in pids:
+        got = _read(f"/proc/{pid}/task/{pid}/schedstat")
+        if got is not None:
+            out[pid] = (got[0] / 1e9, got[1] / 1e9)
+    return out
+
+
+def on_cpu_shares(before: Dict[int, Tuple[float, float]], after: Dict[int, Tuple[float, float]]
+                  ) -> Dict[int, float]:
+    """Between two :func:`main_thread_times`: for each process in both, the share of its main
+    thread's runnable time (on a CPU, or ready and waiting for one) it spent on a CPU. A stack
+    sampler's "active" samples count both; on a loaded machine the waiting part is the load's,
+    not the work's, and a thread that wakes often (receiving batches) waits more of it than one
+    that computes without pause."""
+    out: Dict[int, float] = {}
+    for pid, (on_1, wait_1) in after.items():
+        if pid not in before:
+            continue
+        on, wait = on_1 - before[pid][0], wait_1 - before[pid][1]
+        if on > 0 and wait >= 0:
+            out[pid] = on / (on + wait)
+    return out

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import DsconvertError, OptionError
 from ..gpu import GpuSampler
+from ..schedstat import main_thread_times, on_cpu_shares
 from .classify import diagnose_stacks, worker_pids
 from .procs import FileWatcher, cmdline, descendants, guess_dataset_root, is_alive
 from .pyspy import record
@@ -101,7 +102,9 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
     say(f"sampling pid {pid} and its subprocesses with py-spy for {duration:g} s at {rate} Hz")
     gpu_sampler = GpuSampler(pids=[pid] + descendants(pid))
     with FileWatcher(pid) as watcher, gpu_sampler:
+        before = main_thread_times([pid] + descendants(pid))
         wall, cpu = record(pid, duration, rate)
+        on_cpu = on_cpu_shares(before, main_thread_times(before))
     files = _data_files(watcher.seen)
     root = guess_dataset_root(files)
     processes = {p: cmdline(p) for p in [pid] + descendants(pid)}
@@ -114,7 +117,7 @@ def diagnose(pid: int, duration: float = 10.0, rate: int = 100, syscalls: Option
     if root:
         say(f"scanning {root} for the formats dsconvert shard takes it for")
     diag = diagnose_stacks(wall, cpu, pid, available_cpus(), data_root=root, fast_decoder=jpeg_decoders()[0][0],
-                           shard_formats=shard_formats(root) if root else ())
+                           shard_formats=shard_formats(root) if root else (), on_cpu=on_cpu)
     storage = storage_kind(root) if root else None
     if storage:
         diag.evidence.append(f"{len(files)} data file(s) seen open under {root}, on {storage['kind']} "

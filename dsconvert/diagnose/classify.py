@@ -71,7 +71,7 @@ import re
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .fixes import Fixes, apply_fixes, worker_fixes
 from .pyspy import Frame, Stack
@@ -349,10 +349,14 @@ _NAMES = {"decode": "image decode", "read": "file reads", "remote": "remote stor
 def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], target: int, cpus: int,
                     data_root: Optional[str] = None, fast_decoder: Optional[str] = None,
                     read_line: LineReader = _source_line,
-                    shard_formats: Optional[Sequence[str]] = ()) -> Diagnosis:
+                    shard_formats: Optional[Sequence[str]] = (),
+                    on_cpu: Optional[Mapping[int, float]] = None) -> Diagnosis:
     """Aggregate both recordings and decide; see the module doc. ``shard_formats``: the formats
     ``dsconvert shard`` accepts ``data_root`` for (checked by the caller with the scanner; None
-    when that check could not finish); a conversion command is suggested only for those."""
+    when that check could not finish); a conversion command is suggested only for those.
+    ``on_cpu``: per process, the share of its main thread's active time spent on a CPU rather
+    than waiting for one (:func:`dsconvert.schedstat.on_cpu_shares`; missing: 1.0), so that the
+    CPU the ipc rule compares is the work's, not the machine's load."""
     workers = worker_pids(wall_stacks)
     memo: Dict[Tuple[int, int, str, Tuple[Frame, ...]], Tuple[str, str, str]] = {}
 
@@ -397,11 +401,15 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     for k, v in own.items():
         pool[k] = pool.get(k, 0.0) + v
     # CPU, in CPUs: the workers' largest loading category (all of them together) and the loop's receiving
-    loading = {k: v["share"] * v["cpu_share"] * len(workers) for k, v in work.items()
+    # py-spy's active samples hold the time a thread was ready but waited for a CPU: taken out
+    shares = on_cpu or {}
+    worker_on_cpu = sum(shares.get(w, 1.0) for w in workers) / len(workers) if workers else 1.0
+    loading = {k: v["share"] * v["cpu_share"] * len(workers) * worker_on_cpu for k, v in work.items()
                if k in DATA_CATEGORIES and k not in ("ipc", "collate")} if workers else {}
     loading_key = max(loading, key=loading.__getitem__) if loading else None
     loading_cpu = loading[loading_key] if loading_key else 0.0
-    receive_cpu = sum(main.get(k, {}).get("share", 0.0) * main.get(k, {}).get("cpu_share", 0.0) for k in receiving)
+    receive_cpu = shares.get(target, 1.0) * sum(main.get(k, {}).get("share", 0.0) * main.get(k, {}).get(
+        "cpu_share", 0.0) for k in receiving)
     verdict, bottleneck = decide(Measured(n_main, input_share, own, len(workers), worker_busy, receive, wait, pool,
                                           loading_cpu, receive_cpu))
     evidence: List[str] = []
@@ -421,7 +429,8 @@ def diagnose_stacks(wall_stacks: Sequence[Stack], cpu_stacks: Sequence[Stack], t
     ipc_finding = bool(workers) and receive >= IPC_SHARE
     if loading_key and receive > 0:  # the two CPU figures the ipc rule compares, both said
         evidence.append(f"CPU: the workers' {_NAMES.get(loading_key, loading_key)} {loading_cpu:.2f} CPUs, the "
-                        f"training loop's receiving of batches {receive_cpu:.2f} CPUs: "
+                        f"training loop's receiving of batches {receive_cpu:.2f} CPUs"
+                        + (" (time ready but waiting for a CPU taken out)" if on_cpu else "") + ": "
                         + ("loading is the larger" if loading_cpu > receive_cpu else "receiving is the larger"))
     if ipc_finding:
         received: Dict[str, float] = {}

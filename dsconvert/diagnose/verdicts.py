@@ -66,11 +66,12 @@ VERDICTS: Tuple[VerdictRule, ...] = (
     VerdictRule("input-bound", "no-workers", lambda q: q.input_bound and not q.workers and bool(q.own),
                 "no workers: the loop loads its own data"),
     VerdictRule("input-bound", "ipc",
-                lambda q: q.input_bound and (not q.pool or (bool(q.workers) and (
-                    q.worker_busy < BUSY_WORKERS or (q.receive > q.wait and q.receive_cpu >= q.loading_cpu)))),
-                "the workers are mostly idle, or the loop spends more time receiving batches than waiting "
-                "for them and receiving takes at least the CPU the workers' loading does: the transfer, not the "
-                "workers' loading, holds the loop up"),
+                lambda q: q.input_bound and (not q.pool or (bool(q.workers) and q.receive_cpu >= q.loading_cpu and (
+                    q.worker_busy < BUSY_WORKERS or q.receive > q.wait))),
+                "receiving batches takes at least the CPU the workers' loading does, and the workers are mostly "
+                "idle or the loop spends more time receiving batches than waiting for them: the transfer, not the "
+                "workers' loading, holds the loop up (the CPU, taken without the time spent waiting for one, does "
+                "not move with the machine's load; the idle and waiting shares do)"),
     VerdictRule("input-bound", LARGEST, lambda q: q.input_bound, "the loaders' largest category"),
     VerdictRule("compute-bound", None, lambda q: True, "the input pipeline keeps up"),
 )
