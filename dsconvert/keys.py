@@ -86,6 +86,8 @@ def disambiguate(key: str, extension: str) -> str:
 
 def escape_path(path: str) -> str:
     """A relative path as strict-JSON-safe text: only ``%`` and undecodable bytes escaped."""
+    if path.isascii() and "%" not in path:  # nothing to escape (no surrogates either): the common case
+        return path
     out = []
     for ch in path:
         code = ord(ch)

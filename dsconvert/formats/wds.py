@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import re
 import tarfile
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -71,42 +70,12 @@ from ..plan import ShardSpec
 from ..samples import Sample
 from .base import Format, Problem, ShardReader, ShardRecord, Sink
 from .columns import Columns, IntColumn, encode_record, is_binary
+from .tar_members import MODE, MTIME, archive_end, member_header, padding
 
 __all__ = ["Wds", "FORMAT", "sample_tar_bytes"]
 
-TAR_MTIME = 0
-
-
-class _HashingFile(io.RawIOBase):
-    """A write-only file that feeds a sha256 as bytes pass through to the real file."""
-
-    def __init__(self, f):
-        self.f = f
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.size
-
-    def write(self, b) -> int:
-        self.sha256.update(b)
-        self.f.write(b)
-        self.size += len(b)
-        return len(b)
-
-
-def _add_member(tf: tarfile.TarFile, name: str, data: bytes) -> Tuple[int, int]:
-    """Append one member; return (data offset, size) in the archive."""
-    ti = tarfile.TarInfo(name)
-    ti.size = len(data)
-    ti.mtime = TAR_MTIME
-    ti.mode = 0o444
-    tf.addfile(ti, io.BytesIO(data))
-    end = tf.offset  # after the header(s) and the data padded to a 512-byte block
-    return end - -(-len(data) // 512) * 512, len(data)
+TAR_MTIME = MTIME
+WRITE_BYTES = 1 << 20  # a shard is written in pieces of about this size
 
 
 TAR_TRAILER = 1024 + 10240  # end-of-archive blocks plus padding to a full record, at most
@@ -120,7 +89,7 @@ def _header_bytes(name_bytes: int, ascii: bool, big_size: int) -> int:
     they depend on nothing else, so one measurement serves every name of that length."""
     name = "a" * name_bytes if ascii else "\u00e9" + "a" * (name_bytes - 2)
     ti = tarfile.TarInfo(name)
-    ti.size, ti.mtime, ti.mode = big_size, TAR_MTIME, 0o444
+    ti.size, ti.mtime, ti.mode = big_size, TAR_MTIME, MODE
     return len(ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
 
 
@@ -149,11 +118,15 @@ def sample_tar_bytes(sample: Sample, with_cls: bool, compressed: bool = False) -
 
 
 class _TarSink(Sink):
-    """Appends samples as tar members, hashing the bytes as they pass."""
+    """Appends samples as tar members (:mod:`.tar_members`: the bytes ``tarfile`` writes),
+    gathered into writes of about 1 MiB, hashed as they pass."""
 
     def __init__(self, spec: ShardSpec, file: Any):
-        self.hashing = _HashingFile(file)
-        self.tf = tarfile.TarFile(fileobj=self.hashing, mode="w", format=tarfile.PAX_FORMAT)
+        self.file = file
+        self.digest = hashlib.sha256()
+        self.offset = 0  # bytes of the archive so far, buffered ones included
+        self.buffer: List[bytes] = []
+        self.flushed = 0  # bytes written to the file
         self.classification = spec.sample_type == "classification"
         # (member's field, offset, size, sample, size before compression or -1) per member
         self.members: List[Tuple[str, int, int, int, int]] = []
@@ -182,21 +155,41 @@ class _TarSink(Sink):
             if self.compressor is not None and is_compressible(name):
                 member, payload, raw = stored_name(name), self.compressor.compress(payload), len(payload)
                 self.packed[member] = name
-            offset, size = _add_member(self.tf, f"{sample.key}.{member}", payload)
-            self.members.append((member, offset, size, self.count, raw))
+            header = member_header(f"{sample.key}.{member}", len(payload))
+            pad = padding(len(payload))
+            self.buffer += (header, payload, pad)
+            offset = self.offset + len(header)
+            self.offset = offset + len(payload) + len(pad)
+            self.members.append((member, offset, len(payload), self.count, raw))
         self.count += 1
+        if self.offset - self.flushed >= WRITE_BYTES:
+            self.flush()
         return data
 
+    def flush(self) -> None:
+        data = b"".join(self.buffer)
+        self.digest.update(data)
+        self.file.write(data)
+        self.buffer = []
+        self.flushed = self.offset
+
     def close(self) -> Dict[str, Any]:
-        self.tf.close()
-        self.sha256 = self.hashing.sha256.hexdigest()
+        end = archive_end(self.offset)
+        self.buffer.append(end)
+        self.offset += len(end)
+        self.flush()
+        self.sha256 = self.digest.hexdigest()
         columns: Dict[str, Dict[str, List[int]]] = {}
         for name, offset, size, i, raw in self.members:
-            col = columns.setdefault(name, {"offset": [-1] * self.count, "size": [-1] * self.count})
+            col = columns.get(name)
+            if col is None:  # made once per field: a default built per member cost ~60 us a sample
+                col = columns[name] = {"offset": [-1] * self.count, "size": [-1] * self.count}
+                if name in self.packed:
+                    col["raw_size"] = [-1] * self.count
             col["offset"][i] = offset
             col["size"][i] = size
             if name in self.packed:
-                col.setdefault("raw_size", [-1] * self.count)[i] = raw
+                col["raw_size"][i] = raw
         extra: Dict[str, Any] = {"members": dict(sorted(columns.items()))}
         if self.compression:
             extra["compression"] = {**self.compression, "library": codec_version(),
