@@ -22,10 +22,11 @@ checks that whatever this accepts and Pillow opens, Pillow decodes.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["whole", "top_rows", "arithmetic"]
+__all__ = ["whole", "whole_head", "scan_whole", "top_rows", "arithmetic"]
 
 # the first marker after entropy-coded data: 0xFF followed by neither a stuffed zero, a
 # restart marker, nor a fill byte
@@ -34,6 +35,7 @@ _SEQUENTIAL_HUFFMAN = (0xC0, 0xC1)
 _SKIPPED = frozenset(range(0xE0, 0xF0)) | {0xFE}  # APPn and COM: checked for length only
 
 
+@functools.lru_cache(maxsize=256)  # most files carry the same few tables (libjpeg's standard ones)
 def _huffman_table_ok(counts: bytes, values: bytes, dc: bool) -> bool:
     """libjpeg's checks on a DHT table (jpeg_make_d_derived_tbl): the code lengths fit a
     canonical code, and DC symbols are at most 15."""
@@ -79,70 +81,83 @@ def arithmetic(data: bytes) -> bool:
 def whole(data: bytes) -> bool:
     """True when ``data`` is a complete sequential Huffman-coded JPEG with one scan that libjpeg
     decodes without error; False when unsure (decode to find out). Never raises."""
+    return scan_whole(data, whole_head(data))
+
+
+def whole_head(data: bytes) -> int:
+    """Where the scan's entropy-coded data starts (just past its SOS segment) when everything
+    before it passes :func:`whole`'s checks, else -1. It reads nothing past that point: files
+    that share these bytes share the answer. Never raises."""
     try:
-        return _whole(data)
+        return _head(data)
     except (IndexError, ValueError):
+        return -1
+
+
+def scan_whole(data: bytes, start: int) -> bool:
+    """The rest of :func:`whole` from ``start`` (:func:`whole_head`'s answer): the entropy-coded
+    data ends at a marker, and that marker is EOI."""
+    if start < 0:
         return False
+    found = _SCAN_END.search(data, start)
+    return found is not None and data[found.end() - 1] == 0xD9  # no end: truncated; another marker: a second scan
 
 
-def _whole(data: bytes) -> bool:
+def _head(data: bytes) -> int:
     n = len(data)
     if data[:2] != b"\xff\xd8":
-        return False
+        return -1
     pos = 2
     frame: List[Tuple[int, int, int, int]] = []  # (component id, h, v, quant table)
     quant: Dict[int, bool] = {}
     huffman = {(0, 0), (0, 1), (1, 0), (1, 1)}  # (class, index): libjpeg-turbo supplies the standard 0 and 1
-    scanned = False
     while pos < n:
         if data[pos] != 0xFF:
-            return False
+            return -1
         while pos < n and data[pos] == 0xFF:  # fill bytes
             pos += 1
         if pos >= n:
-            return False
+            return -1
         marker = data[pos]
         pos += 1
-        if marker == 0xD9:  # EOI
-            return scanned
-        if scanned or marker in (0x00, 0x01, 0xD8) or 0xD0 <= marker <= 0xD7:
-            return False  # a second scan, TEM, SOI again, a restart outside a scan
+        if marker in (0xD9, 0x00, 0x01, 0xD8) or 0xD0 <= marker <= 0xD7:
+            return -1  # EOI before any scan, TEM, SOI again, a restart outside a scan
         if pos + 2 > n:
-            return False
+            return -1
         length = (data[pos] << 8) | data[pos + 1]
         if length < 2 or pos + length > n:
-            return False
+            return -1
         body = data[pos + 2: pos + length]
         pos += length
         if marker in _SKIPPED:
             continue
         if marker in _SEQUENTIAL_HUFFMAN:
             if frame or len(body) < 6 or body[0] != 8:  # 8-bit samples only
-                return False
+                return -1
             height, width, count = (body[1] << 8) | body[2], (body[3] << 8) | body[4], body[5]
             if not (0 < height <= 65500 and 0 < width <= 65500) or count not in (1, 3, 4) \
                     or len(body) != 6 + 3 * count:  # JPEG_MAX_DIMENSION, the components Pillow takes
-                return False
+                return -1
             for c in range(count):
                 cid, hv, tq = body[6 + 3 * c: 9 + 3 * c]
                 h, v = hv >> 4, hv & 15
                 if not (1 <= h <= 4 and 1 <= v <= 4) or tq > 3:
-                    return False
+                    return -1
                 frame.append((cid, h, v, tq))
             max_h, max_v = max(c[1] for c in frame), max(c[2] for c in frame)
             if any(max_h % c[1] or max_v % c[2] for c in frame) or len({c[0] for c in frame}) != count:
-                return False  # fractional upsampling is not implemented in libjpeg; ids must differ
+                return -1  # fractional upsampling is not implemented in libjpeg; ids must differ
             if count > 1 and sum(c[1] * c[2] for c in frame) > 10:  # D_MAX_BLOCKS_IN_MCU
-                return False
+                return -1
             if count == 4:  # CMYK/YCCK: the Adobe marker decides the colour conversion; decode to know
-                return False
+                return -1
         elif marker == 0xDB:  # DQT: one or more tables
             i = 0
             while i < len(body):
                 precision, tq = body[i] >> 4, body[i] & 15
                 size = 64 * (2 if precision else 1)
                 if precision > 1 or tq > 3 or i + 1 + size > len(body):
-                    return False
+                    return -1
                 quant[tq] = True
                 i += 1 + size
         elif marker == 0xC4:  # DHT: one or more tables
@@ -151,40 +166,36 @@ def _whole(data: bytes) -> bool:
                 tc, th = body[i] >> 4, body[i] & 15
                 counts = body[i + 1: i + 17]
                 if tc > 1 or th > 3 or len(counts) != 16:
-                    return False
+                    return -1
                 values = body[i + 17: i + 17 + sum(counts)]
-                if not _huffman_table_ok(counts, values, dc=tc == 0):
-                    return False
+                if not _huffman_table_ok(bytes(counts), bytes(values), tc == 0):  # bytes: hashable for the cache
+                    return -1
                 huffman.add((tc, th))
                 i += 17 + sum(counts)
             if i != len(body):
-                return False
+                return -1
         elif marker == 0xDA:  # SOS: the one scan, with every component
             if not frame or any(c[3] not in quant for c in frame) or len(body) < 1:
-                return False
+                return -1
             count = body[0]
             if count != len(frame) or len(body) != 4 + 2 * count:
-                return False
+                return -1
             if {body[1 + 2 * c] for c in range(count)} != {c[0] for c in frame}:
-                return False
+                return -1
             for c in range(count):  # the DC and AC tables each component is coded with
                 td, ta = body[2 + 2 * c] >> 4, body[2 + 2 * c] & 15
                 if (0, td) not in huffman or (1, ta) not in huffman:
-                    return False
+                    return -1
             ss, se, ahal = body[1 + 2 * count], body[2 + 2 * count], body[3 + 2 * count]
             if (ss, se, ahal) != (0, 63, 0):
-                return False
-            found = _SCAN_END.search(data, pos)
-            if found is None:
-                return False  # the entropy-coded data runs off the end: truncated
-            pos = found.start()
-            scanned = True
+                return -1
+            return pos  # the entropy-coded data: scan_whole's
         elif marker == 0xDD:  # DRI
             if length != 4:
-                return False
+                return -1
         else:  # progressive, lossless or arithmetic frames, DAC, DNL, anything unexpected
-            return False
-    return False
+            return -1
+    return -1
 
 
 def top_rows(data: bytes, rows: int) -> Optional[bytes]:

@@ -301,3 +301,60 @@ def test_a_truncated_file_is_refused_wherever_the_cut_falls(cut_corpus):
         assert not pillow_decodes(m)
         for rows in (1, 17, 200, 700):
             assert fast_decode(m, fast, rows=lambda height, width, k, rows=rows: rows) is None, (keep, rows)
+
+
+class _Counting:
+    """The checks' header memo, counting its hits (or, ``off``, never used)."""
+
+    def __init__(self, off: bool = False):
+        from dsconvert.codecs.checks import _KnownHeads
+        self.memo, self.off, self.hits = _KnownHeads(), off, 0
+
+    def known_whole(self, data):
+        if self.off:
+            return False
+        found = self.memo.known_whole(data)
+        self.hits += found
+        return found
+
+    def learn(self, data, start, opened):
+        if not self.off:
+            self.memo.learn(data, start, opened)
+
+
+def _verdict(data, max_pixels=None):
+    try:
+        check_image(data, max_pixels)
+        return "passed"
+    except BadInputError as exc:
+        return exc.reason
+
+
+def test_a_known_header_changes_no_verdict(corpus, monkeypatch):
+    """check_image remembers the headers of JPEGs that passed and then only checks the rest of a
+    file that starts with one: every mutant (truncated, bytes flipped in the scan or the header,
+    EOI moved, markers inserted) gets the verdict it gets with no memory, and the memory is used."""
+    import dsconvert.codecs.checks as checks
+
+    rng = random.Random(11)
+    cases = [(name, m) for name, (data, _) in corpus.items() for m in [data, *mutants(data, rng, 120)]]
+    monkeypatch.setattr(checks, "_WHOLE_HEADS", _Counting(off=True))
+    without = [_verdict(m) for _, m in cases]
+    memo = _Counting()
+    monkeypatch.setattr(checks, "_WHOLE_HEADS", memo)
+    for data, _ in corpus.values():
+        _verdict(data)  # the intact files' headers learned
+    with_memo = [_verdict(m) for _, m in cases]
+    for (name, m), a, b in zip(cases, without, with_memo):
+        assert a == b, f"{name}: {a!r} without the memo, {b!r} with it: {m[:80]!r}"
+    assert memo.hits > 100 and "passed" in with_memo and len(set(with_memo)) > 2
+
+
+def test_a_known_header_is_still_held_to_the_pixel_limit(corpus, monkeypatch):
+    import dsconvert.codecs.checks as checks
+
+    monkeypatch.setattr(checks, "_WHOLE_HEADS", _Counting())
+    data, _ = corpus["baseline 4:2:0"]  # 120 x 90
+    assert _verdict(data) == "passed" and checks._WHOLE_HEADS.memo.heads
+    assert "exceeds the limit of 100" in _verdict(data, max_pixels=100)
+    assert _verdict(data) == "passed" and checks._WHOLE_HEADS.hits == 1
