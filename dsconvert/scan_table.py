@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Tuple, Union, overload
 
 import numpy as np
 
-from .samples import Sample, SourceFile
+from .samples import Sample, quick_file, quick_sample
 
 __all__ = ["ScanTable", "Reordered", "SpilledInts", "iter_range"]
 
@@ -106,8 +106,9 @@ class ScanTable(Sequence[Sample]):
     def _decode(self, raw: bytes) -> Sample:
         key, label, files = marshal.loads(raw)
         containers = self._containers
-        return Sample(key, tuple(SourceFile(fld, key + path if suffix else path, size, mtime, containers[cid], offset)
-                                 for fld, path, suffix, size, mtime, cid, offset in files), label)
+        return quick_sample(key, tuple([quick_file(fld, key + path if suffix else path, size, mtime, containers[cid],
+                                                   offset) for fld, path, suffix, size, mtime, cid, offset in files]),
+                            label)
 
     def _read(self, start: int, stop: int) -> List[Sample]:
         """Samples start..stop, from one read of their records."""

@@ -142,3 +142,42 @@ def test_escape_path_fast_path_same(path):
     slow = "".join("%25" if ch == "%" else f"%{ord(ch) - 0xDC00:02X}" if 0xDC80 <= ord(ch) <= 0xDCFF else ch
                    for ch in path)
     assert escape_path(path) == slow
+
+
+@pytest.mark.parametrize("key", ["k", "n0/img_1", "x" * 90, "x" * 91, "y" * 95, "caf\u00e9", "bad\udcff"])
+@pytest.mark.parametrize("with_cls", [True, False])
+def test_sample_tar_bytes_is_what_the_sink_writes(key, with_cls):
+    """The planner's byte count (its shortcut for short ASCII names included) is exactly what
+    the sink writes for the sample, for names at and past the one-header limit."""
+    from dsconvert.formats.wds import TAR_TRAILER, sample_tar_bytes
+
+    fields = {"jpg": b"j" * 700, "json": b"{}", "txt": b"", "x" * 9: b"z" * 512, "w" * 10: b"w"}
+    files = tuple(SourceFile(name, f"{key}.{name}", len(data), 0) for name, data in fields.items())
+    sample = Sample(key, files, label=5 if with_cls else None)
+    out = io.BytesIO()
+    sink = _TarSink(_spec("classification" if with_cls else "dict", [sample]), out)
+    sink.add(sample, dict(fields))
+    sink.close()
+    _, offset, size, _, _ = sink.members[-1]
+    assert sample_tar_bytes(sample, with_cls) == offset + size + len(padding(size))
+
+
+def test_quick_samples_are_the_constructors():
+    """A scan table's samples are made without the frozen dataclasses' __init__: the same
+    objects (equal, same hash, same fields, pickled alike); a field added to either class
+    fails here until quick_file/quick_sample set it."""
+    import pickle
+    from dataclasses import fields
+
+    from dsconvert.samples import quick_file, quick_sample
+
+    args = ("jpg", "t.tar/caf\u00e9.jpg", 12, 34, "t.tar", 512)
+    made, slow = quick_file(*args), SourceFile(*args)
+    assert made == slow and hash(made) == hash(slow) and vars(made) == vars(slow)
+    assert list(vars(made)) == [f.name for f in fields(SourceFile)]
+    sample, reference = quick_sample("k", (made,), 3), Sample("k", (slow,), 3)
+    assert sample == reference and hash(sample) == hash(reference)
+    assert list(vars(sample)) == [f.name for f in fields(Sample)]
+    assert pickle.loads(pickle.dumps(sample)) == reference
+    with pytest.raises(AttributeError):
+        sample.key = "other"  # still frozen
