@@ -175,19 +175,19 @@ def test_injected_enospc_clear_error_then_resume(tmp_path, small_source, monkeyp
     convert(small_source, reference, samples_per_shard=3, workers=1)
     out = str(tmp_path / "out")
     written = [0]
-    real_write = wds._HashingFile.write
+    real_flush = wds._TarSink.flush  # where the tar sink writes its buffered members
 
-    def filling_write(self, b):
-        written[0] += len(b)
+    def filling_flush(self):
+        written[0] += self.offset - self.flushed
         if written[0] > 120_000:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(self, b)
+        return real_flush(self)
 
-    monkeypatch.setattr(wds._HashingFile, "write", filling_write)
+    monkeypatch.setattr(wds._TarSink, "flush", filling_flush)
     with pytest.raises(InsufficientSpaceError, match="run the same command again to resume"):
         convert(small_source, out, samples_per_shard=3, workers=1)
     assert_only_complete_files(out, reference)
-    monkeypatch.setattr(wds._HashingFile, "write", real_write)
+    monkeypatch.setattr(wds._TarSink, "flush", real_flush)
     result = convert(small_source, out, samples_per_shard=3, workers=1)
     assert result.shards_resumed >= 1
     assert outputs(out) == outputs(reference)
