@@ -17,13 +17,24 @@ encoded string, which leaves it free as the separator of :func:`disambiguate`.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["encode_key", "decode_key", "disambiguate", "escape_path", "unescape_path", "is_utf8"]
 
 _ALWAYS = frozenset("%~\\")
 _SEPARATOR = "~"
 
 
+# what _escape changes, per ``extra``: a text with none of it is returned as it is (one regex
+# search instead of a Python loop over its characters: the scan encodes every key)
+_TO_ESCAPE = {extra: re.compile("[%~\\\\\x00-\x1f\x7f\udc80-\udcff" + re.escape("".join(sorted(extra))) + "]")
+              for extra in (frozenset(), frozenset("."))}
+
+
 def _escape(text: str, extra: frozenset) -> str:
+    pattern = _TO_ESCAPE.get(extra)
+    if pattern is not None and pattern.search(text) is None:
+        return text
     out = []
     for ch in text:
         code = ord(ch)

@@ -59,3 +59,31 @@ def test_escape_path_round_trip(path):
     text = escape_path(path)
     text.encode("utf-8")
     assert unescape_path(text) == path
+
+
+def test_escape_fast_path_changes_nothing():
+    """_escape returns a text with nothing to escape as it is, found by one regex search: the
+    same result as its loop for every character class it treats (the loop is the reference)."""
+    import random
+
+    from dsconvert import keys
+
+    def loop(text, extra):
+        out = []
+        for ch in text:
+            code = ord(ch)
+            if ch in keys._ALWAYS or ch in extra or code < 0x20 or code == 0x7F:
+                out.append(f"%{code:02X}")
+            elif 0xDC80 <= code <= 0xDCFF:
+                out.append(f"%{code - 0xDC00:02X}")
+            else:
+                out.append(ch)
+        return "".join(out)
+
+    alphabet = ["a", "Z", "0", ".", "%", "~", "\\", "/", " ", "-", "\x00", "\x1f", "\x20", "\x7f", "\x80", "\u00e9",
+                "\udc7f", "\udc80", "\udcff", "\ud800", "\U0001f600"]
+    rng = random.Random(0)
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8))) for _ in range(5000)] + alphabet
+    for extra in (frozenset(), frozenset(".")):
+        for text in texts:
+            assert keys._escape(text, extra) == loop(text, extra), (text, extra)

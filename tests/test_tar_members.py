@@ -149,7 +149,7 @@ def test_escape_path_fast_path_same(path):
 def test_sample_tar_bytes_is_what_the_sink_writes(key, with_cls):
     """The planner's byte count (its shortcut for short ASCII names included) is exactly what
     the sink writes for the sample, for names at and past the one-header limit."""
-    from dsconvert.formats.wds import TAR_TRAILER, sample_tar_bytes
+    from dsconvert.formats.wds import sample_tar_bytes
 
     fields = {"jpg": b"j" * 700, "json": b"{}", "txt": b"", "x" * 9: b"z" * 512, "w" * 10: b"w"}
     files = tuple(SourceFile(name, f"{key}.{name}", len(data), 0) for name, data in fields.items())
