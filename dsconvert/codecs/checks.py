@@ -159,8 +159,9 @@ def check_image(data: bytes, max_pixels: Optional[int] = None, full: bool = Fals
             if img.format in ("JPEG", "MPO") and not full:
                 head = whole_head(data)
                 if scan_whole(data, head):
-                    if img.format == "JPEG":
-                        _WHOLE_HEADS.learn(data, head, img.fp.tell() if img.fp is not None else -1)
+                    fp = getattr(img, "fp", None)  # an ImageFile's: where Pillow's parse stopped
+                    if img.format == "JPEG" and fp is not None:
+                        _WHOLE_HEADS.learn(data, head, fp.tell())
                     return
                 img.draft(img.mode, (max(1, img.size[0] // 8), max(1, img.size[1] // 8)))
             img.load()
