@@ -118,7 +118,7 @@ class _KnownHeads:
         if not self.heads or data[:3] != JPEG_MAGIC:
             return False
         limit = Image.MAX_IMAGE_PIXELS
-        for length in self.lengths:
+        for length in tuple(self.lengths):  # a copy: another thread (a Dask worker's) may be learning
             start = self.heads.get((bytes(data[:length]), limit))
             if start is not None:
                 return scan_whole(data, start)
