@@ -19,7 +19,7 @@ import struct
 import tempfile
 from array import array
 from collections.abc import Sequence
-from typing import Any, Dict, Iterator, List, Tuple, Union, overload
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 import numpy as np
 
@@ -30,6 +30,8 @@ __all__ = ["ScanTable", "Reordered", "SpilledInts", "iter_range"]
 _END, _TWO_ENDS = struct.Struct("<Q"), struct.Struct("<QQ")
 _FLUSH_BYTES = 1 << 18  # records buffered before a write
 _READ_CHUNK = 1024  # samples decoded per read when iterating (a bounded slice: ~0.6 MB of objects)
+_SORT_CHUNK = 1 << 20  # hashes handled per numpy step (bounds the temporaries)
+_MASK64 = (1 << 64) - 1
 
 
 class ScanTable(Sequence[Sample]):
@@ -37,7 +39,9 @@ class ScanTable(Sequence[Sample]):
     decoded when asked for; slices are lists). A file path that begins with the sample's key
     stores only the rest; container names are stored once each (a tar shard, a Parquet file)."""
 
-    def __init__(self) -> None:
+    def __init__(self, repeated_keys: bool = False) -> None:
+        # each key's hash, for with_repeats_renamed (None: the scanner's keys are unique by construction)
+        self._key_hashes: Optional[array] = array("Q") if repeated_keys else None
         self._records = tempfile.TemporaryFile(prefix="dsconvert-scan-")
         self._ends = tempfile.TemporaryFile(prefix="dsconvert-scan-ends-")
         self._buffer = bytearray()
@@ -70,6 +74,8 @@ class ScanTable(Sequence[Sample]):
             if f.size > self.max_file_size:
                 self.max_file_size = f.size
         self.num_files += len(files)
+        if self._key_hashes is not None:
+            self._key_hashes.append(hash(key) & _MASK64)
         self._buffer += marshal.dumps((key, sample.label, tuple(files)))
         self._pending_ends.append(self._flushed_bytes + len(self._buffer))
         self.length += 1
@@ -91,6 +97,68 @@ class ScanTable(Sequence[Sample]):
             self._pending_ends = array("Q")
 
     # -- reading --------------------------------------------------------------------------
+
+    def with_repeats_renamed(self, rename: Callable[[str, int], str]) -> ScanTable:
+        """This table with the n-th repeat (n >= 1) of each key, in table order, keyed
+        ``rename(key, n)``: itself when no key repeats, else a copy (the module doc says how)."""
+        if self._key_hashes is None:
+            raise ValueError("a scan table made without repeated_keys=True keeps no key hashes")
+        hashes, self._key_hashes = self._key_hashes, None
+        repeats = self._repeats(np.frombuffer(hashes, dtype=np.uint64) if len(hashes) else np.zeros(0, np.uint64))
+        del hashes
+        if not len(repeats):
+            return self
+        out = ScanTable()
+        pending = iter(repeats)
+        at, rank = _unpack(next(pending))
+        for i, sample in enumerate(self):
+            if i == at:
+                sample = Sample(rename(sample.key, rank), sample.files, sample.label)
+                at, rank = _unpack(next(pending, np.uint64(_MASK64)))
+            out.append(sample)
+        return out
+
+    def _repeats(self, hashes: np.ndarray) -> np.ndarray:
+        """Every repeated key's place and number, ``place << 32 | number``, in table order.
+        ``hashes`` (writable, one per sample) is reused: each becomes its hash's high bits and
+        its place in the low bits, sorted in place, so equal high bits are neighbours in table
+        order; each such run is then numbered on the keys themselves."""
+        n = len(hashes)
+        if n >= 1 << 32:
+            raise ValueError(f"{n:,} samples in one scan: at most {(1 << 32) - 1:,} can be numbered")
+        if n < 2:
+            return np.zeros(0, dtype=np.uint64)
+        bits = np.uint64((n - 1).bit_length())
+        high = np.uint64(_MASK64 ^ ((1 << int(bits)) - 1))
+        for a in range(0, n, _SORT_CHUNK):
+            part = hashes[a:a + _SORT_CHUNK]
+            part &= high
+            part |= np.arange(a, a + len(part), dtype=np.uint64)
+        hashes.sort()
+        starts = []  # each p where entries p and p + 1 share their high bits
+        for a in range(0, n - 1, _SORT_CHUNK):
+            tops = hashes[a:a + _SORT_CHUNK + 1] >> bits
+            starts.append(np.flatnonzero(tops[1:] == tops[:-1]) + a)
+        pairs = np.concatenate(starts)
+        low = np.uint64((1 << int(bits)) - 1)
+        found = array("Q")
+        i = 0
+        while i < len(pairs):
+            j = i
+            while j + 1 < len(pairs) and pairs[j + 1] == pairs[j] + 1:
+                j += 1
+            counts: Dict[str, int] = {}  # the run's keys (one, unless their hashes collide)
+            for a in range(int(pairs[i]), int(pairs[j]) + 2, _READ_CHUNK):  # ascending places: one run
+                for place in (hashes[a:min(int(pairs[j]) + 2, a + _READ_CHUNK)] & low).tolist():
+                    key = self[place].key
+                    count = counts.get(key, 0)
+                    counts[key] = count + 1
+                    if count:
+                        found.append(place << 32 | count)
+            i = j + 1
+        out = np.frombuffer(found, dtype=np.uint64).copy() if len(found) else np.zeros(0, dtype=np.uint64)
+        out.sort()
+        return out
 
     def __len__(self) -> int:
         return self.length
@@ -167,6 +235,11 @@ class ScanTable(Sequence[Sample]):
         ends = os.pread(self._ends.fileno(), 8 * self._flushed_count, 0)
         sums = (self.length, self.num_files, self.nbytes, self.max_file_size, self._containers)
         return (_rebuild, (records, ends, sums))
+
+
+def _unpack(packed: Any) -> Tuple[int, int]:
+    value = int(packed)
+    return value >> 32, value & 0xFFFFFFFF
 
 
 def _rebuild(records: bytes, ends: bytes, sums: Tuple[int, int, int, int, List[str]]) -> ScanTable:
