@@ -13,7 +13,7 @@ it was made from.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from ..io.shard_cache import ShardAccess
 from ..keys import escape_path
 from ..manifest import ORDER_NAME, Manifest
 from ..samples import Sample, Source, SourceFile
+from ..scan_table import ScanTable
 from ..shuffle import load_order
 
 __all__ = ["output_source"]
@@ -41,7 +42,7 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
     fmt = get(manifest.format)
     classification = manifest.sample_type == "classification"
     image_field = manifest_image_field(manifest)
-    samples: List[Sample] = []
+    samples = ScanTable()  # on disk: one shard's record in memory at a time (its keys are unique already)
     for entry in manifest.shards:
         for name in fmt.files_of(entry)[1:]:
             access.file_bytes(name, entry.parts.get(name))  # checked against the manifest before use
