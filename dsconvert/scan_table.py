@@ -42,8 +42,8 @@ class ScanTable(Sequence[Sample]):
     def __init__(self, repeated_keys: bool = False) -> None:
         # each key's hash, for with_repeats_renamed (None: the scanner's keys are unique by construction)
         self._key_hashes: Optional[array] = array("Q") if repeated_keys else None
-        self._records = tempfile.TemporaryFile(prefix="dsconvert-scan-")
-        self._ends = tempfile.TemporaryFile(prefix="dsconvert-scan-ends-")
+        self._records: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-")  # or a reopened copy's (_reopen)
+        self._ends: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-ends-")
         self._buffer = bytearray()
         self._pending_ends = array("Q")
         self._flushed_bytes = 0  # bytes of records on disk
@@ -228,13 +228,21 @@ class ScanTable(Sequence[Sample]):
     def __repr__(self) -> str:
         return f"<ScanTable of {self.length} samples>"
 
-    def __reduce__(self) -> Tuple[Any, ...]:
-        """Pickled (a Dataset over a source sent to spawned workers) as its bytes and sums."""
+    def flush(self) -> None:
+        """Every appended sample written to the files (before processes that read it fork)."""
         self._flush()
-        records = os.pread(self._records.fileno(), self._flushed_bytes, 0)
-        ends = os.pread(self._ends.fileno(), 8 * self._flushed_count, 0)
-        sums = (self.length, self.num_files, self.nbytes, self.max_file_size, self._containers)
-        return (_rebuild, (records, ends, sums))
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled (a Dataset over a source sent to spawned DataLoader workers) as a reference
+        to its files, not their bytes: the unpickling process opens them again through
+        ``/proc/PID/fd`` of this process (their device and inode checked), so every worker
+        reads the one table on disk and holds none of it. Only a process of this machine can
+        unpickle it while this one runs; the copy is read-only."""
+        self._flush()
+        ref = (os.getpid(), [(f.fileno(),) + _identity(f) for f in (self._records, self._ends)])
+        sums = (self.length, self.num_files, self.nbytes, self.max_file_size, self._containers,
+                self._flushed_bytes, self._flushed_count)
+        return (_reopen, (ref, sums))
 
 
 def _unpack(packed: Any) -> Tuple[int, int]:
@@ -242,12 +250,35 @@ def _unpack(packed: Any) -> Tuple[int, int]:
     return value >> 32, value & 0xFFFFFFFF
 
 
-def _rebuild(records: bytes, ends: bytes, sums: Tuple[int, int, int, int, List[str]]) -> ScanTable:
-    table = ScanTable()
-    os.pwrite(table._records.fileno(), records, 0)
-    os.pwrite(table._ends.fileno(), ends, 0)
-    table._flushed_bytes, table._flushed_count = len(records), len(ends) // 8
-    table.length, table.num_files, table.nbytes, table.max_file_size, containers = sums
+def _identity(f: Any) -> Tuple[int, int]:
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino
+
+
+def _reopen(ref: Tuple[int, List[Tuple[int, int, int]]], sums: Tuple[Any, ...]) -> ScanTable:
+    pid, files = ref
+    opened: List[Any] = []
+    for fd, dev, ino in files:
+        try:
+            f = open(f"/proc/{pid}/fd/{fd}", "rb", buffering=0)  # noqa: SIM115 - kept open by the table
+        except OSError as exc:
+            for g in opened:
+                g.close()
+            raise ValueError(f"a scan table is read through the files of process {pid}, which this process cannot "
+                             f"open ({exc.strerror or exc}): it is gone or on another machine; scan the source again"
+                             ) from None
+        opened.append(f)
+        if _identity(f) != (dev, ino):
+            for g in opened:
+                g.close()
+            raise ValueError(f"a scan table's files in process {pid} are gone (another file has its number): "
+                             "scan the source again")
+    table = ScanTable.__new__(ScanTable)
+    table._key_hashes = None
+    table._records, table._ends = opened
+    table._buffer, table._pending_ends = bytearray(), array("Q")
+    (table.length, table.num_files, table.nbytes, table.max_file_size, containers,
+     table._flushed_bytes, table._flushed_count) = sums
     table._containers = list(containers)
     table._container_ids = {c: i for i, c in enumerate(containers)}
     return table

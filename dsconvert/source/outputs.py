@@ -70,8 +70,11 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
     if manifest.order is not None:  # read in stored order; each sample keeps its place in the original source
         order = load_order(access.file_bytes(ORDER_NAME, manifest.order), manifest.num_samples,
                            access.url_of(ORDER_NAME))
-        inverse = np.empty(len(order), dtype=np.int64)
-        inverse[order] = np.arange(len(order), dtype=np.int64)
+        inverse = np.empty(len(order), dtype=np.int64)  # 8 bytes a sample, kept as the source's positions
+        step = 1 << 20
+        for a in range(0, len(order), step):  # no arange of every place beside the two arrays
+            inverse[order[a:a + step]] = np.arange(a, min(len(order), a + step), dtype=np.int64)
+        del order
         positions = inverse
     return Source(access.location.url, "output", samples, manifest.classes, kind="output",
                   labelled=classification, positions=positions)

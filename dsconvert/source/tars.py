@@ -613,11 +613,14 @@ def index_bound(tar_bytes: int) -> int:
 
 def read_bounded(f: Any, limit: int) -> Optional[bytes]:
     """All of a regular file ``f`` if it holds at most ``limit`` bytes (its size checked
-    before reading, and no more than that read however it grows), else None."""
-    if os.fstat(f.fileno()).st_size > limit:
+    before reading, and no more than that read however it grows: one that grows in between
+    gives None), else None. The read asks for the size, not the limit: a read allocates what
+    it asks for (``index_bound`` of a 1 GB tar is 64 GB)."""
+    size = os.fstat(f.fileno()).st_size
+    if size > limit:
         return None
-    data = f.read(limit + 1)
-    return data if len(data) <= limit else None
+    data = f.read(size + 1)
+    return data if len(data) <= size else None
 
 
 def _is_label_value(value: Any) -> bool:
