@@ -201,3 +201,46 @@ def test_a_source_dataset_pickles_as_a_reference_to_its_table(tmp_path, torch):
     assert _spawned_samples(ds, torch) == [i % 5 for i in range(2000)]  # workers reopen the parent's table
     with pytest.raises(ValueError, match="cannot open"):
         scan_table._reopen((2**22 + 12345, [(3, 0, 0), (4, 0, 0)]), ())
+
+
+def test_verify_against_a_shuffled_output_as_source_finds_a_swapped_place(tmp_path):
+    """Verifying an output made from a shuffled output maps each recorded place to the source's
+    sample through an int64 array (not a dict of every sample): the same verdicts."""
+    import hashlib
+    import json
+    import shutil
+
+    import numpy as np
+
+    from dsconvert.manifest import ORDER_NAME
+    from dsconvert.shuffle import order_bytes
+    from dsconvert.verify import verify
+
+    from support.records import read_record, write_record
+
+    first = str(tmp_path / "first")
+    convert(_tars(str(tmp_path / "t"), 300, per_tar=100), first, samples_per_shard=50, workers=1, label="cls")
+    second = str(tmp_path / "second")
+    convert(first, second, samples_per_shard=60, workers=1)
+    assert json.load(open(os.path.join(second, "dsconvert.json")))["order"] is not None
+    assert verify(second, source=first)["ok"]
+    swapped = str(tmp_path / "swapped")
+    shutil.copytree(second, swapped)
+    m = json.load(open(os.path.join(swapped, "dsconvert.json")))
+    entry = m["shards"][0]
+    record_path = os.path.join(swapped, entry["index"])
+    record = read_record(record_path)
+    record["positions"][0], record["positions"][1] = record["positions"][1], record["positions"][0]
+    write_record(record_path, record)
+    data = open(record_path, "rb").read()
+    entry["parts"][entry["index"]] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    stored: List[int] = []
+    for e in m["shards"]:
+        stored += read_record(os.path.join(swapped, e["index"]))["positions"]
+    order = order_bytes(np.array(stored, dtype=np.int64))
+    open(os.path.join(swapped, ORDER_NAME), "wb").write(order)
+    m["order"] = {"name": ORDER_NAME, "bytes": len(order), "sha256": hashlib.sha256(order).hexdigest()}
+    json.dump(m, open(os.path.join(swapped, "dsconvert.json"), "w"))
+    assert verify(swapped)["ok"]  # consistent with itself
+    report = verify(swapped, source=first)
+    assert not report["ok"] and len(report["source"]["misplaced"]) == 2
