@@ -30,7 +30,7 @@ __all__ = ["ScanTable", "Reordered", "SpilledInts", "iter_range"]
 _END, _TWO_ENDS = struct.Struct("<Q"), struct.Struct("<QQ")
 _FLUSH_BYTES = 1 << 18  # records buffered before a write
 _READ_CHUNK = 1024  # samples decoded per read when iterating (a bounded slice: ~0.6 MB of objects)
-_SORT_CHUNK = 1 << 20  # hashes handled per numpy step (bounds the temporaries)
+_SORT_CHUNK = 1 << 16  # hashes handled per numpy step (bounds the temporaries: 0.5 MB)
 _MASK64 = (1 << 64) - 1
 
 
@@ -41,7 +41,9 @@ class ScanTable(Sequence[Sample]):
 
     def __init__(self, repeated_keys: bool = False) -> None:
         # each key's hash, for with_repeats_renamed (None: the scanner's keys are unique by construction)
-        self._key_hashes: Optional[array] = array("Q") if repeated_keys else None
+        self._key_hashes: Optional[array] = array("Q") if repeated_keys else None  # those not yet on disk
+        self._hash_file: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-keys-") if repeated_keys else None
+        self._hashes_flushed = 0
         self._records: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-")  # or a reopened copy's (_reopen)
         self._ends: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-ends-")
         self._buffer = bytearray()
@@ -76,6 +78,8 @@ class ScanTable(Sequence[Sample]):
         self.num_files += len(files)
         if self._key_hashes is not None:
             self._key_hashes.append(hash(key) & _MASK64)
+            if len(self._key_hashes) >= _FLUSH_BYTES // 8:  # on disk until they are sorted: no array regrown
+                self._flush_hashes()
         self._buffer += marshal.dumps((key, sample.label, tuple(files)))
         self._pending_ends.append(self._flushed_bytes + len(self._buffer))
         self.length += 1
@@ -103,8 +107,12 @@ class ScanTable(Sequence[Sample]):
         ``rename(key, n)``: itself when no key repeats, else a copy (the module doc says how)."""
         if self._key_hashes is None:
             raise ValueError("a scan table made without repeated_keys=True keeps no key hashes")
-        hashes, self._key_hashes = self._key_hashes, None
-        repeats = self._repeats(np.frombuffer(hashes, dtype=np.uint64) if len(hashes) else np.zeros(0, np.uint64))
+        self._flush_hashes()
+        hashes = np.empty(self._hashes_flushed, dtype=np.uint64)  # 8 bytes a sample while they are sorted
+        if len(hashes) and self._hash_file.readinto(hashes.data.cast("B")) != 8 * len(hashes):
+            raise OSError("the scan's key hashes could not be read back")
+        self._key_hashes = self._hash_file = None
+        repeats = self._repeats(hashes)
         del hashes
         if not len(repeats):
             return self
@@ -117,6 +125,12 @@ class ScanTable(Sequence[Sample]):
                 at, rank = _unpack(next(pending, np.uint64(_MASK64)))
             out.append(sample)
         return out
+
+    def _flush_hashes(self) -> None:
+        if self._key_hashes:
+            os.pwrite(self._hash_file.fileno(), self._key_hashes.tobytes(), 8 * self._hashes_flushed)
+            self._hashes_flushed += len(self._key_hashes)
+            self._key_hashes = array("Q")
 
     def _repeats(self, hashes: np.ndarray) -> np.ndarray:
         """Every repeated key's place and number, ``place << 32 | number``, in table order.
@@ -274,7 +288,7 @@ def _reopen(ref: Tuple[int, List[Tuple[int, int, int]]], sums: Tuple[Any, ...]) 
             raise ValueError(f"a scan table's files in process {pid} are gone (another file has its number): "
                              "scan the source again")
     table = ScanTable.__new__(ScanTable)
-    table._key_hashes = None
+    table._key_hashes = table._hash_file = None
     table._records, table._ends = opened
     table._buffer, table._pending_ends = bytearray(), array("Q")
     (table.length, table.num_files, table.nbytes, table.max_file_size, containers,
