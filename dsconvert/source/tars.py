@@ -72,6 +72,7 @@ _TAR_SUFFIXES = (".tar",) + COMPRESSED_TAR_SUFFIXES
 # end up to this many (the rest of a stream of zeros says nothing)
 HEADER_READ_BYTES = 16 << 20
 TRAILING_ZEROS_READ = 16 << 20
+LOCAL_INDEX_THREADS = 2  # local tars indexed (or their saved indexes checked) at once
 
 
 def base_plus_ext(name: str) -> Tuple[Optional[str], Optional[str]]:
@@ -441,6 +442,8 @@ class TarShards:
         self._spool = tempfile.TemporaryFile(prefix="dsconvert-tar-indexes-")  # each index's bytes, as validated
         self._spooled: Dict[str, Tuple[int, int]] = {}  # name -> (offset, length) in the spool
         self._spool_lock = threading.Lock()
+        if not location.remote:  # walking headers and parsing JSON hold the GIL: more threads buy no time
+            workers = min(workers, LOCAL_INDEX_THREADS)  # and each holds a tar's record while it works
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.names) or 1))) as pool:
             results = list(pool.map(lambda n: self._index(n, infos[n]), self.names))
         self.summaries: Dict[str, TarSummary] = {}
