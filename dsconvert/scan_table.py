@@ -19,7 +19,7 @@ import struct
 import tempfile
 from array import array
 from collections.abc import Sequence
-from typing import Any, Dict, Iterator, List, Tuple, Union, overload
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 import numpy as np
 
@@ -30,6 +30,8 @@ __all__ = ["ScanTable", "Reordered", "SpilledInts", "iter_range"]
 _END, _TWO_ENDS = struct.Struct("<Q"), struct.Struct("<QQ")
 _FLUSH_BYTES = 1 << 18  # records buffered before a write
 _READ_CHUNK = 1024  # samples decoded per read when iterating (a bounded slice: ~0.6 MB of objects)
+_SORT_CHUNK = 1 << 16  # hashes handled per numpy step (bounds the temporaries: 0.5 MB)
+_MASK64 = (1 << 64) - 1
 
 
 class ScanTable(Sequence[Sample]):
@@ -37,9 +39,13 @@ class ScanTable(Sequence[Sample]):
     decoded when asked for; slices are lists). A file path that begins with the sample's key
     stores only the rest; container names are stored once each (a tar shard, a Parquet file)."""
 
-    def __init__(self) -> None:
-        self._records = tempfile.TemporaryFile(prefix="dsconvert-scan-")
-        self._ends = tempfile.TemporaryFile(prefix="dsconvert-scan-ends-")
+    def __init__(self, repeated_keys: bool = False) -> None:
+        # each key's hash, for with_repeats_renamed (None: the scanner's keys are unique by construction)
+        self._key_hashes: Optional[array] = array("Q") if repeated_keys else None  # those not yet on disk
+        self._hash_file: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-keys-") if repeated_keys else None
+        self._hashes_flushed = 0
+        self._records: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-")  # or a reopened copy's (_reopen)
+        self._ends: Any = tempfile.TemporaryFile(prefix="dsconvert-scan-ends-")
         self._buffer = bytearray()
         self._pending_ends = array("Q")
         self._flushed_bytes = 0  # bytes of records on disk
@@ -70,6 +76,10 @@ class ScanTable(Sequence[Sample]):
             if f.size > self.max_file_size:
                 self.max_file_size = f.size
         self.num_files += len(files)
+        if self._key_hashes is not None:
+            self._key_hashes.append(hash(key) & _MASK64)
+            if len(self._key_hashes) >= _FLUSH_BYTES // 8:  # on disk until they are sorted: no array regrown
+                self._flush_hashes()
         self._buffer += marshal.dumps((key, sample.label, tuple(files)))
         self._pending_ends.append(self._flushed_bytes + len(self._buffer))
         self.length += 1
@@ -91,6 +101,78 @@ class ScanTable(Sequence[Sample]):
             self._pending_ends = array("Q")
 
     # -- reading --------------------------------------------------------------------------
+
+    def with_repeats_renamed(self, rename: Callable[[str, int], str]) -> ScanTable:
+        """This table with the n-th repeat (n >= 1) of each key, in table order, keyed
+        ``rename(key, n)``: itself when no key repeats, else a copy (the module doc says how)."""
+        if self._key_hashes is None:
+            raise ValueError("a scan table made without repeated_keys=True keeps no key hashes")
+        self._flush_hashes()
+        hashes = np.empty(self._hashes_flushed, dtype=np.uint64)  # 8 bytes a sample while they are sorted
+        if len(hashes) and self._hash_file.readinto(hashes.data.cast("B")) != 8 * len(hashes):
+            raise OSError("the scan's key hashes could not be read back")
+        self._key_hashes = self._hash_file = None
+        repeats = self._repeats(hashes)
+        del hashes
+        if not len(repeats):
+            return self
+        out = ScanTable()
+        pending = iter(repeats)
+        at, rank = _unpack(next(pending))
+        for i, sample in enumerate(self):
+            if i == at:
+                sample = Sample(rename(sample.key, rank), sample.files, sample.label)
+                at, rank = _unpack(next(pending, np.uint64(_MASK64)))
+            out.append(sample)
+        return out
+
+    def _flush_hashes(self) -> None:
+        if self._key_hashes:
+            os.pwrite(self._hash_file.fileno(), self._key_hashes.tobytes(), 8 * self._hashes_flushed)
+            self._hashes_flushed += len(self._key_hashes)
+            self._key_hashes = array("Q")
+
+    def _repeats(self, hashes: np.ndarray) -> np.ndarray:
+        """Every repeated key's place and number, ``place << 32 | number``, in table order.
+        ``hashes`` (writable, one per sample) is reused: each becomes its hash's high bits and
+        its place in the low bits, sorted in place, so equal high bits are neighbours in table
+        order; each such run is then numbered on the keys themselves."""
+        n = len(hashes)
+        if n >= 1 << 32:
+            raise ValueError(f"{n:,} samples in one scan: at most {(1 << 32) - 1:,} can be numbered")
+        if n < 2:
+            return np.zeros(0, dtype=np.uint64)
+        bits = np.uint64((n - 1).bit_length())
+        high = np.uint64(_MASK64 ^ ((1 << int(bits)) - 1))
+        for a in range(0, n, _SORT_CHUNK):
+            part = hashes[a:a + _SORT_CHUNK]
+            part &= high
+            part |= np.arange(a, a + len(part), dtype=np.uint64)
+        hashes.sort()
+        starts = []  # each p where entries p and p + 1 share their high bits
+        for a in range(0, n - 1, _SORT_CHUNK):
+            tops = hashes[a:a + _SORT_CHUNK + 1] >> bits
+            starts.append(np.flatnonzero(tops[1:] == tops[:-1]) + a)
+        pairs = np.concatenate(starts)
+        low = np.uint64((1 << int(bits)) - 1)
+        found = array("Q")
+        i = 0
+        while i < len(pairs):
+            j = i
+            while j + 1 < len(pairs) and pairs[j + 1] == pairs[j] + 1:
+                j += 1
+            counts: Dict[str, int] = {}  # the run's keys (one, unless their hashes collide)
+            for a in range(int(pairs[i]), int(pairs[j]) + 2, _READ_CHUNK):  # ascending places: one run
+                for place in (hashes[a:min(int(pairs[j]) + 2, a + _READ_CHUNK)] & low).tolist():
+                    key = self[place].key
+                    count = counts.get(key, 0)
+                    counts[key] = count + 1
+                    if count:
+                        found.append(place << 32 | count)
+            i = j + 1
+        out = np.frombuffer(found, dtype=np.uint64).copy() if len(found) else np.zeros(0, dtype=np.uint64)
+        out.sort()
+        return out
 
     def __len__(self) -> int:
         return self.length
@@ -161,21 +243,57 @@ class ScanTable(Sequence[Sample]):
     def __repr__(self) -> str:
         return f"<ScanTable of {self.length} samples>"
 
-    def __reduce__(self) -> Tuple[Any, ...]:
-        """Pickled (a Dataset over a source sent to spawned workers) as its bytes and sums."""
+    def flush(self) -> None:
+        """Every appended sample written to the files (before processes that read it fork)."""
         self._flush()
-        records = os.pread(self._records.fileno(), self._flushed_bytes, 0)
-        ends = os.pread(self._ends.fileno(), 8 * self._flushed_count, 0)
-        sums = (self.length, self.num_files, self.nbytes, self.max_file_size, self._containers)
-        return (_rebuild, (records, ends, sums))
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled (a Dataset over a source sent to spawned DataLoader workers) as a reference
+        to its files, not their bytes: the unpickling process opens them again through
+        ``/proc/PID/fd`` of this process (their device and inode checked), so every worker
+        reads the one table on disk and holds none of it. Only a process of this machine can
+        unpickle it while this one runs; the copy is read-only."""
+        self._flush()
+        ref = (os.getpid(), [(f.fileno(),) + _identity(f) for f in (self._records, self._ends)])
+        sums = (self.length, self.num_files, self.nbytes, self.max_file_size, self._containers,
+                self._flushed_bytes, self._flushed_count)
+        return (_reopen, (ref, sums))
 
 
-def _rebuild(records: bytes, ends: bytes, sums: Tuple[int, int, int, int, List[str]]) -> ScanTable:
-    table = ScanTable()
-    os.pwrite(table._records.fileno(), records, 0)
-    os.pwrite(table._ends.fileno(), ends, 0)
-    table._flushed_bytes, table._flushed_count = len(records), len(ends) // 8
-    table.length, table.num_files, table.nbytes, table.max_file_size, containers = sums
+def _unpack(packed: Any) -> Tuple[int, int]:
+    value = int(packed)
+    return value >> 32, value & 0xFFFFFFFF
+
+
+def _identity(f: Any) -> Tuple[int, int]:
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino
+
+
+def _reopen(ref: Tuple[int, List[Tuple[int, int, int]]], sums: Tuple[Any, ...]) -> ScanTable:
+    pid, files = ref
+    opened: List[Any] = []
+    for fd, dev, ino in files:
+        try:
+            f = open(f"/proc/{pid}/fd/{fd}", "rb", buffering=0)  # noqa: SIM115 - kept open by the table
+        except OSError as exc:
+            for g in opened:
+                g.close()
+            raise ValueError(f"a scan table is read through the files of process {pid}, which this process cannot "
+                             f"open ({exc.strerror or exc}): it is gone or on another machine; scan the source again"
+                             ) from None
+        opened.append(f)
+        if _identity(f) != (dev, ino):
+            for g in opened:
+                g.close()
+            raise ValueError(f"a scan table's files in process {pid} are gone (another file has its number): "
+                             "scan the source again")
+    table = ScanTable.__new__(ScanTable)
+    table._key_hashes = table._hash_file = None
+    table._records, table._ends = opened
+    table._buffer, table._pending_ends = bytearray(), array("Q")
+    (table.length, table.num_files, table.nbytes, table.max_file_size, containers,
+     table._flushed_bytes, table._flushed_count) = sums
     table._containers = list(containers)
     table._container_ids = {c: i for i, c in enumerate(containers)}
     return table

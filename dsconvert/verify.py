@@ -208,13 +208,26 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
     # today's scan (what ds[i] relies on), when the source is as it was
     misplaced = []
     if not (missing or extra or changed):
-        # a shuffled output as the source: its places
-        places = source.positions.tolist() if source.positions is not None else range(len(source.samples))
-        first = {place: escape_path(s.files[0].path) if s.files else None for place, s in zip(places, source.samples)}
+        # a shuffled output as the source: its places, each mapped to its sample's index (one
+        # int64 a sample, not a dict of every sample's path), the sample read when asked for
+        n = len(source.samples)
+        given = source.positions
+        at = None
+        if given is not None:
+            at = np.full(int(given.max()) + 1 if n else 0, -1, dtype=np.int64)
+            at[given] = np.arange(n, dtype=np.int64)
+
+        def first(place: Any) -> Optional[str]:
+            if type(place) is not int or not 0 <= place < (n if at is None else len(at)):
+                return None
+            index = place if at is None else int(at[place])
+            files = source.samples[index].files if index >= 0 else ()
+            return escape_path(files[0].path) if files else None
+
         for record in records:
             for j, place in enumerate(record.d.get("positions") or []):
                 paths = record.d["sources"][j]
-                if not paths or first.get(place) != paths[0]:
+                if not paths or first(place) != paths[0]:
                     misplaced.append(paths[0] if paths else f"{record.name}[{j}]")
     return {"source": os.path.abspath(src), "files": len(current), "missing": missing, "extra": extra,
             "changed": changed, "unchecked": unchecked, "misplaced": sorted(misplaced)}

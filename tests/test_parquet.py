@@ -436,8 +436,9 @@ def test_memory_flat_reads_record_batches(tmp_path, monkeypatch):
         seen += sum(len(d) for d, _ in contents.values())
         return {}
 
+    spec = spec_of(source, source.samples[600:3900])  # its samples decoded from the scan's table before measuring
     tracemalloc.start()
-    n = sum(1 for _ in read_parquet_samples(spec_of(source, source.samples[600:3900]), count))
+    n = sum(1 for _ in read_parquet_samples(spec, count))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert n == 3300 and seen > 3300 * 4000

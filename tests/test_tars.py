@@ -397,7 +397,7 @@ def test_list_tars_refuses_names_a_shard_cannot_have(tmp_path):
     (tmp_path / "bad name.tar").write_bytes(b"")
     _, names, skipped, _ = list_tars(str(tmp_path))
     assert names == ["ok.tar"] and [s.path for s in skipped] == ["bad name.tar"]
-    assert TarShards(*list_tars(str(tmp_path))[:2]).records["ok.tar"]["num_samples"] == 0
+    assert TarShards(*list_tars(str(tmp_path))[:2]).summaries["ok.tar"].num_samples == 0
 
 
 

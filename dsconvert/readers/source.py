@@ -9,6 +9,10 @@ Sources inside containers are read where they are: a tar member by one ranged re
 compressed tar's through its decompressed stream), a sample
 of a dsconvert output through its shard reader, a Parquet row from its row group (random
 access decodes the row group: the cost a training job reading Parquet by index pays).
+
+The samples are the scan's table on disk (:class:`dsconvert.scan_table.ScanTable`): a forked
+DataLoader worker reads the parent's files, a spawned one opens the same files again (the
+table pickles as a reference), so no worker holds a copy of the samples.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class SourceDataset(Transforms, TorchDataset):
                  storage_options: Optional[Dict[str, Any]] = None):
         super().__init__(transform, target_transform, decode, source.classes)
         self.source = source
+        flush = getattr(source.samples, "flush", None)  # a scan table: written whole before workers fork or
+        if flush is not None:  # reopen it (pickled as a reference to its files, never as its samples)
+            flush()
         self.location = Location(source.root, storage_options, flat=False)  # remote sources: one GET per file
         self.classification = source.sample_type == "classification"
         self._fused_needs_images(self.classification)

@@ -18,7 +18,6 @@ from ..io.localfs import check_name, open_regular
 from ..io.location import json_bytes
 from ..io.shard_cache import ShardAccess
 from ..manifest import Manifest, ShardEntry
-from ..samples import Skipped
 from ..source.tars import TarShards, check_label_field, label_index, list_tars, read_bounded
 
 __all__ = ["TarAccess", "open_tars"]
@@ -107,22 +106,24 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
     fields: Dict[str, str] = {}
     left_out = 0
     for name in shards.names:
-        record = shards.records[name]
-        members = record["members"]
+        summary = shards.summaries[name]
         if label is None:
-            keep[name] = range(record["num_samples"])  # O(1), pickled into every worker
-            fields.update(record["fields"])
+            keep[name] = range(summary.num_samples)  # O(1), pickled into every worker
+            fields.update(summary.fields)
         else:
-            values = shards.labels_of(name)
+            record = shards.record(name)  # one tar's at a time
+            members = record["members"]
+            values = shards.labels_of(record)
             images = {f: c for f, c in members.items() if is_image_field(f)}
             keep[name] = np.array([j for j in range(record["num_samples"])
                                    if not isinstance(label_index(values[j], classes), BadInputError)
                                    and any(c["offset"][j] >= 0 for c in images.values())], dtype=np.int64)
-            left_out += record["num_samples"] - len(keep[name])
+            left_out += summary.num_samples - len(keep[name])
             fields.update({f: "image" for f in images})
-        entries.append(ShardEntry(name, len(keep[name]), record["bytes"], record["sha256"], name + ".json",
+            del record, members, values
+        entries.append(ShardEntry(name, len(keep[name]), summary.bytes, summary.sha256, name + ".json",
                                   {name + ".json": shards.parts[name]}))
-        skipped += [Skipped(s["path"], s["reason"]) for s in record["skipped"]]
+        skipped += summary.skipped
     if not entries:
         raise SourceError(f"no readable .tar shards in {path}" + (f" ({skipped[0].path}: {skipped[0].reason})"
                                                                  if skipped else ""), path)
@@ -138,5 +139,5 @@ def open_tars(path: str, storage_options: Optional[Dict[str, Any]] = None, cache
                         shards=entries, skipped=[{"path": s.path, "reason": s.reason} for s in skipped])
     access = TarAccess(location.url, storage_options, cache_dir, cache_size, shards.index_dir, label, classes, keep,
                        {n + ".json": data for n, data in shards.unsaved.items() if n in keep})
-    access.compressed = any("stream_compression" in shards.records[n] for n in shards.names)
+    access.compressed = any(shards.summaries[n].compressed for n in shards.names)
     return manifest, access

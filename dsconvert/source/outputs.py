@@ -13,7 +13,7 @@ it was made from.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from ..io.shard_cache import ShardAccess
 from ..keys import escape_path
 from ..manifest import ORDER_NAME, Manifest
 from ..samples import Sample, Source, SourceFile
+from ..scan_table import ScanTable
 from ..shuffle import load_order
 
 __all__ = ["output_source"]
@@ -41,7 +42,7 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
     fmt = get(manifest.format)
     classification = manifest.sample_type == "classification"
     image_field = manifest_image_field(manifest)
-    samples: List[Sample] = []
+    samples = ScanTable()  # on disk: one shard's record in memory at a time (its keys are unique already)
     for entry in manifest.shards:
         for name in fmt.files_of(entry)[1:]:
             access.file_bytes(name, entry.parts.get(name))  # checked against the manifest before use
@@ -69,8 +70,11 @@ def output_source(src: str, storage_options: Optional[Dict[str, Any]] = None) ->
     if manifest.order is not None:  # read in stored order; each sample keeps its place in the original source
         order = load_order(access.file_bytes(ORDER_NAME, manifest.order), manifest.num_samples,
                            access.url_of(ORDER_NAME))
-        inverse = np.empty(len(order), dtype=np.int64)
-        inverse[order] = np.arange(len(order), dtype=np.int64)
+        inverse = np.empty(len(order), dtype=np.int64)  # 8 bytes a sample, kept as the source's positions
+        step = 1 << 20
+        for a in range(0, len(order), step):  # no arange of every place beside the two arrays
+            inverse[order[a:a + step]] = np.arange(a, min(len(order), a + step), dtype=np.int64)
+        del order
         positions = inverse
     return Source(access.location.url, "output", samples, manifest.classes, kind="output",
                   labelled=classification, positions=positions)

@@ -55,6 +55,7 @@ from ..io.localfs import open_regular, regular_size
 from ..io.location import Location, mtime_ns_of
 from ..keys import disambiguate, encode_key, escape_path
 from ..samples import LABEL_MAX, Sample, Skipped, Source, SourceFile
+from ..scan_table import ScanTable
 from ..skips import row_run
 from .arrow import (
     ARROW_SUFFIX,
@@ -313,7 +314,9 @@ class _File:
         self.empty: List[bool] = []  # per row group: its statistics count every image null
         self.present: List[Any] = []  # per row group: which rows hold an image (read when cheap), or None
         self.paths: List[Dict[int, str]] = []  # per row group: rows naming their image by path only (when read)
-        self.labels: Optional[List[Any]] = None
+        self.labelled = False  # its labels were read (and are read again, a batch at a time, to make samples)
+        self.class_names: set = set()  # its labels that are names (kind "name")
+        self.top = -1  # its largest int label >= 0 (kind "int")
 
 
 def open_file(location: Location, name: str) -> Any:
@@ -453,11 +456,9 @@ def format_of(data: bytes) -> Optional[str]:
     return None
 
 
-def _read_labels(pf: Any, column: str) -> List[Any]:
-    out: List[Any] = []
+def _label_batches(pf: Any, column: str) -> Iterator[List[Any]]:
     for batch in pf.iter_batches(batch_size=LABEL_BATCH_ROWS, columns=[column], use_threads=False):
-        out.extend(batch.column(0).to_pylist())
-    return out
+        yield batch.column(0).to_pylist()
 
 
 def _label_of(value: Any, kind: str, names: Optional[List[str]], index: Dict[str, int]) -> Any:
@@ -612,10 +613,17 @@ def parquet_source(src: str, label: Union[str, bool, None] = None,
                         raise ValueError(f"its footer declares {rg.num_rows} rows in row group {g}, its image column "
                                          f"holds {len(pf_info.present[-1])}")
                 if label_col is not None:
-                    pf_info.labels = _read_labels(pf, label_col)
-                    if len(pf_info.labels) != meta.num_rows:  # the footer counts rows the data does not hold
-                        raise ValueError(f"its footer declares {meta.num_rows} rows, its label column holds "
-                                         f"{len(pf_info.labels)}")
+                    rows = 0
+                    for values in _label_batches(pf, label_col):  # what all files' classes need, not each label
+                        rows += len(values)
+                        if kind == "name":
+                            pf_info.class_names.update(v for v in values if isinstance(v, str) and v)
+                        elif kind == "int":
+                            pf_info.top = max(pf_info.top, max((v for v in values if type(v) is int and 0 <= v),
+                                                               default=-1))
+                    if rows != meta.num_rows:  # the footer counts rows the data does not hold
+                        raise ValueError(f"its footer declares {meta.num_rows} rows, its label column holds {rows}")
+                    pf_info.labelled = True
         except SourceError:
             raise
         except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a truncated footer...
@@ -630,63 +638,92 @@ def parquet_source(src: str, label: Union[str, bool, None] = None,
     if kind == "classlabel":
         classes = list(names or [])
     elif kind == "name":
-        classes = sorted({v for f in files for v in (f.labels or []) if isinstance(v, str) and v})
+        classes = sorted({v for f in files for v in f.class_names})
         index = {c: i for i, c in enumerate(classes)}
     elif kind == "int":
-        classes = int_classes([v for f in files for v in (f.labels or [])])
+        classes = int_classes([f.top for f in files])
     chosen = _chosen(image, label_col, how, kind, classes)
 
-    samples: List[Sample] = []
-    seen: Dict[str, int] = {}
+    samples = ScanTable(repeated_keys=True)  # on disk; a repeated key numbered at the end
     for f in files:
-        stem = _stem(f.name)
-        shown = escape_path(f.name)
-        runs = _Runs(shown, skipped)  # rows skipped for one reason, one after another: one entry
-        base = 0
-        for g, nrows in enumerate(f.group_rows):
-            size = f.sizes[g]
-            base += nrows
-            if f.empty[g]:
-                runs.skip(base - nrows, "no image (null): the row group's statistics count every image null", nrows)
-                continue
-            present, named = f.present[g], f.paths[g]
-            for row in range(base - nrows, base):
-                if present is not None and not present[row - base + nrows]:
-                    runs.skip(row, "no image (null)")
-                    continue
-                row_size = size
-                if row - base + nrows in named:  # an image named by path only: the file's own size
-                    try:
-                        row_size = regular_size(image_path(location, f.name, named[row - base + nrows]))
-                    except (OSError, BadInputError, ValueError) as exc:
-                        runs.skip(row, path_reason(named[row - base + nrows], exc))
-                        continue
-                path = f"{shown}/row {row}"
-                sample_label = None
-                if f.labels is not None:
-                    value = _label_of(f.labels[row], kind, names, index)
-                    if isinstance(value, str):
-                        runs.skip(row, value)
-                        continue
-                    sample_label = value
-                runs.flush()
-                try:
-                    key = encode_key(f"{stem}/{row:09d}")
-                except ValueError:
-                    key = encode_key(f"{shown}/{row:09d}")
-                count = seen.get(key, 0)
-                seen[key] = count + 1
-                if count:
-                    key = disambiguate(key, str(count))
-                inputs = [SourceFile(field, path, row_size, f.mtime_ns, f.name, row)]
-                if dicts:
-                    inputs.append(SourceFile("json", f"{path}/json", 0, f.mtime_ns, f.name, row))
-                samples.append(Sample(key, tuple(inputs), sample_label))
-        runs.flush()
+        with contextlib.ExitStack() as stack:
+            labels = _Labels(stack, location, f.name, label_col) if f.labelled and label_col is not None else None
+            _add_rows(samples, skipped, location, f, field, dicts, labels, kind, names, index)
+    samples = samples.with_repeats_renamed(lambda key, count: disambiguate(key, str(count)))
     if not samples and not skipped:
         raise SourceError(f"no rows in the {what} files of {escape_path(src)}", src)
     return Source(location.url, "arrow" if arrow else "parquet", samples, classes, skipped, ignored, kind="parquet",
                   labelled=not dicts, options={"label": label} if label is not None else {}, chosen=chosen)
+
+
+class _Labels:
+    """A file's label column read again in batches, row by row in increasing order: one batch
+    in memory, not the file's labels."""
+
+    def __init__(self, stack: contextlib.ExitStack, location: Location, name: str, column: str):
+        self.name, self.url = name, location.url
+        try:
+            _, pf = stack.enter_context(open_table(location, name))
+            self.batches = _label_batches(pf, column)
+        except Exception as exc:  # removed or rewritten since it was read
+            raise SourceError(f"{escape_path(name)} became unreadable during the scan: {exc}", location.url) from None
+        self.start = 0  # the batch in hand: its first row and its labels
+        self.values: List[Any] = []
+
+    def at(self, row: int) -> Any:
+        while row >= self.start + len(self.values):
+            self.start += len(self.values)
+            values = next(self.batches, None)
+            if values is None:
+                raise SourceError(f"{escape_path(self.name)} changed during the scan: fewer labels than rows",
+                                  self.url)
+            self.values = values
+        return self.values[row - self.start]
+
+
+def _add_rows(samples: ScanTable, skipped: List[Skipped], location: Location, f: _File, field: str, dicts: bool,
+              labels: Optional[_Labels], kind: str, names: Optional[List[str]], index: Dict[str, int]) -> None:
+    """One file's rows appended as samples (or skipped, in runs, with their reasons)."""
+    stem = _stem(f.name)
+    shown = escape_path(f.name)
+    runs = _Runs(shown, skipped)  # rows skipped for one reason, one after another: one entry
+    base = 0
+    for g, nrows in enumerate(f.group_rows):
+        size = f.sizes[g]
+        base += nrows
+        if f.empty[g]:
+            runs.skip(base - nrows, "no image (null): the row group's statistics count every image null", nrows)
+            continue
+        present, named = f.present[g], f.paths[g]
+        for row in range(base - nrows, base):
+            if present is not None and not present[row - base + nrows]:
+                runs.skip(row, "no image (null)")
+                continue
+            row_size = size
+            if row - base + nrows in named:  # an image named by path only: the file's own size
+                try:
+                    row_size = regular_size(image_path(location, f.name, named[row - base + nrows]))
+                except (OSError, BadInputError, ValueError) as exc:
+                    runs.skip(row, path_reason(named[row - base + nrows], exc))
+                    continue
+            path = f"{shown}/row {row}"
+            sample_label = None
+            if labels is not None:
+                value = _label_of(labels.at(row), kind, names, index)
+                if isinstance(value, str):
+                    runs.skip(row, value)
+                    continue
+                sample_label = value
+            runs.flush()
+            try:
+                key = encode_key(f"{stem}/{row:09d}")
+            except ValueError:
+                key = encode_key(f"{shown}/{row:09d}")
+            inputs = [SourceFile(field, path, row_size, f.mtime_ns, f.name, row)]
+            if dicts:
+                inputs.append(SourceFile("json", f"{path}/json", 0, f.mtime_ns, f.name, row))
+            samples.append(Sample(key, tuple(inputs), sample_label))
+    runs.flush()
 
 
 def _chosen(image: Optional[str], label_col: Optional[str], how: str, kind: str, classes: Optional[List[str]]) -> str:

@@ -30,8 +30,10 @@ import os
 import re
 import stat
 import tarfile
+import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..codecs import field_kind, is_image_field
 from ..errors import BadInputError, ManifestError, SourceError
@@ -52,7 +54,7 @@ from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..samples import Sample, Skipped, Source, SourceFile
 from ..scan_table import ScanTable
 
-__all__ = ["TarShards", "list_tars", "looks_like_tars", "tar_source", "parse_label", "label_index",
+__all__ = ["TarShards", "TarSummary", "list_tars", "looks_like_tars", "tar_source", "parse_label", "label_index",
            "check_label_field", "read_bounded", "INDEX_FOLDER"]
 
 INDEX_FOLDER = ".dsconvert-index"
@@ -70,6 +72,7 @@ _TAR_SUFFIXES = (".tar",) + COMPRESSED_TAR_SUFFIXES
 # end up to this many (the rest of a stream of zeros says nothing)
 HEADER_READ_BYTES = 16 << 20
 TRAILING_ZEROS_READ = 16 << 20
+LOCAL_INDEX_THREADS = 2  # local tars indexed (or their saved indexes checked) at once
 
 
 def base_plus_ext(name: str) -> Tuple[Optional[str], Optional[str]]:
@@ -420,7 +423,10 @@ def _default_index_dir(url: str) -> str:
 
 class TarShards:
     """The indexes of a folder's tars: loaded where they are current, built (in threads) where
-    they are missing, stale or unreadable, and saved (see the module doc)."""
+    they are missing, stale or unreadable, and saved (see the module doc). What is kept of each
+    is a summary (:class:`TarSummary`) and its bytes in an unnamed temporary file: a tar's
+    record is parsed again when :meth:`record` asks for it, so a scan of millions of samples
+    holds one tar's record at a time, never all of them."""
 
     def __init__(self, location: Location, names: Sequence[str], label: Optional[str] = None,
                  index_dir: Optional[str] = None, workers: int = 8):
@@ -433,16 +439,39 @@ class TarShards:
         # each index's {bytes, sha256} as validated here, so that a later read can check it is the same
         self.parts: Dict[str, Dict[str, Any]] = {}
         self.unsaved: Dict[str, bytes] = {}  # indexes that could not be saved (a read-only cache, a folder there)
+        self._spool = tempfile.TemporaryFile(prefix="dsconvert-tar-indexes-")  # each index's bytes, as validated
+        self._spooled: Dict[str, Tuple[int, int]] = {}  # name -> (offset, length) in the spool
+        self._spool_lock = threading.Lock()
+        if not location.remote:  # walking headers and parsing JSON hold the GIL: more threads buy no time
+            workers = min(workers, LOCAL_INDEX_THREADS)  # and each holds a tar's record while it works
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.names) or 1))) as pool:
             results = list(pool.map(lambda n: self._index(n, infos[n]), self.names))
-        self.records: Dict[str, Dict[str, Any]] = {}
+        self.summaries: Dict[str, TarSummary] = {}
         self.failed: List[Skipped] = []
-        for name, (record, error) in zip(self.names, results):
-            if record is not None:
-                self.records[name] = record
+        for name, (summary, error) in zip(self.names, results):
+            if summary is not None:
+                self.summaries[name] = summary
             else:
                 self.failed.append(Skipped(name, error or "unreadable"))
-        self.names = [n for n in self.names if n in self.records]
+        self.names = [n for n in self.names if n in self.summaries]
+
+    def record(self, name: str) -> Dict[str, Any]:
+        """Tar ``name``'s index as it was validated (parsed again from the bytes kept)."""
+        offset, length = self._spooled[name]
+        return json.loads(os.pread(self._spool.fileno(), length, offset))
+
+    def _keep(self, name: str, record: Dict[str, Any], data: bytes) -> TarSummary:
+        """The index's bytes spooled, and its summary (what is needed of all tars at once)."""
+        with self._spool_lock:
+            offset = self._spool.seek(0, os.SEEK_END)
+            self._spool.write(data)
+            self._spool.flush()
+            self._spooled[name] = (offset, len(data))
+        values = record["label_values"].get(self.label_spec, []) if self.label_spec else []
+        return TarSummary(int(record["num_samples"]), int(record["bytes"]), str(record["sha256"]),
+                          dict(record["fields"]), sorted(record["members"]), "stream_compression" in record,
+                          [Skipped(s["path"], s["reason"]) for s in record["skipped"]],
+                          sorted({v for v in values if isinstance(v, str)}))
 
     def _index_dir(self) -> str:
         local = self.location.local_path("") if not self.location.remote else None
@@ -483,7 +512,7 @@ class TarShards:
     def index_path(self, name: str) -> str:
         return os.path.join(self.index_dir, name + ".json")
 
-    def _index(self, name: str, info: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    def _index(self, name: str, info: Dict[str, Any]) -> Tuple[Optional[TarSummary], Optional[str]]:
         if info.get("type") == "error":
             return None, info["reason"]
         if info.get("type", "file") != "file":
@@ -493,7 +522,7 @@ class TarShards:
         saved = loaded[0] if loaded is not None else None
         if loaded is not None and (self.label is None or self.label_spec in loaded[0]["label_values"]):
             self.parts[name] = part_of(loaded[1])
-            return loaded[0], None
+            return self._keep(name, loaded[0], loaded[1]), None
         try:
             if self.location.remote:
                 f = self.location.fs.open(self.location.path(name), "rb", block_size=4 << 20,
@@ -520,7 +549,7 @@ class TarShards:
                 out.write(data)
         except OSError:  # a read-only cache, a folder where the index goes: rebuilt next time, kept in memory now
             self.unsaved[name] = data
-        return record, None
+        return self._keep(name, record, data), None
 
     def _load(self, name: str, identity: Dict[str, Any]) -> Optional[Tuple[Dict[str, Any], bytes]]:
         """A saved index of this very tar (same identity and schema), every column a reader
@@ -555,16 +584,29 @@ class TarShards:
                 return None
         return record, data
 
-    def labels_of(self, name: str) -> List[Any]:
-        """The label values of a tar's samples, for this object's ``label``."""
-        return self.records[name]["label_values"][self.label_spec]
+    def labels_of(self, record: Dict[str, Any]) -> List[Any]:
+        """The label values of a tar's samples (its record), for this object's ``label``."""
+        return record["label_values"][self.label_spec]
 
     def classes(self) -> Optional[List[str]]:
         """Sorted class names when any label is a name; None when every label is an int."""
         if self.label is None:
             return None
-        names = sorted({v for n in self.names for v in self.labels_of(n) if isinstance(v, str)})
+        names = sorted({v for n in self.names for v in self.summaries[n].class_names})
         return names or None
+
+
+class TarSummary(NamedTuple):
+    """What is kept in memory of one tar's index while the tars are scanned or read."""
+
+    num_samples: int
+    bytes: int
+    sha256: str
+    fields: Dict[str, str]
+    members: List[str]  # the fields its members have
+    compressed: bool
+    skipped: List[Skipped]
+    class_names: List[str]  # the labels (for the TarShards' label) that are names
 
 
 def index_bound(tar_bytes: int) -> int:
@@ -574,11 +616,14 @@ def index_bound(tar_bytes: int) -> int:
 
 def read_bounded(f: Any, limit: int) -> Optional[bytes]:
     """All of a regular file ``f`` if it holds at most ``limit`` bytes (its size checked
-    before reading, and no more than that read however it grows), else None."""
-    if os.fstat(f.fileno()).st_size > limit:
+    before reading, and no more than that read however it grows: one that grows in between
+    gives None), else None. The read asks for the size, not the limit: a read allocates what
+    it asks for (``index_bound`` of a 1 GB tar is 64 GB)."""
+    size = os.fstat(f.fileno()).st_size
+    if size > limit:
         return None
-    data = f.read(limit + 1)
-    return data if len(data) <= limit else None
+    data = f.read(size + 1)
+    return data if len(data) <= size else None
 
 
 def _is_label_value(value: Any) -> bool:
@@ -605,8 +650,8 @@ def check_label_field(shards: TarShards, src: str) -> None:
     if shards.label is None or not shards.names:
         return
     field = shards.label[0]
-    if not any(field in shards.records[n]["members"] for n in shards.names):
-        have = sorted({f for n in shards.names for f in shards.records[n]["members"]})
+    if not any(field in shards.summaries[n].members for n in shards.names):
+        have = sorted({f for n in shards.names for f in shards.summaries[n].members})
         raise SourceError(f"--label {shards.label_spec}: no sample has a {field!r} member (fields: "
                           f"{', '.join(have) or 'none'})", src)
 
@@ -639,14 +684,13 @@ def tar_source(src: str, label: Optional[str] = None,
     check_label_field(shards, src)
     classes = shards.classes() if label else None
     label_field, label_path = shards.label if shards.label is not None else ("", [])
-    samples = ScanTable()  # on disk (the tars' records and the keys seen are still in memory)
-    seen: Dict[str, int] = {}
+    samples = ScanTable(repeated_keys=True)  # on disk, one tar's record in memory at a time
     for name in shards.names:
-        record = shards.records[name]
+        record = shards.record(name)
         mtime = int(record["tar"]["mtime_ns"])
-        skipped += [Skipped(s["path"], s["reason"]) for s in record["skipped"]]
+        skipped += shards.summaries[name].skipped
         members = record["members"]
-        values = shards.labels_of(name) if label else []
+        values = shards.labels_of(record) if label else []
         unused: Dict[str, int] = {}
         for j, key in enumerate(record["keys"]):
             have = [(f, col["offset"][j], col["size"][j]) for f, col in members.items() if col["offset"][j] >= 0]
@@ -671,15 +715,12 @@ def tar_source(src: str, label: Optional[str] = None,
             if not out_key:
                 skipped += [Skipped(sf.path, "the key is not a relative name") for sf in files]
                 continue
-            count = seen.get(out_key, 0)
-            seen[out_key] = count + 1
-            if count:
-                out_key = disambiguate(out_key, f"{count}")
-            samples.append(Sample(out_key, tuple(files), sample_label))
+            samples.append(Sample(out_key, tuple(files), sample_label))  # a repeated key numbered below
         if unused:
             fields = ", ".join(f"{n:,} {f}" for f, n in sorted(unused.items()))
             ignored.append(Skipped(name, f"members not kept ({fields}): a classification output keeps the image "
                                    f"and its label (--label {label})"))
+    samples = samples.with_repeats_renamed(lambda key, count: disambiguate(key, f"{count}"))
     if not samples and not skipped:
         raise SourceError(f"no samples in the tars of {src}", src)
     return Source(location.url, "tars", samples, classes, skipped, ignored, kind="tar",
