@@ -116,7 +116,8 @@ class MapDataset(ShardDataset, TorchDataset):
         cache = self.access.cache
         if cache is None or not self.access.remote:
             return
-        records, shards = [], []
+        records: List[Tuple[str, Optional[str], Optional[int], bool]] = []
+        shards: List[Tuple[str, Optional[str], Optional[int], bool]] = []
         for entry in self.manifest.shards:
             names = self.format.files_of(entry)
             shards.append((names[0], entry.sha256, entry.bytes, True))
