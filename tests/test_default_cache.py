@@ -74,17 +74,49 @@ def test_a_remote_output_is_cached_by_default_and_epoch_two_asks_the_server_noth
     assert files == len(output_files(local)) == 9  # 4 shards, their 4 records and the order file, each once
 
 
-def test_the_first_read_fetches_every_shard_ahead_in_the_background(s3, remote):
+def test_opening_fetches_every_shard_ahead_in_the_background(s3, remote, torch):
+    """From open_dataset on, before any read: the workers, forked later, find every file in
+    the cache and ask the server nothing; the batches are a local read's, in its order."""
     url, local = remote
     ds = open_dataset(url, decode="raw", storage_options=s3.options)
-    assert bytes(ds[0][0]) == bytes(open_dataset(local, decode="raw")[0][0])  # one sample read, no DataLoader
     cache = ShardCache(ds.access.cache.dir)
     deadline = time.monotonic() + 60
     while cache.usage()[0] < len(output_files(local)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert cache.usage()[0] == len(output_files(local))  # the other shards came without being read
-    assert sorted(r.split()[1] for r in shard_reads(s3)) == sorted(
-        f"/{s3.bucket}/wds/{n}" for n in output_files(local))  # each once
+    assert cache.usage()[0] == len(output_files(local))  # every shard came without being read
+    fetched = sorted(r.split()[1] for r in shard_reads(s3))
+    assert fetched == sorted(f"/{s3.bucket}/wds/{n}" for n in output_files(local))  # each once
+
+    def ordered(dataset):
+        loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=raw_collate,
+                                             shuffle=True, generator=torch.Generator().manual_seed(7))
+        return [batch for batch in loader]
+
+    assert ordered(ds) == ordered(open_dataset(local, decode="raw"))  # the same samples in the same batches
+    assert sorted(r.split()[1] for r in shard_reads(s3)) == fetched  # the workers asked for nothing
+
+
+def test_a_fetch_ahead_skips_a_file_being_fetched_and_evicts_only_over_the_cap(tmp_path, monkeypatch):
+    """fetch_unless_busy never waits behind another's download of the same file; evict (whose
+    exclusive lock waits until no download anywhere is running) is taken only past the cap."""
+    from dsconvert.io.locks import file_lock
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):
+        (src / name).write_bytes(name.encode() * 1000)
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1500)
+    evicted = []
+    real_evict = cache.evict
+    monkeypatch.setattr(cache, "evict", lambda keep=None: evicted.append(keep) or real_evict(keep))
+    a = str(src / "a")
+    with file_lock(cache._lock_path(a)):  # another process is fetching it
+        assert cache.fetch_unless_busy(a, hashlib.sha256(b"a" * 1000).hexdigest(), 1000) is False
+    assert cache.usage() == (0, 0)
+    assert cache.fetch_unless_busy(a, hashlib.sha256(b"a" * 1000).hexdigest(), 1000) is True
+    assert cache.usage() == (1, 1000) and evicted == []  # under the cap: no eviction lock taken
+    cache.get(str(src / "b"), hashlib.sha256(b"b" * 1000).hexdigest(), 1000)
+    assert len(evicted) == 1 and cache.usage() == (1, 1000)  # past it: the older copy went
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])

@@ -132,3 +132,35 @@ def test_dataloader_workers_freeze_what_they_inherit_and_the_main_process_does_n
                                          multiprocessing_context="fork")
     counts = [y for batch in loader for y in batch]
     assert len(counts) == len(ds) and min(counts) > before + 1000
+
+
+def test_a_forked_child_does_not_keep_a_lock_another_thread_held_at_the_fork(tmp_path):
+    """A DataLoader worker forked while a background fetch holds a cached file's flock must not
+    keep it: the flock belongs to the open file, which the child's copy of the descriptor
+    would hold for the child's life (the child then waiting on itself)."""
+    import threading
+
+    path = str(tmp_path / "lock")
+    taken, release = threading.Event(), threading.Event()
+
+    def holder():
+        with file_lock(path):
+            taken.set()
+            release.wait(30)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    taken.wait(30)
+    go_read, go_write = os.pipe()
+    out_read, out_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: waits until the parent's thread let go, then tries the lock
+        os.read(go_read, 1)
+        with file_lock(path, wait=False) as got:
+            os.write(out_write, b"1" if got else b"0")
+        os._exit(0)
+    release.set()
+    t.join()
+    os.write(go_write, b"x")
+    os.waitpid(pid, 0)
+    assert os.read(out_read, 1) == b"1"

@@ -29,6 +29,21 @@ __all__ = ["file_lock", "lock_held"]
 _held: Set[Tuple[int, int]] = set()  # (device, inode) of the process=True locks this process holds
 _stray: List[int] = []  # descriptors of held lock files opened by mistake (see file_lock), kept open
 _guard = threading.Lock()  # one check-and-open at a time within the process
+_flocked: Set[int] = set()  # descriptors of the flock()s this process holds now (file_lock, process=False)
+
+
+def _forked_child() -> None:
+    """In a forked child, close the descriptors of the flocks other threads of the parent held
+    at the fork: an flock belongs to the open file, which the child's copy of the descriptor
+    would keep locked for as long as the child lives (a DataLoader worker forked while a
+    background fetch held a cached file's lock would then wait on itself)."""
+    for fd in list(_flocked):
+        _flocked.discard(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the child's copy only: the parent's lock stays with the parent
+
+
+os.register_at_fork(after_in_child=_forked_child)
 
 
 def _identity(path: str) -> Optional[Tuple[int, int]]:
@@ -47,6 +62,7 @@ def file_lock(path: str, shared: bool = False, wait: bool = True, process: bool 
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     if not process:
         fd = os.open(path, flags, 0o644)
+        _flocked.add(fd)
         try:
             try:
                 fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
@@ -57,7 +73,9 @@ def file_lock(path: str, shared: bool = False, wait: bool = True, process: bool 
                 return
             yield True
         finally:
-            os.close(fd)  # releases the lock
+            if fd in _flocked:  # else a forked child closed it already (_forked_child)
+                _flocked.discard(fd)
+                os.close(fd)  # releases the lock
         return
     fd = -1
     with _guard:

@@ -62,6 +62,18 @@ MARKER = ".sha256"
 _hashed: Dict[str, Tuple[int, int, int, int, int, str]] = {}
 
 
+_counting = threading.Lock()  # guards ShardCache's download counts; new in a forked child (below)
+
+
+def _new_counting_lock() -> None:
+    """A forked child's own lock: a background fetch of the parent may have held it at the fork."""
+    global _counting
+    _counting = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_counting_lock)
+
+
 def _write_marker(local: str, sha256: str, version: str = "") -> None:
     """The marker beside a copy: the sha256 it was checked against and, for shard copies, the
     version of the file that was checked (:func:`_version`)."""
@@ -154,22 +166,12 @@ class ShardCache:
         self.storage_options = dict(storage_options or {})
         self.downloads = 0  # files fetched (and verified) by this instance, for reports
         self.downloaded_bytes = 0
-        self._counter = threading.Lock()
         try:
             os.makedirs(self.files, exist_ok=True)
             os.makedirs(self.locks, exist_ok=True)
         except OSError as exc:
             if not (_unwritable(exc) and os.path.isdir(self.files)):
                 raise  # a read-only cache that holds copies reads them; one that holds nothing cannot
-
-    def __getstate__(self) -> Dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_counter")
-        return state
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._counter = threading.Lock()
 
     def _lock_path(self, url: str) -> str:
         return os.path.join(self.locks, hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40])
@@ -217,6 +219,20 @@ class ShardCache:
         ``size``) verified against them. ``refresh`` fetches it again (a stale copy).
         ``counted``: whether a fetch counts in ``downloads`` (shards do; their small files not).
         A verified copy is handed out without a lock (the module doc)."""
+        local = self._get(url, sha256, size, refresh, counted, wait=True)
+        assert local is not None
+        return local
+
+    def fetch_unless_busy(self, url: str, sha256: Optional[str] = None, size: Optional[int] = None,
+                          counted: bool = True) -> bool:
+        """Fetch ``url`` as :meth:`get` does, unless another thread or process holds its lock
+        (fetching it now): then return False at once instead of waiting for that download, so
+        that a fetch-ahead thread goes on to a file nobody fetches (one download per file
+        across workers and ranks, none of them idle behind another's)."""
+        return self._get(url, sha256, size, False, counted, wait=False) is not None
+
+    def _get(self, url: str, sha256: Optional[str], size: Optional[int], refresh: bool, counted: bool,
+             wait: bool) -> Optional[str]:
         local = self._local_path(url)
         if not refresh and _verified(local, sha256, size) and _touch(local):
             return local
@@ -224,7 +240,8 @@ class ShardCache:
         with contextlib.ExitStack() as held:
             try:
                 held.enter_context(file_lock(os.path.join(self.dir, "evict.lock"), shared=True))
-                held.enter_context(file_lock(self._lock_path(url)))
+                if not held.enter_context(file_lock(self._lock_path(url), wait=wait)):
+                    return None  # another is fetching it (wait=False)
             except OSError as exc:
                 if not self._unwritable_here(exc):
                     raise
@@ -240,10 +257,13 @@ class ShardCache:
                 fetched = True
             _touch(local)  # the LRU stamp
         if fetched and counted:
-            with self._counter:
+            with _counting:
                 self.downloads += 1
                 self.downloaded_bytes += os.path.getsize(local)
-        if fetched and self.max_bytes is not None:
+        if fetched and self.max_bytes is not None and self.usage()[1] > self.max_bytes:
+            # looked at without the lock first: evict's exclusive lock waits until no download
+            # anywhere holds it shared, so taking it after every fetch would make each download
+            # wait for all the others (the last to finish sees every copy, and evicts)
             self.evict(keep=local)
         return local
 
@@ -468,13 +488,15 @@ class ShardAccess:
             regular_size(path)
         return path
 
-    def fetch_ahead(self, files: Sequence[Tuple[str, Optional[str], Optional[int], bool]], threads: int = 4) -> None:
+    def fetch_ahead(self, files: Sequence[Tuple[str, Optional[str], Optional[int], bool]], threads: int = 16) -> None:
         """Fetch ``files`` ((name, sha256, bytes, counted) each) into the cache in ``threads``
-        background threads, in the order given, while the caller reads: a first epoch then
-        waits for one download at a time at most, where a shuffled read would fetch each shard
-        when it first needs it, one after another. The threads are daemons (a worker that
-        ends leaves a temp file at most, which the next download removes); a file whose
-        fetch fails is left to the read that needs it, which says why."""
+        background threads, in the order given, while the caller goes on: a shuffled first
+        epoch, whose first batches touch every shard, then waits for the downloads running
+        side by side rather than for each shard when it first needs it, one after another. A
+        file another thread or process is fetching is skipped (:meth:`ShardCache.fetch_unless_busy`:
+        two ranks fetch different files, none waits behind the other's). The threads are daemons
+        (a process that ends leaves a temp file at most, which the next download removes); a
+        file whose fetch fails is left to the read that needs it, which says why."""
         cache = self.cache
         if cache is None or not files:
             return
@@ -489,7 +511,7 @@ class ShardAccess:
                 except queue.Empty:
                     return
                 try:
-                    cache.get(self.url_of(name), sha256, size, counted=counted)
+                    cache.fetch_unless_busy(self.url_of(name), sha256, size, counted=counted)
                 except Exception:  # noqa: BLE001 - the read that needs the file raises it, in one line
                     pass
 

@@ -21,7 +21,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..codecs import ENCODED_MODES, decode_errors_naming, decode_field
-from ..distributed import worker_info
 from ..errors import ManifestError
 from ..formats.base import ShardReader
 from ..io.localfs import is_latency_bound
@@ -63,6 +62,7 @@ class MapDataset(ShardDataset, TorchDataset):
         self._shards: Dict[int, ShardReader] = ProcessLocal()  # most recently used last
         self._local: Dict[str, Any] = ProcessLocal()  # the mapped order, per process
         self._order_map()  # here, so that a damaged order file is refused when the dataset opens
+        self._fetch_ahead()
 
     def _order_map(self) -> Optional[np.ndarray]:
         """Source position -> stored position (shuffled outputs; None: stored as the source),
@@ -98,9 +98,6 @@ class MapDataset(ShardDataset, TorchDataset):
         shard = shards.pop(k, None)
         if shard is None:
             settle_worker()
-            if "fetching" not in self._local:
-                self._local["fetching"] = True
-                self._fetch_ahead()
             if len(shards) >= self.max_open_shards:  # the least recently used closes (it reopens when read)
                 shards.pop(next(iter(shards))).close()
             shard = self.format.open_shard(self.access, self.manifest.shards[k], self.manifest, **self._open_options)
@@ -110,26 +107,26 @@ class MapDataset(ShardDataset, TorchDataset):
         return shard
 
     def _fetch_ahead(self) -> None:
-        """A remote output read through the cache: every shard it lacks fetched in background
-        threads from the first read on (each worker starting at its own share of the shards, so
-        that two workers fetch different ones first), where the output fits in half the cache's
-        bound (a larger one would evict what it fetched; it is fetched as read)."""
+        """A remote output read through the cache: every file it lacks fetched in background
+        threads of the process that opens it, from the open on (the DataLoader's workers, forked
+        or spawned later, find them in the cache, or wait on a file's lock while it arrives,
+        never building an S3 client of their own), the shards' records first, then the shards;
+        where the output fits in half the cache's bound (a larger one would evict what it
+        fetched; it is fetched as read)."""
         cache = self.access.cache
         if cache is None or not self.access.remote:
             return
-        entries = list(self.manifest.shards)
-        files = []
-        for entry in entries:
+        records: List[Tuple[str, Optional[str], Optional[int], bool]] = []
+        shards: List[Tuple[str, Optional[str], Optional[int], bool]] = []
+        for entry in self.manifest.shards:
             names = self.format.files_of(entry)
-            files.append([(names[0], entry.sha256, entry.bytes, True)] + [
-                (name, (entry.parts.get(name) or {}).get("sha256"), (entry.parts.get(name) or {}).get("bytes"), False)
-                for name in names[1:]])
-        total = sum(size or 0 for group in files for _, _, size, _ in group)
+            shards.append((names[0], entry.sha256, entry.bytes, True))
+            records += [(name, (entry.parts.get(name) or {}).get("sha256"), (entry.parts.get(name) or {}).get("bytes"),
+                         False) for name in names[1:]]
+        total = sum(size or 0 for _, _, size, _ in records + shards)
         if cache.max_bytes is not None and 2 * total > cache.max_bytes:
             return
-        wid, nworkers = worker_info()
-        start = wid * len(files) // nworkers
-        self.access.fetch_ahead([f for group in files[start:] + files[:start] for f in group])
+        self.access.fetch_ahead(records + shards)
 
     def where(self, index: int) -> Tuple[int, int]:
         """(shard, sample in it) of the source's sample ``index``."""
