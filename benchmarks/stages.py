@@ -20,7 +20,8 @@ the wrappers' cost.
 
 With ``--before DIR`` (a checkout of an earlier revision: ``git worktree add DIR REV``) every
 run is made with that checkout's dsconvert too, interleaved with this one's, and the table
-shows both side by side.
+shows both side by side. ``--outputs wds,wds-restart`` measures the shards written with
+``--jpeg-restart`` too (columns marked ``restart``), in the same rounds.
 
     python -m benchmarks stages --photos 4000 --batch 64,256 --before ../main --json docs/bench/stages.json
 """
@@ -194,7 +195,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", default=None, help="folder for the photos and the output (kept between runs)")
     p.add_argument("--json", default=None)
     p.add_argument("--before", default=None, help="a checkout of an earlier revision, measured in the same rounds")
-    p.add_argument("--child", nargs=5, metavar=("WORK", "KIND", "BATCH", "WRAPPED", "FROM"), help=argparse.SUPPRESS)
+    p.add_argument("--outputs", default="wds", help="outputs read, comma-separated: wds (the source's JPEGs), "
+                   "wds-restart (written with --jpeg-restart)")
+    p.add_argument("--child", nargs=6, metavar=("WORK", "KIND", "BATCH", "WRAPPED", "FROM", "OUTPUT"),
+                   help=argparse.SUPPRESS)
 
 
 def _median(values: List[float]) -> float:
@@ -205,10 +209,10 @@ def _median(values: List[float]) -> float:
 
 def run(a: argparse.Namespace) -> int:
     if a.child:
-        work, kind, batch, wrapped, source = a.child
+        work, kind, batch, wrapped, source, output = a.child
         if source != "-":  # that checkout's dsconvert, this one's benchmarks
             sys.path.insert(0, os.path.abspath(source))
-        print(json.dumps(one_run(os.path.join(work, "wds"), kind, int(batch), wrapped == "1")))
+        print(json.dumps(one_run(os.path.join(work, output), kind, int(batch), wrapped == "1")))
         return 0
     import subprocess
 
@@ -220,18 +224,21 @@ def run(a: argparse.Namespace) -> int:
     prepare_ours(work, a.photos, a.per_shard)
     results: Dict[str, Any] = {}
     versions = [("before", a.before), ("", "-")] if a.before else [("", "-")]
+    outputs = [(output, "restart" if output == "wds-restart" else "") for output in a.outputs.split(",")]
+    columns = [(" ".join(x for x in (label, tag) if x), source, output)
+               for output, tag in outputs for label, source in versions]
     for kind in a.transforms.split(","):
         for batch in [int(b) for b in a.batch.split(",")]:
             runs: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
             for _ in range(a.rounds):
-                for label, source in versions:
+                for label, source, output in columns:
                     for wrapped in ("1", "0"):
                         proc = subprocess.run(self_command("stages", "--child", work, kind, str(batch), wrapped,
-                                                           source),
+                                                           source, output),
                                               capture_output=True, text=True, check=True, cwd=ROOT,
                                               env=dict(os.environ, PYTHONWARNINGS="ignore"))
                         runs.setdefault((label, wrapped), []).append(json.loads(proc.stdout.splitlines()[-1]))
-            for label, _ in versions:
+            for label, _, _ in columns:
                 name = f"{kind} {batch}" + (f" {label}" if label else "")
                 results[name] = _entry(runs[(label, "1")], runs[(label, "0")], a.rounds)
                 print(f"{name}: {results[name]['total_plain_us']:.0f} us/sample in all", file=sys.stderr)
@@ -280,4 +287,9 @@ def render(data: Dict[str, Any]) -> str:
 
 QUICK = ["--photos", "32", "--per-shard", "16", "--rounds", "1", "--batch", "8", "--transforms", "train",
          "--work", os.path.join(tempfile.gettempdir(), "dsconvert-bench-stages-quick")]
-TABLES = {"stages": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds)], "render": render}}
+TABLES = {
+    "stages": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds)], "render": render},
+    # the same drop-in over the source's JPEGs and over the shards written with --jpeg-restart
+    "stages_restart": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds),
+                                          "--outputs", "wds,wds-restart"], "render": render},
+}

@@ -12,6 +12,8 @@ CenterCrop(224). Readers:
     dsconvert_fused      the same, decode="fused" (the same torchvision transform)
     dsconvert_fused_stream   the streaming reader (stream=True), decode="fused", DataLoader batching
     dsconvert_fused_batched  the streaming reader, batches built in the worker (batch_size= on the dataset)
+    dsconvert_fused_restart  dsconvert_fused over shards written with --jpeg-restart (restart-marked JPEGs:
+                         only the segments a crop covers are decoded)
     dsconvert_npy        dsconvert npy --resize 256 cache, decode="numpy" + the transform
     dsconvert_npy_fused  the same cache, decode="fused"
     webdataset           webdataset.WebDataset over the same tars, .decode("pil")
@@ -50,8 +52,8 @@ from typing import Any, Dict, List, Optional
 from benchmarks.common import ROOT, meta, self_command
 
 READERS = ("imagefolder", "dsconvert_pil", "dsconvert_numpy", "dsconvert_fused", "dsconvert_fused_stream",
-           "dsconvert_fused_batched", "dsconvert_npy", "dsconvert_npy_fused", "webdataset", "litdata", "mosaic",
-           "ffcv", "dali")
+           "dsconvert_fused_batched", "dsconvert_fused_restart", "dsconvert_npy", "dsconvert_npy_fused",
+           "webdataset", "litdata", "mosaic", "ffcv", "dali")
 THREADED = ("ffcv", "dali")  # readers that decode in threads of the main process: no worker to report
 PEER_PYTHON = {"ffcv": "ffcv", "dali": "dali", "litdata": "peers", "mosaic": "peers", "webdataset": "peers"}
 
@@ -120,6 +122,10 @@ def read_dsconvert_fused_stream(work, kind, workers, batch):
 
 def read_dsconvert_fused_batched(work, kind, workers, batch):
     return _dsconvert(os.path.join(work, "wds"), kind, workers, batch, "fused", batched=True)
+
+
+def read_dsconvert_fused_restart(work, kind, workers, batch):
+    return _dsconvert(os.path.join(work, "wds-restart"), kind, workers, batch, "fused")
 
 
 def read_dsconvert_npy(work, kind, workers, batch):
@@ -282,8 +288,9 @@ def prepare_ours(work: str, photos: int, per_shard: int) -> None:
     src = os.path.join(work, "photos")
     if not os.path.isdir(src):
         make_demo_dataset(src, num_per_class=photos // 8)
-    for fmt, extra in (("wds", {}), ("npy", {"resize": 256})):
-        out = os.path.join(work, fmt)
+    for name, fmt, extra in (("wds", "wds", {}), ("npy", "npy", {"resize": 256}),
+                             ("wds-restart", "wds", {"jpeg_restart": True})):
+        out = os.path.join(work, name)
         if not os.path.exists(os.path.join(out, "dsconvert.json")):
             convert(src, out, format=fmt, samples_per_shard=per_shard, **extra)
 
@@ -497,4 +504,11 @@ TABLES = {
     "dropin_64": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "64",
                                      "--readers", "dsconvert_fused,ffcv"] + _peer_args(a),
                   "render": render, "needs": lambda a: a.python_ffcv},
+    # the drop-in over the source's JPEGs and over restart-marked ones (--jpeg-restart), against FFCV
+    "dropin_restart": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "256",
+                                          "--readers", "dsconvert_fused,dsconvert_fused_restart,ffcv"] + _peer_args(a),
+                       "render": render, "needs": lambda a: a.python_ffcv},
+    "dropin_restart_64": {"argv": lambda a: ["--photos", str(a.photos), "--rounds", str(a.rounds), "--batch", "64",
+                                             "--readers", "dsconvert_fused,dsconvert_fused_restart,ffcv"]
+                          + _peer_args(a), "render": render, "needs": lambda a: a.python_ffcv},
 }

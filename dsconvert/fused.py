@@ -20,9 +20,12 @@ transforms, and folds them into decoding:
 Only the region the crop and its filter read is decoded, on the same pixels as decoding it all:
 dsconvert's libjpeg extension (:func:`dsconvert.codecs.region_decode`) skips the inverse DCT
 and colour conversion of the rows above the region and the columns beside it (their entropy-coded
-data is still read: a scan has no entry point in its middle) and reads nothing below it. Where the
-extension is not built, libjpeg-turbo gets the file with its frame's height cut to just under the
-last row the crop reads (:func:`dsconvert.jpeg_structure.top_rows`) and stops there. A file
+data is still read: a scan has no entry point in its middle) and reads nothing below it. A JPEG
+with restart markers (``dsconvert shard --jpeg-restart`` writes one after every MCU, losslessly)
+has entry points: only the restart segments the region covers are read, as a smaller JPEG of
+those segments (the same pixels). Where the extension is not built, libjpeg-turbo gets the file
+with its frame's height cut to just under the last row the crop reads
+(:func:`dsconvert.jpeg_structure.top_rows`) and stops there. A file
 neither can take that way (progressive, several scans; restart markers for the cut) or one with
 damage where it is decoded decodes whole, as before. Damage below the region is not seen (a
 truncated file still is: its end is missing), so such a file, which Pillow decodes with a

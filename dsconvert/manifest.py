@@ -311,6 +311,7 @@ def _check_options(options: Dict[str, Any], where: str) -> None:
          "null or an integer >= 1"),
         ("quality", options.get("quality") is None or (is_int(options["quality"]) and 1 <= options["quality"] <= 100),
          "null or an integer within 1..100"),
+        ("jpeg_restart", isinstance(options.get("jpeg_restart", False), bool), "true or false"),
     ):
         expect(ok, where, f"options.{key}", what)
 

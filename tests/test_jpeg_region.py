@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 import shutil
 import subprocess
 import threading
@@ -95,6 +96,9 @@ def jpegs(photos):
                              ("2x4", "2x4,1x1,1x1"), ("3x1", "3x1,1x1,1x1")):
             out[name] = subprocess.run([cjpeg, "-sample", sample, "-quality", "90"], input=ppm,
                                        capture_output=True, check=True).stdout
+    if ext is not None:  # each rewritten with a restart marker every MCU: decoded from its segments
+        for name in [n for n in out if not n.startswith("restart")]:
+            out[f"{name}-marked"] = ext.restart(out[name])
     return out
 
 
@@ -117,7 +121,7 @@ def test_a_region_is_the_whole_decode_pixel_for_pixel(jpegs):
                 assert kk == k and origin[0] <= t and origin[1] <= lt
                 assert np.array_equal(got, full[t:b, lt:r]), (name, k, box)
                 checked += 1
-    assert checked >= 800 + 500 * bool(shutil.which("cjpeg"))
+    assert checked >= 1500 + 1000 * bool(shutil.which("cjpeg"))
 
 
 @needs_ext
@@ -256,3 +260,94 @@ def test_threads_decode_at_once(jpegs):
     for t in threads:
         t.join()
     assert all(np.array_equal(results[i], expected[i]) for i in range(16))
+
+
+def restart_segments(data: bytes):
+    """(start, end) of each restart segment of a baseline JPEG's scan."""
+    scan = data.index(b"\xff\xda")
+    scan += 2 + int.from_bytes(data[scan + 2:scan + 4], "big")
+    cuts = [m.start() for m in re.finditer(rb"\xff[\xd0-\xd7]", data[scan:])]
+    starts = [scan] + [scan + c + 2 for c in cuts]
+    ends = [scan + c for c in cuts] + [data.rindex(b"\xff\xd9")]
+    return list(zip(starts, ends))
+
+
+@needs_ext
+def test_restart_marking_keeps_every_pixel_and_every_marker(jpegs, photos):
+    """The rewrite copies the DCT coefficients: every scale decodes to the same pixels; APPn
+    (an ICC profile, EXIF) survive; the interval is one MCU."""
+    _, whole = turbo()
+    rewritten = 0
+    for name, data in jpegs.items():
+        if name.endswith("-marked") or name.startswith("restart"):
+            continue
+        marked = ext.restart(data)
+        assert marked is not None and b"\xff\xdd\x00\x04\x00\x01" in marked, name
+        for k in (1, 2, 4, 8):
+            assert np.array_equal(whole(marked, k), whole(data, k)), (name, k)
+        rewritten += 1
+    assert rewritten >= 6
+    img = photos["coffee"].convert("RGB").resize((200, 150))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation
+    icc = b"\x00" * 64 + b"not a real profile"
+    data = encode(img, quality=90, icc_profile=icc, exif=exif.tobytes())
+    marked = Image.open(io.BytesIO(codecs.restart_marked(data)))
+    assert marked.info.get("icc_profile") == icc and marked.getexif()[0x0112] == 6
+
+
+@needs_ext
+def test_restart_marking_declines_what_it_cannot_help(jpegs, photos):
+    coffee = photos["coffee"].convert("RGB").resize((300, 200))
+    for data in (encode(coffee, quality=90, progressive=True), encode(coffee.convert("CMYK"), quality=90),
+                 ext.restart(jpegs["420"])):
+        assert ext.restart(data) is None
+        assert codecs.restart_marked(data) is data
+    png = encode(coffee, "PNG")
+    assert codecs.restart_marked(png) is png
+    truncated = jpegs["420"][:len(jpegs["420"]) // 2]
+    with pytest.raises(ValueError, match="libjpeg"):
+        ext.restart(truncated)
+    assert codecs.restart_marked(truncated) is truncated
+
+
+@needs_ext
+def test_segments_outside_the_region_are_not_read(jpegs):
+    """In a restart-marked file the region's pixels come from its own segments only: damage in a
+    segment above and left of the region, which decoding every row above would read (libjpeg
+    refuses the file or its pixels change), leaves them exact."""
+    _, whole = turbo()
+    marked = ext.restart(jpegs["420"])  # 601 x 401, 4:2:0: 38 MCUs a row
+    segments = restart_segments(marked)
+    assert len(segments) == 38 * 26
+    damaged = bytearray(marked)
+    for row in (2, 3):
+        start, end = segments[row * 38 + 3]
+        damaged[start:end] = b"\x5a" * (end - start)
+    damaged = bytes(damaged)
+    try:
+        full = ext.region(damaged, lambda h, w: (1, 0, h, 0, w))
+        reading_it_differs = not np.array_equal(np.frombuffer(full[0], np.uint8).reshape(401, 601, 3),
+                                                whole(marked, 1))
+    except ValueError:
+        reading_it_differs = True
+    assert reading_it_differs
+    box = (100, 300, 200, 500)  # below and right of the damage
+    pixels, _, origin = region(damaged, 1, box)
+    got, (t, b, lt, r) = inside(pixels, origin, 1, box)
+    assert np.array_equal(got, whole(jpegs["420"], 1)[t:b, lt:r])
+
+
+@needs_ext
+def test_a_misnumbered_or_missing_marker_decodes_as_before(jpegs):
+    """Segments are used only where every marker is there in sequence up to EOI; otherwise the
+    file goes the whole way, where libjpeg's warning refuses it as for any damaged file."""
+    marked = ext.restart(jpegs["420"])
+    segments = restart_segments(marked)
+    start, _ = segments[500]
+    misnumbered = bytearray(marked)
+    misnumbered[start - 1] = 0xD0 + (misnumbered[start - 1] - 0xD0 + 3) % 8
+    missing = marked[:start - 2] + marked[start:]
+    for bad in (bytes(misnumbered), missing):
+        with pytest.raises(ValueError, match="libjpeg"):
+            region(bad, 1, (300, 380, 100, 200))

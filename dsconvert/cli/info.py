@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     elif m.options.get("max_size"):
         print(f"images:      longer side at most {m.options['max_size']} (larger ones re-encoded, JPEG "
               f"quality {m.options.get('quality')})")
+    if m.options.get("jpeg_restart"):
+        print("jpegs:       rewritten losslessly with a restart marker every MCU (the source's pixels, not its "
+              "bytes): decode=\"fused\" decodes only what a crop needs")
     print(f"shards:      {len(m.shards)}, {format_size(total)}")
     print(f"fields:      {', '.join(f'{k} ({v})' for k, v in m.fields.items()) or 'none'}")
     if m.compression is not None:

@@ -77,6 +77,7 @@ from .jpeg import (
     jpeg_decoders,
     region_decode,
     resolve_decoder,
+    restart_marked,
 )
 from .npy import NPY_HEADER_ERRORS, load_npy
 from .resize import RESAMPLERS, bilinear, decode_resized, nchw_view, resolve_resampler
@@ -87,7 +88,7 @@ __all__ = [
     "pixel_limit", "pil_open", "pil_rgb", "check_pixels", "check_image", "check_field", "refuse_unverifiable",
     "ARITHMETIC_REASON", "JPEG_MAGIC",
     "jpeg_decoders", "FastJpeg", "DECODERS", "resolve_decoder", "decode_rgb", "fast_decode", "region_decode",
-    "Region", "REGION_EDGE",
+    "restart_marked", "Region", "REGION_EDGE",
     "load_npy", "NPY_HEADER_ERRORS",
     "CODECS", "DEFAULT_LEVEL", "MAX_LEVEL", "SUFFIX", "ALREADY_COMPRESSED", "parse_compression", "compression_label",
     "require_codec", "is_compressible", "stored_name", "compressed_bound", "codec_version", "Compressor",

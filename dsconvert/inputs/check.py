@@ -1,11 +1,12 @@
 """What every input reader does with the bytes it read: a sample's fields checked (each decodes,
-within the pixel limit; images shrunk to ``--max-size``), or the first bad file's error."""
+within the pixel limit; images shrunk to ``--max-size``, JPEGs restart-marked by
+``--jpeg-restart``), or the first bad file's error."""
 
 from __future__ import annotations
 
 from typing import Callable, Dict, Tuple
 
-from ..codecs import check_field, is_image_field
+from ..codecs import check_field, is_image_field, restart_marked
 from ..errors import BadInputError
 from ..keys import escape_path
 from ..plan import CHANGED_DURING, ShardSpec, over_limit, sample_bytes_limit
@@ -34,6 +35,8 @@ def checked(spec: ShardSpec, sample: Sample, contents: Contents) -> Fetched:
             if spec.options.get("max_size") and is_image_field(f.field):
                 data = shrink_image(data, spec.options["max_size"], spec.options.get("quality", DEFAULT_QUALITY),
                                     spec.max_image_pixels)
+            if spec.options.get("jpeg_restart") and is_image_field(f.field):
+                data = restart_marked(data)  # the same pixels, decodable by segments (convert's jpeg_restart)
         except BadInputError as exc:
             return BadInputError(exc.reason, escape_path(f.path))
         fields[f.field] = data
