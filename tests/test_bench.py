@@ -83,3 +83,41 @@ def test_bad_options(outputs, tmp_path, torch):  # bench() needs torch before it
 
 def test_default_worker_counts():
     assert default_worker_counts(2) == [0, 1, 2] and default_worker_counts(6) == [0, 1, 2, 4, 6]
+
+
+class _Burns:
+    """Each sample costs 2 ms of its worker's CPU; each worker's first sample 100 ms more (a
+    start-up: imports, caches)."""
+
+    def __init__(self):
+        self.started = False
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        import time
+
+        burn = 0.002 + (0.1 if not self.started else 0.0)
+        self.started = True
+        t = time.process_time()
+        while time.process_time() - t < burn:
+            pass
+        return i
+
+
+def test_batch_clocks_count_whole_batches_and_leave_each_workers_start_up_out():
+    """The workers' CPU per sample from their own clocks at the end of each batch: 2 ms a sample
+    (and a little for collating and sending), the 100 ms first samples left out; measured from
+    the main process over the whole pass they would add 200 ms / 48 samples (4 ms a sample)."""
+    from torch.utils.data import DataLoader
+
+    from dsconvert.bench import BatchClocks, cpu_ms_per_sample, median_batch_ms
+
+    clocks = BatchClocks(list, 2, 6)
+    got = [i for batch in DataLoader(_Burns(), batch_size=8, num_workers=2, collate_fn=clocks) for i in batch]
+    assert sorted(got) == list(range(48))
+    batches = clocks.batches()
+    assert len(batches) == 4 and sum(n for _, n in batches) == 32  # 3 batches per worker, the first left out
+    assert 2.0 <= cpu_ms_per_sample(batches) < 3.0
+    assert 2.0 <= median_batch_ms(batches) < 3.0

@@ -491,3 +491,43 @@ def test_a_prediction_from_cpu_time_has_a_range_the_wall_rate_does_not_move():
     low, high = a.predicted_range["wds, decode=fused"]
     assert low == pytest.approx(0.85 * a.predicted_per_s["wds, decode=fused"])
     assert high == pytest.approx(1.15 * a.predicted_per_s["wds, decode=fused"])
+
+
+# --- the gain from paired rounds (issue 41: within 1.5x across runs) ------------------------
+
+def with_rounds(v, source_cpu, output_cpu, main=0.05):
+    """tiny_jpegs with paired rounds: the data as it is before and after each round of the
+    fused output (len(source_cpu) == len(output_cpu) + 1), each pass's CPU ms per sample."""
+    m = tiny_jpegs()
+    m.loader[SOURCE]["warm_rounds"] = [{"cpu_ms": c, "main_cpu_ms": main} for c in source_cpu]
+    m.loader["wds, decode=fused"]["warm_rounds"] = [{"cpu_ms": c, "main_cpu_ms": main} for c in output_cpu]
+    return m
+
+
+def test_the_gain_is_the_median_of_the_per_round_ratios_so_load_that_moves_both_sides_cancels():
+    """Recorded shape: the CPU per sample of both passes rose 1.4x in the second round (other
+    processes' bursts flush caches); their ratio did not. One outlying round does not move the
+    median. The first passes' CPU (0.74 vs 0.29 ms) would say 2.4x; the rounds say 2.0x (the first passes: 2.4x)."""
+    quiet = decide(with_rounds(None, [0.80, 0.80, 1.12, 0.80, 0.80], [0.38, 0.55, 0.20, 0.38]))
+    busy = decide(with_rounds(None, [1.12, 1.12, 1.12, 1.12, 1.12], [0.53, 0.53, 0.53, 0.53]))
+    for v in (quiet, busy):
+        assert v.recommended == "wds, decode=fused"
+    assert quiet.predicted_speedup == pytest.approx(busy.predicted_speedup, rel=0.05)
+    assert 1.9 <= quiet.predicted_speedup <= 2.1
+    low, high = quiet.speedup_range
+    assert low < quiet.predicted_speedup < high  # the rounds' spread is the range
+
+
+def test_without_rounds_the_gain_is_the_first_passes_as_before():
+    v = decide(tiny_jpegs())
+    m = with_rounds(None, [0.8], [])  # one pass of the data as it is, no round: nothing to pair
+    assert decide(m).predicted_speedup == pytest.approx(v.predicted_speedup)
+
+
+def test_round_gains_pair_each_output_pass_with_the_passes_beside_it():
+    from dsconvert.analyze.verdict import round_gains
+
+    src = [{"cpu_ms": 1.0, "main_cpu_ms": 0.0}, {"cpu_ms": 2.0, "main_cpu_ms": 0.0}, {"cpu_ms": None}]
+    out = [{"cpu_ms": 0.5, "main_cpu_ms": 0.0}, {"cpu_ms": 0.5, "main_cpu_ms": 0.0}]
+    # round 1: 4,000/s over the mean of 2,000/s and 1,000/s; round 2 has no pass after it: left out
+    assert round_gains(src, out, 2) == [pytest.approx(4000 / 1500)]

@@ -30,10 +30,11 @@ from ..readers.base import TorchDataset, TorchIterableDataset
 from ..readers.source import SourceDataset
 from ..samples import Source, SourceFile
 from ..source.folders import FolderListing, source_of_listings
-from .verdict import MEMORY, SOURCE
+from .verdict import MEMORY, ROUND_SPREAD, SOURCE, round_gains
 
 __all__ = ["Candidate", "candidates", "sample_source", "loader_passes", "run_passes", "transform_cost",
-           "page_cache_bytes", "repeated"]
+           "page_cache_bytes", "repeated",
+           "paired_rounds", "ROUNDS"]
 
 
 class Candidate:
@@ -186,6 +187,7 @@ def loader_passes(source: Source, out_dir: str, transform: Optional[Callable],
     per_sample = source.nbytes / max(1, n)
     target = BenchTarget(source.root, "source", source.sample_type, n, per_sample, False, files)
     results[SOURCE] = measure(SOURCE, ds, target, ("cold", "warm"))
+    ds_source, target_source = ds, target
     results[MEMORY] = measure(MEMORY, Skipping(InMemory(source, transform, storage_options)),
                               BenchTarget(source.root, "memory", source.sample_type, n, per_sample, False, []),
                               ("warm",),
@@ -205,6 +207,7 @@ def loader_passes(source: Source, out_dir: str, transform: Optional[Callable],
         notes.append(f"outputs measured in {os.path.dirname(scratch)}, not {out_dir} ({exc.strerror or exc})")
     try:
         made: Dict[Tuple[str, Tuple], str] = {}
+        opened: List[Tuple[str, Any, Any, int]] = []  # (name, dataset, target, samples): read again in rounds
         for c in options:
             try:
                 key = (c.fmt, tuple(sorted(c.options.items())))
@@ -226,13 +229,23 @@ def loader_passes(source: Source, out_dir: str, transform: Optional[Callable],
                 out_files = [os.path.join(path, f) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f))]
                 out_bytes = sum(s.bytes for s in manifest.shards)
                 ds = open_dataset(path, transform=transform, decode=c.decode)
-                row = measure(c.name, ds, BenchTarget(path, c.fmt, manifest.sample_type, written, out_bytes / written,
-                                                      manifest.format == "wds", out_files), ("cold", "warm"))
+                out_target = BenchTarget(path, c.fmt, manifest.sample_type, written, out_bytes / written,
+                                         manifest.format == "wds", out_files)
+                row = measure(c.name, ds, out_target, ("cold", "warm"))
             except Exception as exc:  # one candidate that cannot be made or read is a note, not the end
                 notes.append(f"{c.name}: not measured: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             row.update(format=c.fmt, decode=c.decode, options=dict(c.options))
             results[c.name] = row
+            opened.append((c.name, ds, out_target, n))
+        try:  # the gains, measured beside the data as it is: what the fix's gain is decided from
+            paired_rounds(results, [(SOURCE, ds_source, target_source, n)] + opened, workers, collate, max_seconds,
+                          log)
+        except Exception as exc:
+            for row in results.values():
+                row.pop("warm_rounds", None)
+            notes.append(f"paired rounds not measured: {type(exc).__name__}: {str(exc)[:200]}; the gains are the "
+                         "first passes'")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return results, notes
@@ -307,8 +320,7 @@ def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Se
         else:
             hint = row.get("cold") or rate_hint
             batch = batch_size if not hint else int(max(1, min(batch_size, hint * max_seconds / (8 * w))))
-            times = max(1, -(-8 * w * batch // max(1, n)))
-            data, count = repeated(ds, times, n), n * times
+            data, count = _warm(ds, n, batch, w)
         r = one_pass(data, target, workers, batch, collate, cache, count, max_seconds)
         # decided on the rates less what other processes' CPU load cost the workers (a shared
         # machine's load moves wall rates from pass to pass); the wall rates are kept beside them
@@ -323,6 +335,63 @@ def run_passes(ds: Any, target: Any, workers: int, collate: Callable, caches: Se
             row[f"{cache}_main_cpu_ms"] = r["main_cpu_ms"]
         log(passed(cache, r["samples_per_s"], r["unloaded_per_s"], r["samples"], batch, workers))
     return row
+
+
+def _warm(ds: Any, n: int, batch: int, workers: int) -> Tuple[Any, int]:
+    """A warm pass's data and sample count: the sample read as many times over as eight
+    batches per worker need (the per-batch costs, collate and IPC, weigh on fast loaders)."""
+    times = max(1, -(-8 * workers * batch // max(1, n)))
+    return repeated(ds, times, n), n * times
+
+
+ROUNDS = (3, 5)  # paired rounds: at least 3, up to 5 while the fastest output's gains spread more than ROUND_SPREAD
+
+
+def paired_rounds(results: Dict[str, Dict[str, Any]], runs: Sequence[Tuple[str, Any, Any, int]], workers: int,
+                  collate: Callable, max_seconds: float, log: Callable[[str], None] = lambda m: None,
+                  rounds: Tuple[int, int] = ROUNDS) -> int:
+    """Warm passes again, in rounds: the data as it is (``runs[0]``), then every output, then
+    the data as it is again, and so on; each output's gain in a round is its CPU rate over the
+    mean of the two as-is passes beside it, measured under the same load. A pass's figures are
+    its median batch's CPU ms per sample, the workers' and the main process's
+    (:func:`dsconvert.bench.one_pass`; each worker's first batch, its start-up, left out).
+    At least ``rounds[0]`` rounds, up to ``rounds[1]`` while the per-round gains of the output
+    with the largest median gain spread more than ``ROUND_SPREAD`` of that median. Adds
+    ``warm_rounds`` (a list of ``{cpu_ms, main_cpu_ms}``) to each row of ``results``; returns
+    the rounds run (0 where the data as it is has no warm pass to pair with)."""
+    from ..bench import one_pass
+
+    if not runs or "warm_batch" not in results.get(runs[0][0], {}) or len(runs) < 2:
+        return 0
+    w = max(1, workers)
+
+    def once(name: str, ds: Any, target: Any, n: int) -> None:
+        batch = int(results[name]["warm_batch"])
+        data, count = _warm(ds, n, batch, w)
+        r = one_pass(data, target, workers, batch, collate, "warm", count, max_seconds)
+        cpu = r.get("worker_batch_cpu_ms") or r.get("worker_cpu_ms")
+        main = r.get("main_batch_cpu_ms") if r.get("main_batch_cpu_ms") is not None else r.get("main_cpu_ms")
+        results[name].setdefault("warm_rounds", []).append({"cpu_ms": cpu, "main_cpu_ms": main})
+
+    def spread() -> float:
+        src = results[runs[0][0]]["warm_rounds"]
+        gains = [round_gains(src, results[name].get("warm_rounds") or [], workers) for name, *_ in runs[1:]]
+        gains = [g for g in gains if g]
+        if not gains:
+            return 0.0
+        best = max(gains, key=lambda g: sorted(g)[(len(g) - 1) // 2])
+        mid = sorted(best)[(len(best) - 1) // 2]
+        return (max(best) - min(best)) / mid if mid > 0 else 0.0
+
+    done = 0
+    once(*runs[0])
+    while done < rounds[0] or (done < rounds[1] and spread() > ROUND_SPREAD):
+        for run in runs[1:]:
+            once(*run)
+        once(*runs[0])
+        done += 1
+    log(f"paired rounds: {done}, the outputs' gains over the data as it is measured beside it")
+    return done
 
 
 def passed(cache: str, wall: float, unloaded: float, samples: int, batch: int, workers: int) -> str:

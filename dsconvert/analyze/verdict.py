@@ -58,7 +58,7 @@ from ..optional import BUILD_PACKAGES, REBUILD
 from ..units import format_size
 from . import sentences as say
 
-__all__ = ["Measurements", "Verdict", "decide", "SOURCE", "MEMORY"]
+__all__ = ["Measurements", "Verdict", "decide", "round_gains", "SOURCE", "MEMORY", "ROUND_SPREAD"]
 
 SOURCE = "source"
 MEMORY = "from memory"
@@ -73,6 +73,7 @@ MAIN_BOUND = 0.9  # a main process on the CPU this share of the time is what lim
 MAIN_BUSY = 0.5  # a main process on the CPU this share of the time may be what idle workers wait for
 CPU_SPREAD = 0.15  # a pass's CPU time per sample moved up to ~15% between runs on a busy 2-core machine
 SPREAD = 0.1  # a pass's rate is known to +-10% at best: outputs closer than that are equal
+ROUND_SPREAD = 0.25  # paired rounds go on (up to 5) while the best output's per-round gains spread more than this
 
 
 @dataclass
@@ -193,6 +194,7 @@ class Estimate:
     value: float
     low: float
     high: float
+    gain: Optional[Tuple[float, float, float]] = None  # over the data as it is, from paired rounds: median, low, high
 
     def overlaps(self, other: Estimate) -> bool:
         return self.high >= other.low and other.high >= self.low
@@ -202,13 +204,64 @@ def _cpu_rate(row: Dict[str, Any], cache: str, cores: int) -> Optional[float]:
     """The samples/s a pass's CPU time per sample allows on ``cores`` CPUs: the workers' and the
     main process's CPU together, no worker faster than one CPU, the main process one CPU. Only
     for warm passes (a cold one waits on the storage, which CPU time does not see)."""
-    w, main = row.get(f"{cache}_cpu_ms"), row.get(f"{cache}_main_cpu_ms")
-    if cache != "warm" or not w or w <= 0 or main is None:
+    if cache != "warm":
         return None
-    rates = [cores * 1000.0 / (w + main), cores * 1000.0 / w]
-    if main > 0:
-        rates.append(1000.0 / main)
+    return _rate(row.get(f"{cache}_cpu_ms"), row.get(f"{cache}_main_cpu_ms"), cores)
+
+
+def _rate(worker_ms: Optional[float], main_ms: Optional[float], cores: int) -> Optional[float]:
+    """samples/s from CPU ms per sample: the workers' and the main process's together on
+    ``cores`` CPUs, no worker faster than one CPU, the main process one CPU."""
+    if not worker_ms or worker_ms <= 0 or main_ms is None:
+        return None
+    rates = [cores * 1000.0 / (worker_ms + main_ms), cores * 1000.0 / worker_ms]
+    if main_ms > 0:
+        rates.append(1000.0 / main_ms)
     return min(rates)
+
+
+def _median(values: List[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def round_gains(source_rounds: List[Dict[str, Any]], output_rounds: List[Dict[str, Any]], cores: int) -> List[float]:
+    """An output's gain in each paired round: its CPU rate over the mean of the rates of the two
+    passes of the data as it is beside it (before and after, under the same load). Rounds with
+    a figure missing are left out."""
+    rates = [_rate(r.get("cpu_ms"), r.get("main_cpu_ms"), cores) for r in source_rounds]
+    gains = []
+    for i, r in enumerate(output_rounds[:max(0, len(rates) - 1)]):
+        out, before, after = _rate(r.get("cpu_ms"), r.get("main_cpu_ms"), cores), rates[i], rates[i + 1]
+        if out and before and after:
+            gains.append(out / ((before + after) / 2))
+    return gains
+
+
+def _paired(source: Estimate, row: Dict[str, Any], source_row: Dict[str, Any], cores: int) -> Optional[Estimate]:
+    """An output's estimate from its paired rounds: the data as it is times the median of the
+    per-round gains, the range their min-max, at least ``SPREAD`` either side. None without
+    paired rounds."""
+    gains = round_gains(source_row.get("warm_rounds") or [], row.get("warm_rounds") or [], cores)
+    if not gains:
+        return None
+    mid = _median(gains)
+    low, high = min(min(gains), mid * (1 - SPREAD)), max(max(gains), mid * (1 + SPREAD))
+    return Estimate(source.value * mid, source.value * low, source.value * high, (mid, low, high))
+
+
+def _source_estimate(row: Dict[str, Any], cache: str, cores: int) -> Optional[Estimate]:
+    """The data as it is: from its paired rounds where there are (the median of its passes' CPU
+    rates, measured as the outputs' beside them; their min-max, at least ``SPREAD`` either
+    side), else as any pass."""
+    rates = [r for r in (_rate(x.get("cpu_ms"), x.get("main_cpu_ms"), cores) for x in row.get("warm_rounds") or [])
+             if r]
+    first = _estimate(row, cache, cores)
+    if cache != "warm" or len(rates) < 2 or first is None:  # a round is two passes of it at least
+        return first
+    mid = _median(rates)
+    return Estimate(mid, min(min(rates), mid * (1 - SPREAD)), max(max(rates), mid * (1 + SPREAD)))
 
 
 def _estimate(row: Dict[str, Any], cache: str, cores: int) -> Optional[Estimate]:
@@ -239,13 +292,19 @@ def _predict(m: Measurements) -> Predictions:
     sizes = {k: float(v.get("bytes_per_sample", 0.0)) * m.num_samples for k, v in m.loader.items()
              if k not in (SOURCE, MEMORY)}
     caches = {k: _cache_for(m, size) for k, size in sizes.items()}  # a 10x larger npy cache may not stay cached
-    estimates = {k: e for k in sizes if (e := _estimate(m.loader[k], caches[k], max(1, m.cores))) is not None}
+    cores = max(1, m.cores)
+    source = _source_estimate(m.loader.get(SOURCE, {}), cache, cores)
+    estimates = {k: e for k in sizes if (e := _estimate(m.loader[k], caches[k], cores)) is not None}
+    if source is not None and cache == "warm":  # measured beside the data as it is: the gains are the paired rounds'
+        for k in estimates:
+            paired = _paired(source, m.loader[k], m.loader.get(SOURCE, {}), cores) if caches[k] == "warm" else None
+            estimates[k] = paired or estimates[k]
     outputs = {k: m.loader[k] for k in estimates}
     # reading the same data another way (a decoder) writes nothing: only new outputs need the room
     fits = {k: m.free_bytes is None or sizes[k] <= m.free_bytes or bool(outputs[k].get("same_data"))
             for k in outputs}
     memory = _estimate(m.loader.get(MEMORY, {}), "warm", max(1, m.cores))
-    return Predictions(cache, _estimate(m.loader.get(SOURCE, {}), cache, max(1, m.cores)),
+    return Predictions(cache, source,
                        memory.value if memory is not None else 0.0, outputs, caches, estimates,
                        {k: sizes[k] for k in outputs}, fits)
 
@@ -428,6 +487,8 @@ def _fix(m: Measurements, p: Predictions, c: Costs, bottleneck: str) -> Fix:
     if not (m.convertible or p.outputs[chosen].get("same_data")):
         return Fix(None)
     equals = [k for k in sorted(equal, key=lambda k: _tie_key(p, k)) if k != chosen]
+    if e.gain is not None and src is p.source:  # measured beside the data as it is: the rounds' gains
+        return Fix(chosen, e.gain[0], e.gain[1], e.gain[2], equals)
     return Fix(chosen, speedup, e.low / src.high, e.high / src.low, equals)
 
 
