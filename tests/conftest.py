@@ -52,6 +52,15 @@ def _default_cache_in_tmp(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("DSCONVERT_CACHE_SIZE", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _analyze_without_paired_rounds(monkeypatch):
+    """analyze's paired rounds (dsconvert/analyze/loader.py: the gains measured again beside the
+    data as it is, 3 to 5 rounds of every output) multiply its passes; tests check analyze's
+    verdicts and exit statuses, not its steadiness, so they run without them unless a test asks
+    (tests/test_analyze.py runs them end to end, test_verdict.py decides from recorded ones)."""
+    monkeypatch.setenv("DSCONVERT_ANALYZE_ROUNDS", "0")
+
+
 @pytest.fixture(scope="session")
 def torch():
     """torch, for the tests that use it (take ``torch`` as an argument, or

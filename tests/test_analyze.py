@@ -288,3 +288,37 @@ def test_scratch_folders_of_a_killed_analyze_are_removed_by_the_next(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"{SCRATCH_PREFIX}{os.getpid()}-def", f"{SCRATCH_PREFIX}notapid", "data"])
     assert remove_abandoned(str(tmp_path / "missing")) == 0
+
+
+@pytest.mark.slow
+def test_paired_rounds_measure_each_output_beside_the_data_as_it_is(tmp_path, photos, monkeypatch):
+    """The predicted gain comes from rounds: the data as it is, every output, the data as it
+    is again; each output's row keeps one pass a round and the data as it is one more."""
+    root = tmp_path / "src"
+    for i, name in enumerate(sorted(photos)[:8]):
+        write(str(root / f"c{i % 2}" / f"{i}.jpg"), encode(photos[name].convert("RGB"), quality=90))
+    monkeypatch.setenv("DSCONVERT_ANALYZE_ROUNDS", "2")
+    report = analyze(str(root), sample=8, sweep_levels=[1], pass_seconds=0.5)
+    passes = report["loader"]["passes"]
+    from dsconvert.analyze.verdict import SOURCE
+
+    outputs = [name for name in passes if name != SOURCE and "warm_rounds" in passes[name]]
+    assert outputs, passes.keys()
+    assert len(passes[SOURCE]["warm_rounds"]) == 3
+    for name in outputs:
+        assert len(passes[name]["warm_rounds"]) == 2
+        assert all(r["cpu_ms"] > 0 for r in passes[name]["warm_rounds"])
+
+
+def test_the_paired_rounds_setting_is_read_or_refused_in_one_line(monkeypatch):
+    from dsconvert.analyze.loader import ROUNDS, round_bounds
+
+    monkeypatch.delenv("DSCONVERT_ANALYZE_ROUNDS")
+    assert round_bounds() == ROUNDS
+    for text, bounds in (("0", (0, 0)), ("2", (2, 2)), ("1,4", (1, 4)), (" 3 ", (3, 3))):
+        monkeypatch.setenv("DSCONVERT_ANALYZE_ROUNDS", text)
+        assert round_bounds() == bounds
+    for text in ("x", "-1", "3,1", "1,2,3"):
+        monkeypatch.setenv("DSCONVERT_ANALYZE_ROUNDS", text)
+        with pytest.raises(ValueError, match="DSCONVERT_ANALYZE_ROUNDS"):
+            round_bounds()

@@ -345,11 +345,27 @@ def _warm(ds: Any, n: int, batch: int, workers: int) -> Tuple[Any, int]:
 
 
 ROUNDS = (3, 5)  # paired rounds: at least 3, up to 5 while the fastest output's gains spread more than ROUND_SPREAD
+ROUNDS_ENV = "DSCONVERT_ANALYZE_ROUNDS"
+
+
+def round_bounds() -> Tuple[int, int]:
+    """The paired rounds' (least, most): ``ROUNDS``, or ``$DSCONVERT_ANALYZE_ROUNDS`` as ``N`` or
+    ``N,M`` (0: none, the gains are then the first passes', a quicker and less steady run)."""
+    text = os.environ.get(ROUNDS_ENV, "").strip()
+    if not text:
+        return ROUNDS
+    try:
+        parts = [int(v) for v in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 0 or parts[-1] < parts[0]:
+        raise ValueError(f"{ROUNDS_ENV} must be N or N,M rounds (0 <= N <= M), not {text!r}")
+    return parts[0], parts[-1]
 
 
 def paired_rounds(results: Dict[str, Dict[str, Any]], runs: Sequence[Tuple[str, Any, Any, int]], workers: int,
                   collate: Callable, max_seconds: float, log: Callable[[str], None] = lambda m: None,
-                  rounds: Tuple[int, int] = ROUNDS) -> int:
+                  rounds: Optional[Tuple[int, int]] = None) -> int:
     """Warm passes again, in rounds: the data as it is (``runs[0]``), then every output, then
     the data as it is again, and so on; each output's gain in a round is its CPU rate over the
     mean of the two as-is passes beside it, measured under the same load. A pass's figures are
@@ -358,10 +374,12 @@ def paired_rounds(results: Dict[str, Dict[str, Any]], runs: Sequence[Tuple[str, 
     At least ``rounds[0]`` rounds, up to ``rounds[1]`` while the per-round gains of the output
     with the largest median gain spread more than ``ROUND_SPREAD`` of that median. Adds
     ``warm_rounds`` (a list of ``{cpu_ms, main_cpu_ms}``) to each row of ``results``; returns
-    the rounds run (0 where the data as it is has no warm pass to pair with)."""
+    the rounds run (0 where the data as it is has no warm pass to pair with, or where
+    ``rounds`` (default :func:`round_bounds`) asks for none)."""
     from ..bench import one_pass
 
-    if not runs or "warm_batch" not in results.get(runs[0][0], {}) or len(runs) < 2:
+    rounds = round_bounds() if rounds is None else rounds
+    if not rounds[1] or not runs or "warm_batch" not in results.get(runs[0][0], {}) or len(runs) < 2:
         return 0
     w = max(1, workers)
 
