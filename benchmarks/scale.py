@@ -16,9 +16,19 @@ records on disk are measured per sample. Growth per sample is the difference bet
 sizes over the difference in samples; the exponent is log(ratio of values) / log(ratio of
 sizes); the extrapolation to 14M and 400M is linear in the largest growth.
 
+The trees up to ``--peers-up-to`` (1M) are also written by webdataset's ``ShardWriter`` (one
+process, shards of 10,000, as its docs write them) and by litdata's ``optimize`` (2 workers, the
+inputs listed in the parent as its docs show; in its own venv, ``--python-litdata``): wall, CPU,
+peak RSS of the parent and of its largest child.
+
 Timings move with the machine's load; memory does not (much): compare within one table.
 
-    python -m benchmarks scale --sizes 10000 100000 1000000 --json docs/bench/scale.json
+    python -m benchmarks scale --sizes 10000 100000 1000000 --python-litdata /tmp/peer-litdata/bin/python \
+        --json docs/bench/scale.json
+    python -m benchmarks scale --kinds tars --sizes 100000 1000000 10000000 --drop --json docs/bench/scale_tars.json
+
+10M samples as tars take ~31 GB of source and ~31 GB of output; ``--drop`` removes each size's
+source and output once it is measured.
 """
 
 from __future__ import annotations
@@ -202,7 +212,62 @@ def measure_reads(out: str, stream: bool) -> Dict[str, Any]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def measure(work: str, n: int, kind: str) -> Dict[str, Any]:
+PEER_WDS = r"""
+import os, sys
+import webdataset as wds
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(out)
+with wds.ShardWriter(os.path.join(out, "shard-%06d.tar"), maxcount=10000, verbose=0) as sink:
+    for label, cls in enumerate(sorted(os.listdir(src))):
+        folder = os.path.join(src, cls)
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            with open(os.path.join(folder, name), "rb") as f:
+                sink.write({"__key__": f"{cls}/{name[:-4]}", "jpg": f.read(), "cls": label})
+"""
+
+PEER_LITDATA = r"""
+import os, sys
+from litdata import optimize
+
+def load(item):
+    path, label = item
+    with open(path, "rb") as f:
+        return {"image": f.read(), "label": label}
+
+if __name__ == "__main__":
+    src, out = sys.argv[1], sys.argv[2]
+    inputs = []  # what litdata's docs show: the inputs listed in the parent
+    for label, cls in enumerate(sorted(os.listdir(src))):
+        folder = os.path.join(src, cls)
+        if os.path.isdir(folder):
+            inputs += [(os.path.join(folder, name), label) for name in sorted(os.listdir(folder))]
+    optimize(fn=load, inputs=inputs, output_dir=out, num_workers=2, chunk_bytes="64MB")
+"""
+
+
+def measure_peers(work: str, n: int, python_litdata: Optional[str]) -> Dict[str, Any]:
+    """The same ImageFolder tree written by webdataset's ``ShardWriter`` (one process, as its
+    docs write shards) and by litdata's ``optimize`` (2 workers, in litdata's own venv): wall,
+    CPU, the peak RSS of the parent and of its largest child."""
+    src = os.path.join(work, f"tree-{n}")
+    found: Dict[str, Any] = {}
+    runs = [("webdataset", [sys.executable, "-c", PEER_WDS])]
+    if python_litdata:
+        runs.append(("litdata", [python_litdata, "-c", PEER_LITDATA]))
+    for name, cmd in runs:
+        out = os.path.join(work, f"peer-{name}-{n}")
+        shutil.rmtree(out, ignore_errors=True)
+        r = run_sampled(cmd + [src, out], env={**os.environ, "TQDM_DISABLE": "1"})
+        found[name] = {"seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"], "parent_rss": r["peak_rss"],
+                       "child_rss": r["children_peak_rss"]}
+        shutil.rmtree(out, ignore_errors=True)
+    return found
+
+
+def measure(work: str, n: int, kind: str, peers_up_to: int = 0, python_litdata: Optional[str] = None,
+            drop_source: bool = False) -> Dict[str, Any]:
     src = os.path.join(work, f"{kind}-{n}")
     (make_tree if kind == "tree" else make_tars)(src, n)
     out = os.path.join(work, f"out-{kind}-{n}")
@@ -217,6 +282,11 @@ def measure(work: str, n: int, kind: str) -> Dict[str, Any]:
            "convert_parent_rss": conv["peak_rss"], "convert_worker_rss": conv["children_peak_rss"],
            "verify_rss": ver["peak_rss"], "verify_seconds": ver["seconds"], "record_bytes": records,
            "map": measure_reads(out, False), "stream": measure_reads(out, True)}
+    if kind == "tree" and n <= peers_up_to:
+        row["peers"] = measure_peers(work, n, python_litdata)
+    if drop_source:  # the largest sizes: the next one needs the disk
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
     print(json.dumps(row), flush=True)
     return row
 
@@ -254,6 +324,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000, 1000000])
     p.add_argument("--kinds", nargs="+", default=["tree", "tars"], choices=["tree", "tars"])
     p.add_argument("--work", help="a scratch folder (default: in the temp dir; trees are kept there between runs)")
+    p.add_argument("--peers-up-to", type=int, default=1000000,
+                   help="write the trees up to this size with webdataset's ShardWriter and litdata's optimize too")
+    p.add_argument("--python-litdata", help="litdata's interpreter (its own venv; without it litdata is left out)")
+    p.add_argument("--drop", action="store_true",
+                   help="remove each size's source and output once measured (the disk the next size needs)")
     p.add_argument("--json")
 
 
@@ -270,7 +345,7 @@ def run(args: argparse.Namespace) -> None:
                          f"{free / 1e9:.0f} GB are free in {work}")
     result: Dict[str, Any] = {}
     for kind in args.kinds:
-        rows = [measure(work, n, kind) for n in sorted(args.sizes)]
+        rows = [measure(work, n, kind, args.peers_up_to, args.python_litdata, args.drop) for n in sorted(args.sizes)]
         result[kind] = {"rows": rows, "growth": growth(rows)}
     print(render_text(result))
     if args.json:
@@ -313,7 +388,34 @@ def render_text(result: Dict[str, Any]) -> str:
             f"{r['convert_seconds']:.0f} s, {r['convert_cpu_seconds']:.0f} s" for r in rows) + " | | | | |")
         lines.append("| shard records, bytes per sample | " + " | ".join(
             f"{r['record_bytes'] / r['samples']:.1f}" for r in rows) + " | | | | |")
+        lines += _peer_rows(rows)
     return "\n".join(lines)
+
+
+PEER_ROWS = (("webdataset `ShardWriter` (1 process), peak RSS", "webdataset", "parent_rss"),
+             ("webdataset `ShardWriter`: wall, CPU", "webdataset", None),
+             ("litdata `optimize` parent, peak RSS", "litdata", "parent_rss"),
+             ("litdata `optimize` worker, peak RSS", "litdata", "child_rss"),
+             ("litdata `optimize`: wall, CPU", "litdata", None))
+
+
+def _peer_rows(rows: List[Dict[str, Any]]) -> List[str]:
+    """The peers' rows, where a size has them (``–`` where it was not run); memory with its
+    growth per sample between the sizes that have it."""
+    lines = []
+    for name, peer, field in PEER_ROWS:
+        had = [r for r in rows if peer in r.get("peers", {})]
+        if not had:
+            continue
+        cells = []
+        for r in rows:
+            p = r.get("peers", {}).get(peer)
+            cells.append("–" if p is None else _mb(p[field]) if field else
+                         f"{p['seconds']:.0f} s, {p['cpu_seconds']:.0f} s")
+        per = ", ".join(f"{(b['peers'][peer][field] - a['peers'][peer][field]) / (b['samples'] - a['samples']):,.1f} B"
+                        for a, b in zip(had, had[1:])) if field else ""
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {per} | | | |")
+    return lines
 
 
 def render(data: Dict[str, Any]) -> str:

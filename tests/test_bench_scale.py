@@ -66,3 +66,29 @@ def test_tree_holds_the_same_samples(tmp_path):
     assert len(files) == 7
     with Image.open(files[0]) as im:
         assert im.size == (32, 32)
+
+
+def _row(n, parent, peers=None):
+    reads = {"open_seconds": 0.1, "first_batch_seconds": 0.2, "worker_private": [10e6, 11e6],
+             "worker_private_dirty": [9e6, 9e6]}
+    row = {"kind": "tree", "samples": n, "convert_seconds": 1.0, "convert_cpu_seconds": 1.0,
+           "convert_parent_rss": parent, "convert_worker_rss": 40e6, "verify_rss": 50e6, "verify_seconds": 1.0,
+           "record_bytes": 40 * n, "map": reads, "stream": reads}
+    if peers:
+        row["peers"] = peers
+    return row
+
+
+def test_growth_and_peer_rows_render():
+    def peer(rss):
+        return {"webdataset": {"seconds": 2.0, "cpu_seconds": 1.5, "parent_rss": rss, "child_rss": 0}}
+
+    rows = [_row(1000, 50e6, peer(600e6)), _row(10000, 50e6 + 9000 * 10, peer(600e6 + 9000 * 100)),
+            _row(100000, 50e6 + 99000 * 10)]  # the peers left out at the largest size
+    growth = {g["figure"]: g for g in scale.growth(rows)}
+    steps = growth["conversion parent, peak RSS"]["steps"]
+    assert [round(s["bytes_per_sample"], 6) for s in steps] == [10.0, 10.0]
+    text = scale.render_text({"tree": {"rows": rows, "growth": scale.growth(rows)}})
+    line = next(ln for ln in text.splitlines() if ln.startswith("| webdataset `ShardWriter` (1 process)"))
+    assert "| 600 MB | 601 MB | – | 100.0 B |" in line
+    assert "litdata" not in text  # not run: no row
