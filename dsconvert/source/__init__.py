@@ -33,7 +33,8 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
     reading their headers and metadata (and labels: ``label``, where a sample's class label is;
     for Parquet and Arrow None finds it, False asks for dict samples of every column).
 
-    ``progress`` is called with the number of files found in each folder walked.
+    ``progress`` is called with the number of files found in each folder walked (the members
+    indexed in each tar).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
@@ -44,7 +45,7 @@ def scan(src: str, layout: str = "auto", progress: Optional[ProgressFn] = None,
         raise SourceError(f"label must be a column or field name (or False for Parquet and Arrow: dict samples), "
                           f"not {label!r}", src)
     if container == "tars":
-        return tar_source(src, label or None, storage_options)
+        return tar_source(src, label or None, storage_options, progress)
     if container in ("parquet", "arrow"):  # Arrow files (save_to_disk folders) are read as Parquet files are
         return parquet_source(src, label, storage_options, arrow=container == "arrow")
     if container == "output":

@@ -429,7 +429,8 @@ class TarShards:
     holds one tar's record at a time, never all of them."""
 
     def __init__(self, location: Location, names: Sequence[str], label: Optional[str] = None,
-                 index_dir: Optional[str] = None, workers: int = 8):
+                 index_dir: Optional[str] = None, workers: int = 8,
+                 progress: Optional[Callable[[int], None]] = None):
         self.location = location
         self.names = list(names)
         self.label_spec = label
@@ -444,8 +445,12 @@ class TarShards:
         self._spool_lock = threading.Lock()
         if not location.remote:  # walking headers and parsing JSON hold the GIL: more threads buy no time
             workers = min(workers, LOCAL_INDEX_THREADS)  # and each holds a tar's record while it works
+        results = []
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.names) or 1))) as pool:
-            results = list(pool.map(lambda n: self._index(n, infos[n]), self.names))
+            for result in pool.map(lambda n: self._index(n, infos[n]), self.names):
+                results.append(result)
+                if progress is not None and result[0] is not None:  # the members found, as a folder's files
+                    progress(result[0].files)
         self.summaries: Dict[str, TarSummary] = {}
         self.failed: List[Skipped] = []
         for name, (summary, error) in zip(self.names, results):
@@ -471,7 +476,8 @@ class TarShards:
         return TarSummary(int(record["num_samples"]), int(record["bytes"]), str(record["sha256"]),
                           dict(record["fields"]), sorted(record["members"]), "stream_compression" in record,
                           [Skipped(s["path"], s["reason"]) for s in record["skipped"]],
-                          sorted({v for v in values if isinstance(v, str)}))
+                          sorted({v for v in values if isinstance(v, str)}),
+                          sum(len(col["offset"]) - col["offset"].count(-1) for col in record["members"].values()))
 
     def _index_dir(self) -> str:
         local = self.location.local_path("") if not self.location.remote else None
@@ -607,6 +613,7 @@ class TarSummary(NamedTuple):
     compressed: bool
     skipped: List[Skipped]
     class_names: List[str]  # the labels (for the TarShards' label) that are names
+    files: int = 0  # its members indexed (what a scan's progress counts)
 
 
 def index_bound(tar_bytes: int) -> int:
@@ -671,7 +678,8 @@ def label_index(value: Any, classes: Optional[List[str]]) -> Any:
 
 
 def tar_source(src: str, label: Optional[str] = None,
-               storage_options: Optional[Dict[str, Any]] = None) -> Source:
+               storage_options: Optional[Dict[str, Any]] = None,
+               progress: Optional[Callable[[int], None]] = None) -> Source:
     """The samples of tar shards as a :class:`Source` of kind ``tar``: each member an input
     file (``TAR/MEMBER``), keys made unique and tar-safe. With ``label`` the source holds
     (image, label) samples: each sample's first image field is its input, the label member is
@@ -679,7 +687,7 @@ def tar_source(src: str, label: Optional[str] = None,
     location, names, skipped, ignored = list_tars(src, storage_options)
     if not names and not skipped:
         raise SourceError(f"no .tar shards in {src}", src)
-    shards = TarShards(location, names, label)
+    shards = TarShards(location, names, label, progress=progress)
     skipped += shards.failed
     check_label_field(shards, src)
     classes = shards.classes() if label else None
