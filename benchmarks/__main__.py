@@ -124,6 +124,35 @@ def render(names: List[str], bench_dir: str = BENCH, docs: str = DOCS) -> List[s
     return missing
 
 
+README = os.path.join(ROOT, "README.md")
+
+
+def render_readme(names: List[str], bench_dir: str = BENCH, readme: str = README) -> List[str]:
+    """Rewrite the README's tables: a table whose spec has a ``readme`` render goes between
+    ``<!-- bench_all:NAME readme begin -->`` and its end marker, from the same JSON; the names
+    rewritten."""
+    known = tables()
+    if not os.path.exists(readme):
+        return []
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    done = []
+    for name in names:
+        spec = known[name][1]
+        path = os.path.join(bench_dir, f"{name}.json")
+        begin, end = f"{MARKER}{name} readme begin -->", f"{MARKER}{name} readme end -->"
+        if "readme" not in spec or not os.path.exists(path) or begin not in text:
+            continue
+        with open(path) as f:
+            new = f"{begin}\n{spec['readme'](json.load(f))}{end}"
+        pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+        text = pattern.sub(lambda _, new=new: new, text)
+        done.append(name)
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(text)
+    return done
+
+
 def run_all(argv: List[str]) -> int:
     known = tables()
     ap = argparse.ArgumentParser(prog="python -m benchmarks all",
@@ -154,13 +183,15 @@ def run_all(argv: List[str]) -> int:
         names += [t for t in chosen if t not in names]
     bench_dir = a.bench_dir or (tempfile.mkdtemp(prefix="benchmarks-quick-") if a.quick else BENCH)
     os.makedirs(bench_dir, exist_ok=True)
-    docs = DOCS
+    docs, readme = DOCS, README
     if a.quick or a.bench_dir:  # the docs are rewritten from docs/bench only: copies of their pages
         docs = os.path.join(bench_dir, "docs")
         for page in marked_pages(DOCS):
             copy = os.path.join(docs, os.path.relpath(page, DOCS))
             os.makedirs(os.path.dirname(copy), exist_ok=True)
             shutil.copyfile(page, copy)
+        readme = os.path.join(bench_dir, "README.md")
+        shutil.copyfile(README, readme)
     failed = []
     if not a.render_only:
         ran = []
@@ -168,9 +199,11 @@ def run_all(argv: List[str]) -> int:
             (ran if run_table(name, a, bench_dir) else failed).append(name)
         names = ran
     missing = render(names, bench_dir, docs)
+    in_readme = render_readme(names, bench_dir, readme)
     for name in missing:
         print(f"{name}: no page under {shown(docs)} has <!-- bench_all:{name} begin/end --> markers", file=sys.stderr)
-    print(f"tables rewritten under {shown(docs)}: {', '.join(n for n in names if n not in missing) or 'none'}")
+    print(f"tables rewritten under {shown(docs)}: {', '.join(n for n in names if n not in missing) or 'none'}"
+          + (f"; in {shown(readme)}: {', '.join(in_readme)}" if in_readme else ""))
     if failed:
         print(f"failed or skipped: {', '.join(failed)}", file=sys.stderr)
     return 1 if a.quick and failed else 0

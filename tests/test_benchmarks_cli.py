@@ -57,3 +57,22 @@ def test_a_suite_runs_end_to_end_and_renders_its_table(tmp_path):
 def test_an_unknown_suite_is_refused_with_the_list():
     done = benchmarks("no_such_suite")
     assert done.returncode == 2 and "decode" in done.stderr
+
+
+def test_the_readme_table_renders_from_the_dropin_json(tmp_path):
+    """The README's table of the drop-in is generated (its markers), from the JSON the dropin
+    table is, with --render-only into a copy: README.md itself is not touched."""
+    import shutil
+
+    shutil.copyfile(os.path.join(ROOT, "docs", "bench", "dropin.json"), tmp_path / "dropin.json")
+    before = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    done = benchmarks("all", "--render-only", "--only", "dropin", "--bench-dir", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert open(os.path.join(ROOT, "README.md"), encoding="utf-8").read() == before
+    readme = open(tmp_path / "README.md", encoding="utf-8").read()
+    table = readme.split("<!-- bench_all:dropin readme begin -->")[1].split("<!-- bench_all:dropin readme end -->")[0]
+    data = json.load(open(tmp_path / "dropin.json"))
+    fused = data["summary"]["train"]["dsconvert_fused"]
+    row = next(line for line in table.splitlines() if line.startswith('| `open_dataset(out, T, decode="fused")`'))
+    assert f"| {fused['median']:,.0f} |" in row and f"{fused['vs_ffcv']:.2f}x" in row
+    assert data["meta"]["date"] in table
