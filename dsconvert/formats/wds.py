@@ -65,6 +65,7 @@ from ..io.ranges import (
     local_fill,
     remote_fill,
 )
+from ..io.tar_next import next_member
 from ..manifest import Manifest, ShardEntry, expect, is_int_list
 from ..plan import ShardSpec
 from ..samples import Sample
@@ -224,7 +225,7 @@ def check_tar(out: Location, name: str, record: ShardRecord) -> List[Problem]:
         bounded = SizeBoundedFile(raw := out.open(name), size)
         # typeshed's _Fileobj wants write() too; reading, tarfile calls read/seek/tell only
         with raw, tarfile.open(fileobj=bounded, mode="r:") as tf:  # type: ignore[call-overload]
-            for m in tf:
+            while (m := next_member(tf)) is not None:  # none kept; a negative size refused, not walked forever
                 if _unsafe_name(m.name):
                     problems.append(Problem("unsafe-member", name, f"member {m.name!r} has an unsafe path "
                                             "(absolute or '..'): tar -x would write outside its folder"))

@@ -32,8 +32,9 @@ import stat
 import tarfile
 import tempfile
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..codecs import field_kind, is_image_field
 from ..errors import BadInputError, ManifestError, SourceError
@@ -50,9 +51,11 @@ from ..io.decompress import (
 from ..io.default_cache import cache_home
 from ..io.localfs import SizeBoundedFile, atomic_write, open_regular
 from ..io.location import Location, json_bytes, mtime_ns_of
+from ..io.tar_next import next_member
 from ..keys import disambiguate, encode_key, escape_path, is_utf8
 from ..samples import Sample, Skipped, Source, SourceFile
 from ..scan_table import ScanTable
+from .tar_walk import PlainHeaders, PlainMember
 
 __all__ = ["TarShards", "TarSummary", "list_tars", "looks_like_tars", "tar_source", "parse_label", "label_index",
            "check_label_field", "read_bounded", "INDEX_FOLDER"]
@@ -73,6 +76,7 @@ _TAR_SUFFIXES = (".tar",) + COMPRESSED_TAR_SUFFIXES
 HEADER_READ_BYTES = 16 << 20
 TRAILING_ZEROS_READ = 16 << 20
 LOCAL_INDEX_THREADS = 2  # local tars indexed (or their saved indexes checked) at once
+WALK_PLAIN = True  # plain headers walked in bulk (:mod:`.tar_walk`); False: tarfile reads every member
 
 
 def base_plus_ext(name: str) -> Tuple[Optional[str], Optional[str]]:
@@ -167,16 +171,30 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
         raise BadInputError(f"not a readable {kind + '-compressed ' if kind else ''}tar: {exc}") from None
     current: Optional[str] = None
     fields_open = False  # whether fields[-1] is the sample of ``current``
+    # runs of plain headers walked in bulk; tarfile reads every other member (and all of a
+    # compressed stream's, which is read forward only)
+    walker = PlainHeaders(f, size, tf.encoding, tf.errors) if stream is None and WALK_PLAIN else None
+    plain: Deque[PlainMember] = deque()
     while True:
-        try:
-            m = tf.next()
-        except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
-            skip("(rest of the tar)", f"unreadable after byte {tf.offset:,}: {exc}")
-            corrupt = exc if isinstance(exc, CorruptStream) else corrupt
-            break
-        tf.members = []  # keep no TarInfo per member: a tar may hold millions
-        if m is None:
-            break
+        m: Any = None
+        if not plain and walker is not None and tf.firstmember is None and not tf.pax_headers:
+            try:
+                plain.extend(walker.run(tf.offset))
+            except OSError as exc:
+                skip("(rest of the tar)", f"unreadable after byte {tf.offset:,}: {exc}")
+                break
+        if plain:
+            m = plain.popleft()
+            tf.offset = m.next_offset
+        else:
+            try:
+                m = next_member(tf)
+            except (tarfile.TarError, EOFError, OSError, ValueError, OverflowError, MemoryError) as exc:
+                skip("(rest of the tar)", f"unreadable after byte {tf.offset:,}: {exc}")
+                corrupt = exc if isinstance(exc, CorruptStream) else corrupt
+                break
+            if m is None:
+                break
         mname = m.name
         if m.isdir():
             continue
@@ -196,7 +214,6 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
                else "unsafe member name (absolute or '..')"
                if mname.startswith("/") or ".." in re.split(r"[/\\]", mname)
                else "a sparse member (its data is not stored in one piece): not read" if m.issparse()
-               else f"a negative size ({m.size})" if m.size < 0
                else f"truncated: its {m.size:,} bytes run past the end of the tar" if m.offset_data + m.size > size
                else f"field {ext!r} is a name webdataset reserves" if ext.startswith("__")
                else None)
@@ -217,9 +234,13 @@ def _scan(f: Any, size: int, name: str, label: Optional[Tuple[str, List[str]]]) 
         fields[-1][ext] = (m.offset_data, m.size)
         if label is not None and values is not None and ext == label[0]:
             # read now, in stream order (a compressed stream goes back at a cost); tarfile seeks to its next header
-            f.seek(m.offset_data)
+            n = min(m.size, LABEL_MEMBER_BYTES + 1)
+            data = walker.held(m.offset_data, n) if walker is not None else None
+            if data is None:
+                f.seek(m.offset_data)
+                data = f.read(n)
             try:
-                values[-1] = label_value(f.read(min(m.size, LABEL_MEMBER_BYTES + 1)), label[1])
+                values[-1] = label_value(data, label[1])
             except BadInputError as exc:
                 values[-1] = {"error": exc.reason}
     if not any(s["path"].endswith("/(rest of the tar)") for s in skipped):  # the end said once, first cause first
@@ -305,7 +326,9 @@ def _record(name: str, keys: List[str], fields: List[Dict[str, Tuple[int, int]]]
     columns: Dict[str, Dict[str, List[int]]] = {}
     for i, sample in enumerate(fields):
         for field, (offset, size) in sample.items():
-            col = columns.setdefault(field, {"offset": [-1] * n, "size": [-1] * n})
+            col = columns.get(field)
+            if col is None:  # not setdefault: its default would be two lists of n built for every member
+                col = columns[field] = {"offset": [-1] * n, "size": [-1] * n}
             col["offset"][i] = offset
             col["size"][i] = size
     return {

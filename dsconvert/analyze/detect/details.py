@@ -10,6 +10,7 @@ import tarfile
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...io.tar_next import next_member
 from ...optional import optional_import
 from . import limits
 from .crc import masked_crc32c
@@ -109,11 +110,9 @@ def tar_keys(store: Store, path: str, gz: bool) -> Tuple[Dict[str, Any], str]:
         try:
             tf = tarfile.open(fileobj=source, mode="r:")
             while True:
-                m = tf.next()
+                m = next_member(tf)  # headers only, none kept; a negative size ends the walk
                 if m is None:
                     break
-                # headers only: no member list kept (an attribute typeshed's TarFile leaves out)
-                tf.members = []  # type: ignore[attr-defined]
                 members += 1
                 if m.isfile():
                     key, field_ = _wds_key(m.name)
