@@ -314,13 +314,12 @@ class _OrderCheck:
         problem = seen.problem(where)
         return size, digest.hexdigest(), problem
 
-    def shard(self, start: int, count: int, record: Optional[ShardRecord]) -> None:
-        """The record of the shard whose ``count`` samples are stored from place ``start`` on
-        (None: unreadable)."""
-        if record is None:
+    def shard(self, start: int, count: int, positions: Optional[List[int]]) -> None:
+        """The source positions in the record of the shard whose ``count`` samples are stored
+        from place ``start`` on ([]: none; None: the record is unreadable)."""
+        if positions is None:
             self.complete = False
             return
-        positions = record.d.get("positions") or []
         if not positions:
             return
         self.some_positions = True
@@ -497,13 +496,20 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     say(f"checking {len(manifest.shards)} shard(s) against {MANIFEST_NAME}")
     order = _OrderCheck(location, manifest)
     start = 0
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # hashing releases the GIL
-        checks = _bounded_map(pool, lambda e: _check_shard(location, manifest, e), manifest.shards, 2 * workers + 2)
-        for entry, (found, nbytes, record) in zip(manifest.shards, checks):
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as threads:  # hashing releases the GIL
+        def check(entry: ShardEntry) -> Tuple[List[Problem], int, Optional[ShardRecord], Optional[List[int]]]:
+            """A shard checked, and of its record what is used after: its positions (the record's
+            whole dict is ~1 kB a sample, 10 MB for a shard of 10,000), all of it for ``source``."""
+            found, nbytes, record = _check_shard(location, manifest, entry)
+            positions = None if record is None else record.d.get("positions") or []
+            return found, nbytes, record if source is not None else None, positions
+
+        checks = _bounded_map(threads, check, manifest.shards, workers + 1)
+        for entry, (found, nbytes, record, positions) in zip(manifest.shards, checks):
             problems += found
             hashed += nbytes
-            read_ok.append(record is not None)
-            order.shard(start, entry.num_samples, record)
+            read_ok.append(positions is not None)
+            order.shard(start, entry.num_samples, positions)
             start += entry.num_samples
             if record is not None and source is not None:
                 kept.append(record)

@@ -53,7 +53,7 @@ def _check(folder: str, positions: List[np.ndarray], order: Optional[np.ndarray]
     start = 0
     try:
         for p, count in zip(positions, counts):
-            check.shard(start, count, SimpleNamespace(d={"positions": p.tolist()}))  # type: ignore[arg-type]
+            check.shard(start, count, p.tolist())
             start += count
         return check.finish()
     finally:
@@ -83,7 +83,7 @@ def _peak(folder: str, n: int, shard: int = 10_000) -> int:
         base = tracemalloc.get_traced_memory()[0]
         check = _OrderCheck(Location(folder), manifest)  # type: ignore[arg-type]
         for a in range(0, n, shard):
-            check.shard(a, min(shard, n - a), SimpleNamespace(d={"positions": perm[a: a + shard].tolist()}))  # type: ignore[arg-type]
+            check.shard(a, min(shard, n - a), perm[a: a + shard].tolist())
         assert check.finish() == []
         check.close()
         return tracemalloc.get_traced_memory()[1] - base
