@@ -15,13 +15,13 @@ import hashlib
 import io
 import os
 import tempfile
-from typing import IO, Any, Dict, List, Sequence, Tuple
+from typing import IO, Any, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
 from .errors import ManifestError
 
-__all__ = ["ORDERS", "shuffled_order", "order_bytes", "load_order", "mapped_order", "StoredPositions"]
+__all__ = ["ORDERS", "shuffled_order", "order_bytes", "load_order", "mapped_order", "order_header", "StoredPositions"]
 
 ORDERS = ("auto", "shuffled", "source")  # auto: shuffled for labelled wds outputs (see convert)
 
@@ -122,7 +122,17 @@ def mapped_order(buf: Any, n: int, where: str) -> np.ndarray:
     a permutation) was checked when it was written, and is again by ``verify`` and the cache;
     a reader checks the file's sha256 against the manifest before it trusts it. A worker
     holds no copy: the map's pages are the page cache's, shared."""
-    head = io.BytesIO(bytes(buf[:4096]))
+    offset = order_header(bytes(buf[:4096]), n, where)
+    if len(buf) != offset + 8 * n:
+        raise ManifestError(f"{where}: {len(buf):,} bytes, not the {offset + 8 * n:,} of {n} positions", where)
+    return np.frombuffer(buf, dtype="<i8", count=n, offset=offset)
+
+
+def order_header(start: bytes, n: int, where: str) -> int:
+    """Where an order file's positions begin, from its first bytes (``start``, up to 4096: the
+    .npy header read by numpy's own helpers), checked to announce ``n`` int64 values in C order.
+    Only the header: a reader that streams the file checks its length against this itself."""
+    head = io.BytesIO(start)
     try:
         version = np.lib.format.read_magic(head)
         shape, fortran, dtype = (np.lib.format.read_array_header_1_0(head) if version == (1, 0)
@@ -131,10 +141,7 @@ def mapped_order(buf: Any, n: int, where: str) -> np.ndarray:
         raise ManifestError(f"{where}: not an order file ({str(exc)[:100]})", where) from None
     if dtype != np.dtype("<i8") or shape != (n,) or (fortran and n > 1):
         raise ManifestError(f"{where}: an order file holds {n} int64 positions, not {dtype} {shape}", where)
-    offset = head.tell()
-    if len(buf) != offset + 8 * n:
-        raise ManifestError(f"{where}: {len(buf):,} bytes, not the {offset + 8 * n:,} of {n} positions", where)
-    return np.frombuffer(buf, dtype="<i8", count=n, offset=offset)
+    return head.tell()
 
 
 class StoredPositions:
@@ -172,9 +179,13 @@ class StoredPositions:
         """Positions added for ``shard`` (-1: none)."""
         return self._where[shard][1] if shard in self._where else -1
 
-    def _read(self, shard: int) -> np.ndarray:
+    def positions_of(self, shard: int) -> np.ndarray:
+        """The positions added for ``shard``, read back from disk."""
         offset, count = self._where[shard]
         return np.frombuffer(os.pread(self._file.fileno(), 8 * count, offset), dtype="<i8")
+
+    def close(self) -> None:
+        self._file.close()
 
     def write_order(self, out: IO[bytes], shards: Sequence[int]) -> Tuple[int, str]:
         """The order file of the shards ``shards`` (their indexes, in stored order) written to
@@ -192,6 +203,15 @@ class StoredPositions:
         head = io.BytesIO()
         np.lib.format.write_array_header_1_0(head, {"descr": "<i8", "fortran_order": False, "shape": (total,)})
         emit(head.getvalue())
+        for chunk in self.order_chunks(shards):
+            emit(chunk)
+        return written, digest.hexdigest()
+
+    def order_chunks(self, shards: Sequence[int]) -> Iterator[bytes]:
+        """The order file's positions (after its header), a bucket's worth at a time: the
+        stored places of ``shards``' samples in rising source position. ValueError when a
+        source position is stored twice."""
+        total = sum(self._where[s][1] for s in shards)
         span = self.largest + 1
         width = max(1, min(span, max(self.WINDOW, -(-span // self.MAX_BUCKETS))))  # a bucket's positions
         buckets = [tempfile.TemporaryFile(prefix="dsconvert-order-", buffering=0)  # no buffer each
@@ -199,7 +219,7 @@ class StoredPositions:
         try:
             place = 0
             for shard in shards:
-                values = self._read(shard)
+                values = self.positions_of(shard)
                 pairs = np.empty((len(values), 2), dtype="<i8")
                 pairs[:, 0] = values
                 pairs[:, 1] = np.arange(place, place + len(values), dtype=np.int64)
@@ -219,10 +239,9 @@ class StoredPositions:
                 if len(kept) != len(pairs):
                     raise ValueError("a source position is stored twice")
                 seen += len(kept)
-                emit(kept.tobytes())
+                yield kept.tobytes()
             if seen != total:
                 raise ValueError("positions lost while writing the order")
         finally:
             for bucket in buckets:
                 bucket.close()
-        return written, digest.hexdigest()

@@ -25,7 +25,6 @@ A manifest that cannot be read at all is an error (ManifestError).
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import re
 import shutil
@@ -46,7 +45,7 @@ from .io.location import Location, is_remote, local_form
 from .keys import escape_path
 from .manifest import MANIFEST_NAME, ORDER_NAME, Manifest, ShardEntry
 from .processes import available_cpus, process_pool
-from .shuffle import mapped_order
+from .shuffle import StoredPositions, order_header
 from .skips import ROW_KINDS, InputSet, count_of
 
 __all__ = ["verify", "Problem", "render_text", "VERIFY_SCHEMA", "VERIFY_VERSION", "EXIT_PROBLEMS"]
@@ -234,18 +233,26 @@ def _source_diff(manifest: Manifest, records: List[ShardRecord], src: str,
 
 
 class _OrderCheck:
-    """A shuffled output's order file, checked in bounded memory: its checksum streamed, that it
-    is a permutation (a byte map of N, not a set), and that it agrees with the source
-    positions the shard records hold: the order lists the stored places by source position
-    (``argsort`` of the positions in stored order), so the positions read through it rise
-    strictly. One int64 a sample is kept (each stored place's position, filled shard by shard
-    as records are read and dropped); the order file is mapped where it is local."""
+    """A shuffled output's order file, checked in bounded memory.
+
+    The file is read once, in chunks through one buffer (never mapped whole, never held): its
+    size and sha256 against the manifest's, its header, and that it is a permutation (a bitmap,
+    1 bit a sample). Then that it agrees with the source positions the shard records hold: the
+    order lists the stored places by source position, i.e. it is ``argsort`` of the positions
+    in stored order (so the positions read through it rise strictly). The records' positions go
+    to disk as they are read (:class:`StoredPositions`, 8 bytes a sample on disk, none in
+    memory), the order they imply is rebuilt from there in buckets, and its sha256 compared
+    with that of the file's positions."""
+
+    CHUNK = 1 << 20  # bytes of the order file read at once (one buffer, reused)
 
     def __init__(self, out: Location, manifest: Manifest):
         self.out, self.manifest = out, manifest
         self.problems: List[Problem] = []
-        self.order: Any = None
-        self.stored: Optional[np.ndarray] = None  # each stored place's source position
+        self.ok = False  # the file is whole and a permutation of the manifest's samples
+        self.values_sha256 = ""  # the sha256 of its positions (the bytes after its header)
+        self.stored: Optional[StoredPositions] = None  # the records' positions, by shard
+        self.shards: List[int] = []  # the shards whose positions ``stored`` holds, in stored order
         self.positions = 0  # source positions seen in records
         self.some_positions = False
         self.mismatch = False
@@ -254,51 +261,80 @@ class _OrderCheck:
             return
         name = ORDER_NAME
         try:
-            buf = self._read(name)
+            path = out.local_path(name)
+            with (open_regular(path) if path is not None else out.open(name, block_size=self.CHUNK)) as f:
+                size, digest, problem = self._scan(f, out.url_of(name))
         except OSError as exc:
             self.problems.append(Problem("missing", name, f"the order file is unreadable: {exc}"))
             return
-        if (len(buf), hashlib.sha256(buf).hexdigest()) != (manifest.order["bytes"], manifest.order["sha256"]):
+        if (size, digest) != (manifest.order["bytes"], manifest.order["sha256"]):
             self.problems.append(Problem("checksum", name, "its size or sha256 differs from the manifest's"))
             return
-        try:
-            order = mapped_order(buf, manifest.num_samples, out.url_of(name))
-            _check_permutation(order, out.url_of(name))
-        except ManifestError as exc:
-            self.problems.append(Problem("structure", name, str(exc)))
+        if problem is not None:
+            self.problems.append(Problem("structure", name, problem))
             return
-        self.order = order
+        self.ok = True
+        self.stored = StoredPositions()
 
-    def _read(self, name: str) -> Any:
-        path = self.out.local_path(name)
-        if path is None:
-            return self.out.read_bytes(name)
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    def _scan(self, f: Any, where: str) -> Tuple[int, str, Optional[str]]:
+        """(bytes, sha256, what is wrong with it or None) of the order file ``f``, read once."""
+        n = self.manifest.num_samples
+        digest, values = hashlib.sha256(), hashlib.sha256()
+        start = _read_upto(f, 4096)
+        digest.update(start)
+        size = len(start)
+        try:
+            offset: Optional[int] = order_header(start, n, where)
+        except ManifestError as exc:
+            header_problem: Optional[str] = str(exc)
+            offset = None
+        else:
+            header_problem = None
+        seen = _Bitmap(n)
+        pending = start[offset:] if offset is not None else b""
+        while True:
+            chunk = f.read(self.CHUNK)
+            if chunk:
+                digest.update(chunk)
+                size += len(chunk)
+            if offset is not None:
+                data = pending + chunk if pending else chunk
+                whole = len(data) - len(data) % 8
+                if whole:
+                    values.update(memoryview(data)[:whole])
+                    seen.add(np.frombuffer(data, dtype="<i8", count=whole // 8))
+                pending = data[whole:]
+            if not chunk:
+                break
+        self.values_sha256 = values.hexdigest()
+        if header_problem is not None or offset is None:
+            return size, digest.hexdigest(), header_problem
+        if size != offset + 8 * n:
+            return size, digest.hexdigest(), f"{where}: {size:,} bytes, not the {offset + 8 * n:,} of {n} positions"
+        problem = seen.problem(where)
+        return size, digest.hexdigest(), problem
 
-    def shard(self, start: int, record: Optional[ShardRecord]) -> None:
-        """The record of the shard whose samples are stored from place ``start`` on (None: unreadable)."""
-        if record is None:
+    def shard(self, start: int, count: int, positions: Optional[List[int]]) -> None:
+        """The source positions in the record of the shard whose ``count`` samples are stored
+        from place ``start`` on ([]: none; None: the record is unreadable)."""
+        if positions is None:
             self.complete = False
             return
-        positions = record.d.get("positions") or []
         if not positions:
             return
         self.some_positions = True
         self.positions += len(positions)
-        if self.order is None or self.mismatch:
+        if self.stored is None or self.mismatch:
             return
-        n = self.manifest.num_samples
-        if start + len(positions) > n:
-            self.mismatch = True
+        if len(positions) != count or start + len(positions) > self.manifest.num_samples:
+            self.mismatch = True  # places unset or set twice: the positions cannot rise through the order
             return
-        if self.stored is None:
-            self.stored = np.full(n, -1, dtype=np.int64)
         try:
-            self.stored[start: start + len(positions)] = positions
+            self.stored.add(len(self.shards), positions)
         except (OverflowError, ValueError, TypeError):  # an older JSON record's position past int64
             self.mismatch = True
+            return
+        self.shards.append(len(self.shards))
 
     def finish(self) -> List[Problem]:
         if self.manifest.order is None:
@@ -313,33 +349,92 @@ class _OrderCheck:
             return [Problem("structure", ORDER_NAME, "does not match the source positions in the shard records")]
         return []
 
-    def _rises(self, chunk: int = 1 << 20) -> bool:
-        """Whether the positions, read in the order's sequence, rise strictly (and none is unset)."""
-        if self.stored is None or self.order is None:
+    def _rises(self) -> bool:
+        """Whether the order file is ``argsort`` of the records' positions (distinct ones: read
+        through it they rise strictly): the order they imply, rebuilt on disk, has the file's
+        positions' sha256."""
+        stored = self.stored
+        if stored is None or not self.ok:
             return self.manifest.num_samples == 0
-        last = -1
-        for a in range(0, len(self.order), chunk):
-            v = self.stored[np.asarray(self.order[a: a + chunk], dtype=np.int64)]
-            if not len(v):
-                continue
-            if v[0] <= last or (len(v) > 1 and bool((np.diff(v) <= 0).any())):
+        if stored.largest >= 4 * stored.count + (1 << 24):
+            # far sparser than any conversion writes (its buckets would span them): a hostile
+            # record's, checked in memory (8 bytes a sample, this case only)
+            return self._rises_in_memory()
+        digest = hashlib.sha256()
+        try:
+            for chunk in stored.order_chunks(self.shards):
+                digest.update(chunk)
+        except ValueError:  # a position stored twice
+            return False
+        return digest.hexdigest() == self.values_sha256
+
+    def _rises_in_memory(self) -> bool:
+        stored = self.stored
+        assert stored is not None
+        positions = np.concatenate([stored.positions_of(k) for k in self.shards] or [np.zeros(0, np.int64)])
+        if len(np.unique(positions)) != len(positions):
+            return False
+        order = np.argsort(positions, kind="stable").astype("<i8")
+        return hashlib.sha256(order.tobytes()).hexdigest() == self.values_sha256
+
+    def close(self) -> None:
+        if self.stored is not None:
+            self.stored.close()
+
+
+class _Bitmap:
+    """Which of the positions ``range(n)`` were seen: 1 bit each (not a byte, not a set)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.bits = np.zeros(n // 8 + 1, dtype=np.uint8)
+        self.outside = False
+
+    def add(self, v: np.ndarray) -> None:
+        if not len(v) or self.outside:
+            return
+        if v.min() < 0 or v.max() >= self.n:
+            self.outside = True
+            return
+        np.bitwise_or.at(self.bits, v >> 3, np.left_shift(np.uint8(1), (v & 7).astype(np.uint8)))
+
+    def full(self, chunk: int = 1 << 20) -> bool:
+        whole = self.n // 8
+        for a in range(0, whole, chunk):
+            if not bool((self.bits[a: min(whole, a + chunk)] == 0xFF).all()):
                 return False
-            last = int(v[-1])
-        return True
+        return int(self.bits[whole]) == (1 << (self.n % 8)) - 1
+
+    def problem(self, where: str) -> Optional[str]:
+        """What keeps the positions seen from being a permutation of ``range(n)``, or None."""
+        if self.outside:
+            return f"{where}: positions outside 0..{self.n - 1}"
+        if not self.full():  # n positions in range, one missing: another is repeated
+            return f"{where}: not a permutation (a position is repeated)"
+        return None
+
+
+def _read_upto(f: Any, size: int) -> bytes:
+    """Up to ``size`` bytes of ``f``: fewer only at its end."""
+    parts: List[bytes] = []
+    while size > 0:
+        part = f.read(size)
+        if not part:
+            break
+        parts.append(part)
+        size -= len(part)
+    return b"".join(parts)
 
 
 def _check_permutation(order: np.ndarray, where: str, chunk: int = 1 << 20) -> None:
-    """That ``order`` holds every position of range(len(order)) once: each marked in a byte map
-    of len bytes (a repeat leaves another unmarked), read in chunks of a mapped file."""
-    n = len(order)
-    seen = np.zeros(n, dtype=bool)
-    for a in range(0, n, chunk):
-        v = np.asarray(order[a: a + chunk], dtype=np.int64)
-        if v.min() < 0 or v.max() >= n:
-            raise ManifestError(f"{where}: positions outside 0..{n - 1}", where)
-        seen[v] = True
-    if not seen.all():
-        raise ManifestError(f"{where}: not a permutation (a position is repeated)", where)
+    """That ``order`` holds every position of range(len(order)) once: each marked in a bitmap
+    (a repeat leaves another unmarked), read in chunks (of a mapped file: its pages read once)."""
+    seen = _Bitmap(len(order))
+    for a in range(0, len(order), chunk):
+        seen.add(np.asarray(order[a: a + chunk], dtype=np.int64))
+    problem = seen.problem(where)
+    if problem is not None:
+        raise ManifestError(problem, where)
 
 
 def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: List[Any], ahead: int) -> Iterator[Any]:
@@ -401,17 +496,27 @@ def verify(out: str, decode: bool = False, source: Optional[str] = None, workers
     say(f"checking {len(manifest.shards)} shard(s) against {MANIFEST_NAME}")
     order = _OrderCheck(location, manifest)
     start = 0
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # hashing releases the GIL
-        checks = _bounded_map(pool, lambda e: _check_shard(location, manifest, e), manifest.shards, 2 * workers + 2)
-        for entry, (found, nbytes, record) in zip(manifest.shards, checks):
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as threads:  # hashing releases the GIL
+        def check(entry: ShardEntry) -> Tuple[List[Problem], int, Optional[ShardRecord], Optional[List[int]]]:
+            """A shard checked, and of its record what is used after: its positions (the record's
+            whole dict is ~1 kB a sample, 10 MB for a shard of 10,000), all of it for ``source``."""
+            found, nbytes, record = _check_shard(location, manifest, entry)
+            positions = None if record is None else record.d.get("positions") or []
+            return found, nbytes, record if source is not None else None, positions
+
+        checks = _bounded_map(threads, check, manifest.shards, workers + 1)
+        for entry, (found, nbytes, record, positions) in zip(manifest.shards, checks):
             problems += found
             hashed += nbytes
-            read_ok.append(record is not None)
-            order.shard(start, record)
+            read_ok.append(positions is not None)
+            order.shard(start, entry.num_samples, positions)
             start += entry.num_samples
             if record is not None and source is not None:
                 kept.append(record)
-    problems += order.finish()
+    try:
+        problems += order.finish()
+    finally:
+        order.close()
     hash_seconds = time.perf_counter() - started
     fmt: Type[Format] = get(manifest.format)
     listed = {n for e in manifest.shards for n in fmt.files_of(e)}

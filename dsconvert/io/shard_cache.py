@@ -196,7 +196,7 @@ class ShardCache:
                     fs.get_file(path, tmp)
                 else:
                     with open_regular(url) as src, open(tmp, "wb") as dst:
-                        shutil.copyfileobj(src, dst, 8 << 20)
+                        shutil.copyfileobj(src, dst, 1 << 20)  # 1 MB: a thread keeps what it last freed
                 if (size is None or os.path.getsize(tmp) == size) and (sha256 is None or file_sha256(tmp) == sha256):
                     break
                 if attempt:

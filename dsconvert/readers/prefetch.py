@@ -37,17 +37,23 @@ def prefetch(url: str, cache_dir: str, max_bytes: Union[int, str, None] = None,
     fmt = get(manifest.format)
     started = time.perf_counter()
 
+    def fetch_file(name: str, part: Optional[Dict[str, Any]]) -> None:
+        """A shard's other file (its record...) or the order file, copied and checked, not read
+        into memory: the order file is 8 bytes a sample."""
+        cache.get(access.url_of(name), (part or {}).get("sha256"), (part or {}).get("bytes"), counted=False)
+
     def fetch(entry: ShardEntry) -> None:
         access.local_shard(entry)
         for name in fmt.files_of(entry)[1:]:
-            access.file_bytes(name, entry.parts.get(name))
+            fetch_file(name, entry.parts.get(name))
         if log is not None:
             log(f"cached {entry.name}")
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        list(pool.map(fetch, manifest.shards))
+        for _ in pool.map(fetch, manifest.shards):  # nothing kept per shard
+            pass
     if manifest.order is not None:  # a shuffled output's order file: read at every open
-        access.file_bytes(ORDER_NAME, manifest.order)
+        fetch_file(ORDER_NAME, manifest.order)
     files, nbytes = cache.usage()
     return {"url": access.location.url, "cache_dir": cache.dir, "shards": len(manifest.shards), "bytes": total,
             "downloaded": cache.downloads, "downloaded_bytes": cache.downloaded_bytes,
