@@ -184,7 +184,8 @@ def write_shard(spec: ShardSpec) -> ShardResult:
 
 def write_pickled_shard(blob: bytes) -> ShardResult:
     """:func:`write_shard` of a pickled spec: what a conversion sends an executor, so that the
-    specs in flight are held as bytes (~0.2 kB a sample), not as objects (~0.7 kB)."""
+    specs in flight are held as bytes (their packed columns: ~75 bytes a sample of tar members),
+    never as objects."""
     return write_shard(pickle.loads(blob))
 
 
