@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from .manifest import ShardEntry
 from .samples import Sample, Skipped, SourceFile
@@ -35,7 +37,8 @@ class ShardSpec:
     root: str
     out_dir: str
     sample_type: str
-    samples: Tuple[Sample, ...]
+    # a tuple or list of Sample, or the same packed (dsconvert.packed_samples: what a conversion sends)
+    samples: Sequence[Sample]
     verify: bool = True
     max_image_pixels: Optional[int] = None
     strict: bool = False
@@ -43,30 +46,93 @@ class ShardSpec:
     storage_options: Dict[str, Any] = field(default_factory=dict)  # for remote root/out_dir (credentials...)
     source_kind: str = "files"  # how inputs are read: files, or from containers (tar, parquet, output)
     # each sample's place in the source's order, when the output stores a shuffled order
-    # (empty: the samples are in source order); recorded per written sample
-    positions: Tuple[int, ...] = ()
+    # (empty: the samples are in source order); recorded per written sample. A tuple, or an
+    # int64 array (what a conversion sends): the same digest
+    positions: Union[Sequence[int], np.ndarray] = ()
     # the output's owner token (dsconvert.io.owner): writers note each file they move in under
     # it, so cleanup can prove what it wrote; empty: not noted. Not content: out of the digest
     owner: str = ""
 
     def digest(self) -> str:
-        # asdict() deep-copies every sample and file (~40 us a sample): the samples are made
-        # plain here, field by field, the rest through asdict as before: the same JSON
-        d = asdict(replace(self, samples=()))
-        d["samples"] = [{"key": s.key, "files": [{name: getattr(f, name) for name in _FILE_FIELDS} for f in s.files],
-                         "label": s.label} for s in self.samples]
-        if not d["positions"]:  # source order: left out, so earlier outputs still match
+        """The sha256 of the spec's JSON (sorted keys, ASCII) less what is not content, as it
+        always was (a resumed run compares it with finished shards' records, those of earlier
+        versions included), streamed into the hash a slice of samples at a time: no list of
+        every sample's dict, nor one string of them all, is ever held."""
+        d = asdict(replace(self, samples=(), positions=()))
+        if len(self.positions):  # source order: left out, so earlier outputs still match
+            d["positions"] = None  # streamed below
+        else:
             d.pop("positions")
         for volatile in ("out_dir", "strict", "storage_options", "owner"):  # where it goes, how errors end, how to
             d.pop(volatile)                                         # reach it: not content
-        if d["source_kind"] == "files":  # left out where it has its old meaning: earlier outputs still match
-            d.pop("source_kind")
-            for sample in d["samples"]:
-                for f in sample["files"]:
-                    f.pop("container")
-                    f.pop("offset")
-        blob = json.dumps(d, sort_keys=True, ensure_ascii=True).encode()
-        return hashlib.sha256(blob).hexdigest()
+        files_kind = d["source_kind"] == "files"
+        if files_kind:  # left out where it has its old meaning (and each file's container, offset): earlier
+            d.pop("source_kind")  # outputs still match
+        hashed = hashlib.sha256(b"{")
+        for i, name in enumerate(sorted(d)):  # json.dumps(sort_keys=True) of the whole, piece by piece
+            hashed.update((b", " if i else b"") + _json(name) + b": ")
+            if name == "samples":
+                pieces = _samples_json(self.samples, files_kind)
+            elif name == "positions":
+                pieces = _ints_json(self.positions)
+            else:
+                pieces = iter((_json(d[name]),))
+            for piece in pieces:
+                hashed.update(piece)
+        hashed.update(b"}")
+        return hashed.hexdigest()
+
+
+_DIGEST_CHUNK = 256  # samples (or positions) put in JSON per step (a sample's dicts and JSON: ~4 kB)
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=True).encode()
+
+
+def _joined(parts: Iterator[str]) -> Iterator[bytes]:
+    """``"[" + ", ".join(parts) + "]"``, encoded piece by piece (empty parts left out)."""
+    yield b"["
+    first = True
+    for part in parts:
+        if part:
+            yield part.encode() if first else b", " + part.encode()
+            first = False
+    yield b"]"
+
+
+def _samples_json(samples: Sequence[Sample], files_kind: bool) -> Iterator[bytes]:
+    """The JSON of the samples' list as the digest has always had it (each sample's key, files
+    and label; a file's container and offset left out for sources of kind ``files``), a slice at
+    a time: each slice's list dumped and its brackets dropped."""
+    packed = getattr(samples, "json_parts", None)  # dsconvert.packed_samples: made from its columns
+    if packed is not None:
+        return _joined(packed(files_kind))
+
+    def parts() -> Iterator[str]:
+        chunk = []
+        for sample in samples:
+            files = []
+            for f in sample.files:
+                fd = {name: getattr(f, name) for name in _FILE_FIELDS}
+                if files_kind:
+                    del fd["container"], fd["offset"]
+                files.append(fd)
+            chunk.append({"key": sample.key, "files": files, "label": sample.label})
+            if len(chunk) == _DIGEST_CHUNK:
+                yield json.dumps(chunk, sort_keys=True, ensure_ascii=True)[1:-1]
+                chunk = []
+        yield json.dumps(chunk, sort_keys=True, ensure_ascii=True)[1:-1]
+    return _joined(parts())
+
+
+def _ints_json(values: Union[Sequence[int], np.ndarray]) -> Iterator[bytes]:
+    """The JSON of a list of ints (a tuple, or an int64 array), a slice at a time."""
+    def parts() -> Iterator[str]:
+        for a in range(0, len(values), _DIGEST_CHUNK):
+            chunk = values[a:a + _DIGEST_CHUNK]
+            yield json.dumps(chunk.tolist() if isinstance(chunk, np.ndarray) else list(chunk))[1:-1]
+    return _joined(parts())
 
 
 @dataclass

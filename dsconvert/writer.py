@@ -552,7 +552,7 @@ class Writer:
         index = len(self._results)
         self._shard_samples = []  # the spec holds this list: its digest, taken when the shard ends, covers them
         spec = ShardSpec(self.fmt.id, index, self.fmt.shard_name(self.prefix, index), "", self.location.url,
-                         self.sample_type or "dict", self._shard_samples,  # type: ignore[arg-type]
+                         self.sample_type or "dict", self._shard_samples,
                          False, None, False, self.format_options, self.storage_options, "files", (), self.owned.token)
         if not self.overwrite:  # a file where this shard goes must be one an earlier run of this output left
             ForeignFiles(self.owned).refuse(self.fmt, spec)

@@ -25,8 +25,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dsconvert"
 LAYERS: List[Tuple[str, List[str]]] = [
     # plain values and helpers that know nothing of the rest: errors, the version, sample keys,
     # the value types every layer passes around, sizes, image geometry, processes, progress
-    ("ground", ["errors", "version", "keys", "samples", "scan_table", "skips", "schedstat", "units", "geometry",
-                "processes", "progress",
+    ("ground", ["errors", "version", "keys", "samples", "scan_table", "packed_samples", "skips", "schedstat", "units",
+                "geometry", "processes", "progress",
                 "distributed", "gpu", "jpeg_structure"]),
     # optional packages, field codecs and pixel work, orders, monitoring
     ("support", ["optional", "codecs", "resample", "reencode", "transforms", "fused", "shuffle", "cluster",

@@ -247,6 +247,33 @@ def test_read_direct_is_byte_exact(labelled):
     assert [fields["jpg"] for _, fields in got] == parquet_images(labelled)[2:6]
 
 
+def test_a_row_gone_since_the_scan_comes_last_and_keeps_its_position(labelled, tmp_path):
+    """A packed spec (what a conversion sends) with a row the file does not have, in the middle:
+    the reader hands it last, skipped; every written sample keeps its own source position (found
+    by key: readers hand made-again samples, not the spec's objects)."""
+    from dataclasses import replace
+
+    from dsconvert.convert import write_shard
+    from dsconvert.formats.base import ShardRecord
+    from dsconvert.packed_samples import PackedSamples, pack_samples
+
+    source = parquet_source(labelled, None)
+    samples = list(source.samples)
+    gone = replace(samples[3], key="gone", files=(replace(samples[3].files[0], offset=99),))
+    samples.insert(3, gone)
+    packed = pack_samples(samples)
+    assert isinstance(packed, PackedSamples)
+    spec = replace(spec_of(source, packed), out_dir=str(tmp_path), sample_type="classification",
+                   positions=np.arange(100, 100 + len(samples), dtype=np.int64))
+    got = list(read_parquet_samples(spec, checked))
+    assert [s.key for s, _ in got] == [s.key for s in samples if s is not gone] + ["gone"]
+    result = write_shard(spec)
+    assert [s.reason.split(" (")[0] for s in result.skipped] == ["changed during the conversion"]
+    record = ShardRecord.load(str(tmp_path / "shard-000000.idx"), "wds")
+    kept = [(s.key, 100 + i) for i, s in enumerate(samples) if s is not gone]
+    assert list(zip(record.keys, record.d["positions"])) == kept
+
+
 def test_read_in_place_by_index(labelled, tmp_path):
     """open_source reads rows where they are, in any order, as the conversion does."""
     ds = dsconvert.open_source(labelled, decode="raw")

@@ -207,6 +207,31 @@ class ShardRecord:
                            compressed=compressed)
 
 
+class _Places:
+    """Each written sample's source position (``spec.positions``), found by its key: readers
+    hand the samples in the spec's order (then each is the next one, and nothing is held), or,
+    where one does not (a Parquet file's missing rows come last), the rest of the spec's keys are
+    looked up once. A key is unique in a source, so it names one sample of a spec."""
+
+    def __init__(self, spec: ShardSpec):
+        self.spec = spec
+        keys = getattr(spec.samples, "iter_keys", None)  # packed samples: no sample made
+        self.keys: Iterator[str] = keys() if keys is not None else (s.key for s in spec.samples)
+        self.at = 0  # the spec's samples taken in order so far
+        self.rest: Optional[Dict[str, int]] = None  # key -> position of those not taken in order
+
+    def of(self, sample: Sample) -> int:
+        if self.rest is None:
+            key = next(self.keys, None)
+            if key == sample.key:
+                self.at += 1
+                return int(self.spec.positions[self.at - 1])
+            self.rest = {}
+            for j, other in enumerate(chain([] if key is None else [key], self.keys), self.at):
+                self.rest[other] = int(self.spec.positions[j])
+        return self.rest.pop(sample.key)
+
+
 def _pairs_of_ints(stats: List[List[Any]]) -> bool:
     """Each sample's [[size, mtime_ns], ...]: lists of two ints, checked in C (the records of
     every shard are read by every worker, every epoch)."""
@@ -417,8 +442,8 @@ class Format(ABC):
         """Write the shard of ``spec`` from ``samples``: each of the spec's samples with its fields
         as read, or the BadInputError that skips it (with ``spec.strict``, ends the shard). The
         good ones are written atomically, then the shard's record; the result is what the
-        manifest lists. ``samples`` may come in another order than the spec's, as long as they
-        are the spec's own objects (its ``positions`` are found by identity)."""
+        manifest lists. ``samples`` may come in another order than the spec's (its ``positions``
+        are found by key: :class:`_Places`)."""
         classification = spec.sample_type == "classification"
         skipped: List[Skipped] = []
         keys: List[str] = []
@@ -430,8 +455,7 @@ class Format(ABC):
         out = Location(spec.out_dir, spec.storage_options)
         with pixel_limit(spec.max_image_pixels), out.write(spec.name, before=temp_noter(out, spec.owner)) as f:
             sink = cls.open_sink(spec, f, f.name)
-            # a reader yields the spec's own sample objects (not always in the spec's order)
-            place = {id(s): p for s, p in zip(spec.samples, spec.positions)}
+            place = _Places(spec) if len(spec.positions) else None
             for sample, fetched in samples:
                 try:
                     if isinstance(fetched, BadInputError):
@@ -444,8 +468,8 @@ class Format(ABC):
                         skipped.append(Skipped(escape_path(file.path), exc.reason))
                     continue
                 keys.append(sample.key)
-                if spec.positions:
-                    positions.append(place[id(sample)])
+                if place is not None:
+                    positions.append(place.of(sample))
                 if classification:
                     assert sample.label is not None  # a classification source labels every sample
                     labels.append(int(sample.label))
@@ -459,7 +483,7 @@ class Format(ABC):
             digest = sink.sha256 or file_sha256(f.name)
             if spec.owner:  # before the move into place: a kill after it leaves a file we can prove ours
                 note(out, spec.owner, spec.name, nbytes, digest)
-        if spec.positions:
+        if place is not None:
             extra = dict(extra, positions=positions)
         record = ShardRecord.build(cls.id, spec, keys, labels if classification else None, sources, stats,
                                    nbytes, digest, skipped, fields, extra)

@@ -169,22 +169,30 @@ def read_parquet_samples(spec: ShardSpec, checked: Check) -> Iterator[Tuple[Samp
     """Each sample of a spec from its Parquet rows (see the module doc): each file opened once,
     its rows read in record batches; images byte-exact. ``checked(spec, sample, contents)`` gets
     the bytes as read (the scan's sizes are estimates, so the sample it checks carries the
-    read sizes); the sample yielded is the spec's."""
+    read sizes); the sample yielded is the spec's. A file's run of samples is held as their
+    places in the spec (each sample made again when its row comes: packed samples are made one
+    at a time, :mod:`dsconvert.packed_samples`)."""
     location = Location(spec.root, spec.storage_options, flat=False)
-    for name, run in groupby(spec.samples, key=lambda s: s.files[0].container):
-        todo = list(run)
-        by_row = {s.files[0].offset: s for s in todo}
+    samples = spec.samples
+    for name, run in groupby(enumerate(samples), key=lambda js: js[1].files[0].container):
+        by_row: Dict[int, int] = {}  # row -> place in the spec
+        first: Optional[Sample] = None
+        for j, s in run:
+            first = s if first is None else first
+            by_row[s.files[0].offset] = j
+        assert first is not None  # a run of groupby has an item
         done = set()
         failed = None
-        for item in _read_file(location, name, todo[0].files[0].mtime_ns, len(todo[0].files) > 1,
+        for item in _read_file(location, name, first.files[0].mtime_ns, len(first.files) > 1,
                                min(by_row), max(by_row)):
             if item[0] == "error":
                 failed = item[1]
                 break
             _, row, data, img_path, js, unchanged = item
-            sample = by_row.get(row)
-            if sample is None:
+            at = by_row.get(row)
+            if at is None:
                 continue
+            sample = samples[at]
             done.add(row)
             img = sample.files[0]
             if data is None:
@@ -208,8 +216,9 @@ def read_parquet_samples(spec: ShardSpec, checked: Check) -> Iterator[Tuple[Samp
             if isinstance(got, dict) and named and named != img.field and img.field in got and is_image_field(named):
                 got = {(named if k == img.field else k): v for k, v in got.items()}  # a PNG among JPEGs stays .png
             yield sample, got
-        for s in todo:
-            if s.files[0].offset not in done:
+        for row, at in by_row.items():
+            if row not in done:
+                s = samples[at]
                 reason = failed or (f"{CHANGED_DURING} (the file has fewer rows than when scanned); run the same "
                                     "command again to include it")
                 yield s, BadInputError(reason, s.files[0].path)
