@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 from PIL import Image
@@ -55,6 +55,7 @@ from PIL import Image
 from . import optional, resample
 from .codecs import (
     JPEG_MAGIC,
+    REGION_EDGE,
     FastJpeg,
     Region,
     bilinear,
@@ -489,6 +490,11 @@ def _chw(pixels: np.ndarray, flip: bool) -> np.ndarray:
     return np.ascontiguousarray((pixels[:, ::-1] if flip else pixels).transpose(2, 0, 1))
 
 
+class _Elsewhere(Exception):
+    """Raised through the region decode by :meth:`FusedTransform._centre_into`'s plan: the
+    image goes the general way."""
+
+
 def _fill(out: np.ndarray, sample: Any) -> None:
     """A sample (a CHW uint8 tensor) copied into its row of a batch."""
     import torch
@@ -514,6 +520,8 @@ class FusedTransform:
         self.output = output  # "pil", "uint8" (CHW tensor), "image" (tv_tensors.Image), "float" (ToTensor)
         self.rest = rest
         self.original = original
+        # image size -> what a Resize + CenterCrop does to it (_centre_plan), in each process
+        self._centre_plans: Dict[Tuple[int, int], Any] = {}
 
     @property
     def fused(self) -> bool:
@@ -567,6 +575,8 @@ class FusedTransform:
                     return
                 return _fill(out, self._finish(self._crop_resize(pixels, box, k, g, origin, True)))
             if g.kind == "resize":
+                if self._centre_into(data, out):
+                    return
                 pixels, k, origin, target, full = self._resize_decode(data)
                 crop = cast(Tuple[int, int], g.crop)
                 if (k == 1 and target is not None and full is not None and _crop_only(target, g)
@@ -579,6 +589,75 @@ class FusedTransform:
                 area = (full[1] / k, full[0] / k) if k > 1 and full is not None else None
                 return _fill(out, self._from_resize(pixels, target, area, full, origin))
         _fill(out, self.from_bytes(data))
+
+    def _centre_into(self, data: Any, out: np.ndarray) -> bool:
+        """A Resize + CenterCrop written into ``out`` the way :meth:`into` writes it (the same
+        region decode, kernel window and flip draw), with what depends only on the image's size
+        (the reduction, the region, the resize and its window) looked up per size instead of
+        recomputed per sample: the Python per sample of an evaluation pass. False, having drawn
+        nothing, where that path does not apply (not a JPEG the region decode takes, a reduced
+        decode, no kernel): :meth:`into` then goes the general way."""
+        g = self.geometry
+        if g is None or g.crop is None or not self._reduces:
+            return False
+        ext = optional.jpeg_region()
+        if ext is None:
+            return False
+        data = bytes(data) if not isinstance(data, bytes) else data
+        if data[:3] != JPEG_MAGIC:
+            return False
+        refuse_unverifiable(data)
+        planned: List[Tuple[Tuple[int, int, int, int, int], Tuple[int, int], Tuple[int, int]]] = []
+        plans = self.__dict__.setdefault("_centre_plans", {})  # (an instance unpickled from before it)
+
+        def plan(height: int, width: int) -> Tuple[int, int, int, int, int]:
+            check_pixels(width, height)  # as region_decode's plan, before anything is decoded
+            found = plans.get((height, width))
+            if found is None:
+                found = self._centre_plan(height, width)
+                if len(plans) >= 4096:  # a bound for datasets of many sizes
+                    plans.clear()
+                plans[(height, width)] = found
+            if not found:
+                raise _Elsewhere
+            planned.append(found)
+            return found[0]
+
+        try:
+            decoded = ext.region(data, plan)
+        except _Elsewhere:
+            return False
+        except BadInputError:
+            raise
+        except ValueError:
+            return False  # libjpeg warned: the general way decides, as it would have
+        if decoded is None:
+            return False
+        region, target, full = planned[0]
+        buf, rows, columns, top, left = decoded
+        pixels = np.frombuffer(buf, np.uint8).reshape(rows, columns, 3)
+        check_pixels(target[1], target[0])  # as _from_resize does
+        crop = g.crop
+        ctop, cleft = _centre(target, crop)
+        resample.resize_window(pixels, (top, left), full, target, (ctop, cleft, crop[0], crop[1]), g.interpolation,
+                               True, flip=self._flips(), out=out)
+        return True
+
+    def _centre_plan(self, height: int, width: int) -> Any:
+        """(region decode's plan, resized size, image size) of a Resize + CenterCrop of a
+        ``height`` x ``width`` JPEG, as :meth:`_resize_decode` and :func:`dsconvert.codecs.region_decode`
+        compute them, where it is decoded at full scale and the kernel resizes the crop's window
+        only; else () (:meth:`_centre_into` does not apply)."""
+        g = self.geometry
+        assert g is not None and g.crop is not None
+        target = resized_size(height, width, g.resize, g.max_size)
+        if (_reduction(height, width, *target) != 1 or not _crop_only(target, g)
+                or not resample.available(g.interpolation, (height, width), target)):
+            return ()
+        top, bottom, left, right = _centre_region((height, width), target, g.crop, g.interpolation)
+        edge = REGION_EDGE  # at full scale (region_decode's plan: REGION_EDGE * k)
+        return ((1, max(0, top - edge), max(1, bottom + edge), max(0, left - edge), max(1, right + edge)),
+                target, (height, width))
 
     def _rrc_decode(self, data: Any) -> Tuple[np.ndarray, int, Tuple[int, int], Tuple[int, int, int, int]]:
         """(pixels, k, origin, box) of a RandomResizedCrop: the box drawn as torchvision draws it,

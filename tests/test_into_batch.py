@@ -142,3 +142,35 @@ def test_a_workers_batch_is_written_without_a_page_fault_a_page(torch):
 
     assert faults_writing(False) > 2000
     assert faults_writing(True) < 100
+
+
+def test_a_centre_crops_per_size_plan_gives_the_general_ways_pixels(torch, photos, image_kinds, monkeypatch):
+    """Resize + CenterCrop looks up what depends on the image's size once per size
+    (FusedTransform._centre_into): the same pixels and flips as the general way, for every kind
+    of image, restart-marked, enlarged, reduced at decode (which goes the general way), twice."""
+    import numpy as np
+    import torchvision.transforms as T
+
+    from dsconvert.codecs import restart_marked
+    from dsconvert.fused import FusedTransform, fuse
+
+    from conftest import encode
+
+    big = encode(photos["astronaut"].resize((640, 520)), quality=90)  # reduced at decode: 1/2
+    samples = [data for _, data in image_kinds.values()] + [big, restart_marked(image_kinds["baseline"][1])]
+    for ops in ([T.Resize(80), T.CenterCrop(64)], [T.Resize(80), T.CenterCrop(64), T.RandomHorizontalFlip()],
+                [T.Resize((90, 70), interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop((60, 50))]):
+        fused = fuse(T.Compose(ops + [T.PILToTensor()]))
+        shape = fused.batch_shape
+        for data in samples * 2:
+            got, want = np.zeros(shape, np.uint8), np.ones(shape, np.uint8)
+            torch.manual_seed(1)
+            fused.into(data, got)
+            after = torch.rand(1)
+            with monkeypatch.context() as m:
+                m.setattr(FusedTransform, "_centre_into", lambda self, data, out: False)
+                torch.manual_seed(1)
+                fused.into(data, want)
+            assert np.array_equal(got, want) and torch.equal(after, torch.rand(1))  # same pixels, same draws
+        plans = list(fused._centre_plans.values())
+        assert len(plans) <= len(samples) and () in plans and any(plans)  # per size: the big one went the general way

@@ -369,10 +369,13 @@ class WdsShard(ShardReader):
     def member_name(self, j: int, field: str) -> Optional[str]:
         return f"{self.keys[j]}.{field}" if self.own_names else None
 
-    def header_len(self, j: int, field: str, o: int, size: int) -> int:
+    def header_len(self, j: int, field: str, o: int, size: int, name: Optional[str] = None) -> int:
         """Bytes of the member's headers read with it: 512, or with its PAX record where our
-        writer made one (a name past 100 bytes or not ASCII); never before the file's start."""
-        h = _header_len(f"{self.keys[j]}.{field}", size) if self.own_names else _PLAIN_HEADER
+        writer made one (a name past 100 bytes or not ASCII); never before the file's start.
+        ``name``: :meth:`member_name`, where the caller has it."""
+        if name is None and self.own_names:
+            name = self.member_name(j, field)
+        h = _header_len(name, size) if name is not None else _PLAIN_HEADER
         if o < h:
             raise ManifestError(f"{self.where}: sample {self.keys[j]!r} ({field}) starts at byte {o}, before its "
                                 "own tar header could end (a damaged record)", self.where)
@@ -389,9 +392,11 @@ class WdsShard(ShardReader):
         """The member's bytes through ``get``, its headers checked with them (plain tars)."""
         if not self.check_headers:
             return get(o, size)
-        h = self.header_len(j, field, o, size)
+        name = self.member_name(j, field)  # once: the sample's key is decoded from the record
+        h = self.header_len(j, field, o, size, name)
         raw = get(o - h, size + h)
-        self.check_header(raw[:h], j, field, size)
+        if _header_problem(raw[:h], name, size) is not None:
+            self.check_header(raw[:h], j, field, size)  # raises, naming the problem
         return raw[h:]
 
     def span(self, j: int, field: str, o: int, size: int) -> Tuple[int, int]:
