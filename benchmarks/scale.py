@@ -274,6 +274,8 @@ def measure(work: str, n: int, kind: str, peers_up_to: int = 0, python_litdata: 
     shutil.rmtree(out, ignore_errors=True)
     dsconvert = [sys.executable, "-m", "dsconvert"]
     extra = ["--label", "cls"] if kind == "tars" else []
+    # a first conversion: the tars' saved indexes (beside them) are built again, as a user's first run builds them
+    shutil.rmtree(os.path.join(src, ".dsconvert-index"), ignore_errors=True)
     conv = run_sampled(dsconvert + ["shard", src, "-o", out, "--format", "wds", "--workers", "2"] + extra)
     ver = run_sampled(dsconvert + ["verify", out])
     records = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out)
