@@ -22,6 +22,8 @@ only; local paths never need them.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import os
 import posixpath
@@ -171,11 +173,12 @@ class Location:
         return self.fs.open(self.path(name), "rb", block_size=block_size)
 
     def read_bytes(self, name: str) -> bytes:
-        """The whole of ``name``."""
+        """The whole of ``name``, in one request (GET) on an object store."""
         if not self.remote:
             with self.open(name) as f:
                 return f.read()
-        return self.fs.cat_file(self.path(name))
+        fs = self.fs
+        return fs.cat_file(self.path(name), **_one_request(type(fs)))
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         if not self.remote:
@@ -243,6 +246,19 @@ class Location:
 
     def write_json(self, name: str, obj: Any, before: Optional[Callable[[str], None]] = None) -> None:
         self.write_bytes(name, json_bytes(obj), before)
+
+
+@functools.cache
+def _one_request(fs_class: Any) -> Dict[str, Any]:
+    """``cat_file``'s options that read a file in one request: recent s3fs asks for the
+    object's size first (a HEAD) to read a large one in parallel ranges, a round trip more for
+    each manifest, record and source file, which are small; ``max_concurrency=1`` reads it in
+    one GET, and the same errors (a missing file is FileNotFoundError either way)."""
+    try:
+        params = inspect.signature(fs_class._cat_file).parameters
+    except (AttributeError, TypeError, ValueError):
+        return {}
+    return {"max_concurrency": 1} if "max_concurrency" in params else {}
 
 
 def json_bytes(obj: Any) -> bytes:
