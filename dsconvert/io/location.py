@@ -22,7 +22,6 @@ only; local paths never need them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import json
 import os
@@ -178,7 +177,7 @@ class Location:
             with self.open(name) as f:
                 return f.read()
         fs = self.fs
-        return fs.cat_file(self.path(name), **_one_request(type(fs)))
+        return fs.cat_file(self.path(name), **_one_request(fs))
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         if not self.remote:
@@ -248,17 +247,22 @@ class Location:
         self.write_bytes(name, json_bytes(obj), before)
 
 
-@functools.cache
-def _one_request(fs_class: Any) -> Dict[str, Any]:
+_ONE_REQUEST: Dict[type, Dict[str, Any]] = {}  # file system class -> its options (below)
+
+
+def _one_request(fs: Any) -> Dict[str, Any]:
     """``cat_file``'s options that read a file in one request: recent s3fs asks for the
     object's size first (a HEAD) to read a large one in parallel ranges, a round trip more for
     each manifest, record and source file, which are small; ``max_concurrency=1`` reads it in
     one GET, and the same errors (a missing file is FileNotFoundError either way)."""
-    try:
-        params = inspect.signature(fs_class._cat_file).parameters
-    except (AttributeError, TypeError, ValueError):
-        return {}
-    return {"max_concurrency": 1} if "max_concurrency" in params else {}
+    cls = type(fs)
+    if cls not in _ONE_REQUEST:
+        try:
+            params = inspect.signature(cls._cat_file).parameters
+        except (AttributeError, TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        _ONE_REQUEST[cls] = {"max_concurrency": 1} if "max_concurrency" in params else {}
+    return _ONE_REQUEST[cls]
 
 
 def json_bytes(obj: Any) -> bytes:
