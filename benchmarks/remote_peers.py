@@ -171,7 +171,11 @@ def child(kind: str, config: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _pair(sample: Dict[str, Any]) -> Any:
-    return sample["image"], sample["label"]
+    """litdata's (image, label); its bytes fields may come as memoryviews of its chunk, which
+    cannot cross from a worker to the trainer (the DataLoader's queue hangs on the pickling
+    error): bytes, as every other reader gives."""
+    image = sample["image"]
+    return bytes(image) if isinstance(image, memoryview) else image, sample["label"]
 
 
 try:  # MosaicML Streaming's dataset, giving (image, label) as the others do (only in its environment)
