@@ -2,7 +2,10 @@
 Streaming's and webdataset's from the same S3 server (moto on 127.0.0.1), with 0 ms and ~20 ms
 added per request (tests/support/latency_proxy.py): raw reads (bytes and label, no decode), a
 DataLoader with 2 workers and batches of 64, epoch 1 (from the server, into each reader's cache
-where it keeps one) and epoch 2 (the same loader again). Each contender runs in a fresh process
+where it keeps one) and epoch 2 (the same loader again). Every reader's epoch 1 is timed alike,
+from before its dataset is constructed to its last batch, so that what a reader starts at open
+(downloads in background threads) counts in its epoch; the construction's own time (dataset and
+DataLoader) is reported beside it as ``open_s`` (:func:`timed_epochs`). Each contender runs in a fresh process
 with a fresh cache, once per round, in an order shuffled per round; medians and ranges over the
 rounds, and each ratio the median of the per-round ratios against litdata.
 
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from benchmarks.common import ROOT, fmt_spread, meta, self_command, spread
 
@@ -98,18 +101,42 @@ def _passthrough(samples: List[Any]) -> Any:
     return [s[0] for s in samples], [s[1] for s in samples]
 
 
+def timed_epochs(open_loader: Callable[[], Any], n: int, kind: str = "",
+                 clock: Callable[[], float] = time.perf_counter) -> Dict[str, float]:
+    """Two epochs of the loader ``open_loader`` builds, timed the same way for every reader:
+    epoch 1 from before its dataset is constructed (what a reader does at open, downloads
+    started there included) to its last batch; epoch 2 the same loader again. ``open_s``: the
+    construction alone (dataset and DataLoader), inside epoch 1."""
+    t = clock()
+    loader = open_loader()
+    opened = clock()
+    out = {"open_s": opened - t}
+    for epoch in ("epoch1", "epoch2"):
+        got = sum(len(images) for images, _ in loader)
+        now = clock()
+        out[epoch] = got / (now - t)
+        t = now
+        if got != n:
+            raise SystemExit(f"{kind}: {got} samples in an epoch, not {n}")
+    return out
+
+
 def child(kind: str, config: Dict[str, Any]) -> Dict[str, Any]:
+    """One contender's two epochs. Its libraries are imported first, outside the timer; what
+    they import on first use, and all the reader does at open, is inside it."""
     import torch
 
-    so, cache, n = config["storage_options"], config["cache"], config["n"]
+    so, cache = config["storage_options"], config["cache"]
     loader_kw = dict(batch_size=config["batch"], num_workers=config["workers"], collate_fn=_passthrough)
     if kind in ("dsconvert", "dsconvert_stream"):
         from dsconvert import open_dataset
 
         os.environ["DSCONVERT_CACHE"] = cache
-        ds = open_dataset(config["url"], decode="raw", storage_options=so,
-                          **({"cache_dir": False} if kind == "dsconvert_stream" else {}))
-        loader = torch.utils.data.DataLoader(ds, shuffle=kind == "dsconvert", **loader_kw)
+
+        def make() -> Any:
+            ds = open_dataset(config["url"], decode="raw", storage_options=so,
+                              **({"cache_dir": False} if kind == "dsconvert_stream" else {}))
+            return torch.utils.data.DataLoader(ds, shuffle=kind == "dsconvert", **loader_kw)
     elif kind == "litdata":
         import litdata
 
@@ -119,33 +146,36 @@ def child(kind: str, config: Dict[str, Any]) -> Dict[str, Any]:
             downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[attr-defined]
         except (ImportError, AttributeError, TypeError):
             pass
-        ds = litdata.StreamingDataset(config["url"], cache_dir=cache, shuffle=True, transform=_pair,
-                                      storage_options={"endpoint_url": so["client_kwargs"]["endpoint_url"],
-                                                       "region_name": so["client_kwargs"]["region_name"]})
-        loader = torch.utils.data.DataLoader(ds, **loader_kw)
+
+        def make() -> Any:
+            ds = litdata.StreamingDataset(config["url"], cache_dir=cache, shuffle=True, transform=_pair,
+                                          storage_options={"endpoint_url": so["client_kwargs"]["endpoint_url"],
+                                                           "region_name": so["client_kwargs"]["region_name"]})
+            return torch.utils.data.DataLoader(ds, **loader_kw)
     elif kind == "mosaic":
         os.environ["S3_ENDPOINT_URL"] = so["client_kwargs"]["endpoint_url"]
-        ds = _MosaicPairs(remote=config["url"], local=cache, batch_size=config["batch"], shuffle=True)
-        loader = torch.utils.data.DataLoader(ds, **loader_kw)
+
+        def make() -> Any:
+            ds = _MosaicPairs(remote=config["url"], local=cache, batch_size=config["batch"], shuffle=True)
+            return torch.utils.data.DataLoader(ds, **loader_kw)
     else:
         import webdataset
 
         urls = [f"pipe:curl -s -f '{u}'" for u in config["urls"]]
-        ds = (webdataset.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
-              .to_tuple("jpg", "cls").map_tuple(lambda b: b, lambda c: int(c)))
-        loader = torch.utils.data.DataLoader(ds, **loader_kw)
-    rates = []
-    for _ in range(2):
-        t = time.perf_counter()
-        got = sum(len(images) for images, _ in loader)
-        rates.append(got / (time.perf_counter() - t))
-        if got != n:
-            raise SystemExit(f"{kind}: {got} samples in an epoch, not {n}")
-    return {"epoch1": rates[0], "epoch2": rates[1]}
+
+        def make() -> Any:
+            ds = (webdataset.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
+                  .to_tuple("jpg", "cls").map_tuple(lambda b: b, lambda c: int(c)))
+            return torch.utils.data.DataLoader(ds, **loader_kw)
+    return timed_epochs(make, config["n"], kind)
 
 
 def _pair(sample: Dict[str, Any]) -> Any:
-    return sample["image"], sample["label"]
+    """litdata's (image, label); its bytes fields may come as memoryviews of its chunk, which
+    cannot cross from a worker to the trainer (the DataLoader's queue hangs on the pickling
+    error): bytes, as every other reader gives."""
+    image = sample["image"]
+    return bytes(image) if isinstance(image, memoryview) else image, sample["label"]
 
 
 try:  # MosaicML Streaming's dataset, giving (image, label) as the others do (only in its environment)
@@ -242,8 +272,8 @@ def measure(args: argparse.Namespace) -> None:
             if done.returncode:
                 raise RuntimeError(f"{kind} at {tag} ms failed: {done.stderr.strip()[-2000:]}")
             got = json.loads(done.stdout.strip().splitlines()[-1])
-            for epoch in ("epoch1", "epoch2"):
-                vals.setdefault(f"{kind}@{tag}:{epoch}", []).append(got[epoch])
+            for what in ("epoch1", "epoch2", "open_s"):
+                vals.setdefault(f"{kind}@{tag}:{what}", []).append(got[what])
             shutil.rmtree(cache, ignore_errors=True)
 
         for r in range(args.rounds):
@@ -259,8 +289,8 @@ def measure(args: argparse.Namespace) -> None:
             s3server.end(proxy)
         s3server.stop(server)
 
-    reading = {kind: {tag: {e: spread(vals[f"{kind}@{tag}:{e}"]) for e in ("epoch1", "epoch2")} for tag in tags}
-               for kind in contenders}
+    reading = {kind: {tag: {e: spread(vals[f"{kind}@{tag}:{e}"]) for e in ("epoch1", "epoch2", "open_s")}
+                      for tag in tags} for kind in contenders}
     ratios: Dict[str, Any] = {}
     if "litdata" in contenders:
         for kind in contenders:
@@ -272,10 +302,12 @@ def measure(args: argparse.Namespace) -> None:
         "rounds": args.rounds, "workers": args.workers, "batch": args.batch, "contenders": contenders,
         "peer_versions": {kind: _versions(python) for kind, python in pythons.items() if python},
         "wall_s": time.perf_counter() - started, "reading": reading, "vs_litdata": ratios}
-    print(f"\n{n} samples, {args.rounds} rounds: median [range] samples/s")
+    print(f"\n{n} samples, {args.rounds} rounds: median [range] samples/s (epoch 1 timed from before the open), "
+          "open_s: seconds to construct the dataset and its DataLoader")
     for k in sorted(vals):
         v = vals[k]
-        print(f"{k:36s} {statistics.median(v):10,.0f} [{min(v):,.0f}-{max(v):,.0f}]")
+        cell = "{:10,.3f} [{:,.3f}-{:,.3f}]" if k.endswith("open_s") else "{:10,.0f} [{:,.0f}-{:,.0f}]"
+        print(f"{k:36s} " + cell.format(statistics.median(v), min(v), max(v)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
@@ -297,14 +329,20 @@ def render(data: Dict[str, Any]) -> str:
              "litdata's and MosaicML Streaming's own copies of the same photos in chunks of about that size; a "
              "delay > 0 puts a TCP proxy (`tests/support/latency_proxy.py`) in front of the server that delays "
              f"every request. A DataLoader with {data['workers']} workers and batches of {data['batch']}; epoch 1 "
-             "from the server (into each reader's cache where it keeps one), epoch 2 the same loader again. Each "
+             "from the server (into each reader's cache where it keeps one), timed from before the reader's "
+             "dataset is constructed to its last batch (what each does at open, downloads it starts there "
+             "included; \"open (s)\": that construction alone, dataset and DataLoader, in seconds), epoch 2 the same "
+             "loader again. Each "
              f"contender in a fresh process with a fresh cache, {data['rounds']} interleaved rounds in a shuffled "
              "order; median [range] samples/s, and against litdata the median of the per-round ratios"
              + (f" (peers' environments: {peers})." if peers else "."), "",
-             "| reader | " + " | ".join(f"{t} ms, epoch {e}" for t in tags for e in (1, 2)) + " |",
-             "| --- |" + " --- |" * (2 * len(tags))]
+             "| reader | " + " | ".join(f"{t} ms, {e}" for t in tags for e in ("open (s)", "epoch 1", "epoch 2"))
+             + " |", "| --- |" + " --- |" * (3 * len(tags))]
     for kind in data["contenders"]:
-        cells = [fmt_spread(data["reading"][kind][t][e]) for t in tags for e in ("epoch1", "epoch2")]
+        got = data["reading"][kind]
+        cells = [("–" if e not in got[t] else  # open_s: not in the results of earlier runs
+                  fmt_spread(got[t][e], "{:.2f}") if e == "open_s" else fmt_spread(got[t][e]))
+                 for t in tags for e in ("open_s", "epoch1", "epoch2")]
         lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
     if data.get("vs_litdata"):
         lines += ["", "| against litdata (same round) | " + " | ".join(

@@ -96,6 +96,30 @@ def test_opening_fetches_every_shard_ahead_in_the_background(s3, remote, torch):
     assert sorted(r.split()[1] for r in shard_reads(s3)) == fetched  # the workers asked for nothing
 
 
+@pytest.mark.parametrize("cache", ["default", "off"])
+def test_opening_reads_the_manifest_in_one_request_and_asks_nothing_twice(s3, remote, cache):
+    """Each request open_dataset makes before it returns is a round trip the user waits for: the
+    manifest is read by one GET, with no HEAD before it (an existence check, then s3fs's
+    cat_file asking the size first, made it three requests where one does), and reading the
+    output after asks the server no HEAD either: every file one GET, once."""
+    url, local = remote
+    seen = len(s3.requests())
+    kw = {} if cache == "default" else {"cache_dir": False}
+    ds = open_dataset(url, decode="raw", storage_options=s3.options, **kw)
+    if cache == "default":
+        files = ShardCache(ds.access.cache.dir)
+        deadline = time.monotonic() + 60
+        while files.usage()[0] < len(output_files(local)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert sorted(bytes(x) for x, _ in ds) == sorted(bytes(x) for x, _ in open_dataset(local, decode="raw"))
+    asked = s3.requests()[seen:]
+    assert [r for r in asked if not r.startswith("GET ")] == []  # no HEAD, no listing
+    assert [r.split()[1] for r in asked].count(f"/{s3.bucket}/wds/dsconvert.json") == 1
+    if cache == "default":  # every file fetched whole, once
+        assert sorted(r.split()[1] for r in asked) == sorted(f"/{s3.bucket}/wds/{n}"
+                                                             for n in output_files(local) + ["dsconvert.json"])
+
+
 def test_a_fetch_ahead_skips_a_file_being_fetched_and_evicts_only_over_the_cap(tmp_path, monkeypatch):
     """fetch_unless_busy never waits behind another's download of the same file; evict (whose
     exclusive lock waits until no download anywhere is running) is taken only past the cap."""

@@ -164,3 +164,42 @@ def test_a_forked_child_does_not_keep_a_lock_another_thread_held_at_the_fork(tmp
     os.write(go_write, b"x")
     os.waitpid(pid, 0)
     assert os.read(out_read, 1) == b"1"
+
+
+def test_a_fork_while_another_thread_lets_go_of_a_lock_waits_for_it(tmp_path, monkeypatch):
+    """Between forgetting a flock's descriptor and closing it, a fork gave the child an
+    unrecorded copy of the locked file, locked for the child's life (a DataLoader worker then
+    waited on itself for ever): the fork now waits until the close is done."""
+    import threading
+    import time
+    import types
+
+    from dsconvert.io import locks
+
+    path = str(tmp_path / "lock")
+    closing = threading.Event()
+
+    def slow_close(fd):  # the window, made wide: the holder is between forgetting and closing
+        closing.set()
+        time.sleep(0.3)
+        os.close(fd)
+
+    names = {k: getattr(os, k) for k in dir(os) if not k.startswith("__")}
+    monkeypatch.setattr(locks, "os", types.SimpleNamespace(**dict(names, close=slow_close)))
+
+    def holder():
+        with file_lock(path):
+            pass
+
+    t = threading.Thread(target=holder)
+    t.start()
+    closing.wait(30)
+    out_read, out_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child, forked while the holder closes
+        with file_lock(path, wait=False) as got:
+            os.write(out_write, b"1" if got else b"0")
+        os._exit(0)
+    t.join()
+    os.waitpid(pid, 0)
+    assert os.read(out_read, 1) == b"1"

@@ -22,6 +22,7 @@ only; local paths never need them.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import posixpath
@@ -101,7 +102,7 @@ def filesystem(url: str, storage_options: Optional[Dict[str, Any]] = None) -> Tu
     if not is_remote(url):
         return fsspec.filesystem("file"), os.path.abspath(local_form(url))
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+        return fsspec.core.url_to_fs(url, **_pooled(url, storage_options or {}))
     except ImportError as exc:
         hint = {"s3": "pip install 'dsconvert[s3]'", "gs": "pip install gcsfs", "gcs": "pip install gcsfs",
                 "az": "pip install adlfs", "abfs": "pip install adlfs"}.get(protocol_of(url), str(exc))
@@ -171,11 +172,12 @@ class Location:
         return self.fs.open(self.path(name), "rb", block_size=block_size)
 
     def read_bytes(self, name: str) -> bytes:
-        """The whole of ``name``."""
+        """The whole of ``name``, in one request (GET) on an object store."""
         if not self.remote:
             with self.open(name) as f:
                 return f.read()
-        return self.fs.cat_file(self.path(name))
+        fs = self.fs
+        return fs.cat_file(self.path(name), **_one_request(fs))
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         if not self.remote:
@@ -243,6 +245,40 @@ class Location:
 
     def write_json(self, name: str, obj: Any, before: Optional[Callable[[str], None]] = None) -> None:
         self.write_bytes(name, json_bytes(obj), before)
+
+
+POOL = 64  # connections an S3 client may hold open at once, unless storage_options name another number
+
+
+def _pooled(url: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """``options`` for an S3 URL with room for :data:`POOL` connections: botocore's default of
+    10 queued a cache's fetch-ahead (a record and a shard per shard, all at once) in waves of
+    10, a round trip each, behind connections it would not open. A pool size the caller gives
+    (``config_kwargs.max_pool_connections``) is kept; other protocols are left as they are."""
+    if protocol_of(url) not in ("s3", "s3a"):
+        return options
+    config = options.get("config_kwargs")
+    if config is not None and (not isinstance(config, dict) or "max_pool_connections" in config):
+        return options
+    return dict(options, config_kwargs=dict(config or {}, max_pool_connections=POOL))
+
+
+_ONE_REQUEST: Dict[type, Dict[str, Any]] = {}  # file system class -> its options (below)
+
+
+def _one_request(fs: Any) -> Dict[str, Any]:
+    """``cat_file``'s options that read a file in one request: recent s3fs asks for the
+    object's size first (a HEAD) to read a large one in parallel ranges, a round trip more for
+    each manifest, record and source file, which are small; ``max_concurrency=1`` reads it in
+    one GET, and the same errors (a missing file is FileNotFoundError either way)."""
+    cls = type(fs)
+    if cls not in _ONE_REQUEST:
+        try:
+            params = inspect.signature(cls._cat_file).parameters
+        except (AttributeError, TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        _ONE_REQUEST[cls] = {"max_concurrency": 1} if "max_concurrency" in params else {}
+    return _ONE_REQUEST[cls]
 
 
 def json_bytes(obj: Any) -> bytes:

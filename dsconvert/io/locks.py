@@ -30,6 +30,18 @@ _held: Set[Tuple[int, int]] = set()  # (device, inode) of the process=True locks
 _stray: List[int] = []  # descriptors of held lock files opened by mistake (see file_lock), kept open
 _guard = threading.Lock()  # one check-and-open at a time within the process
 _flocked: Set[int] = set()  # descriptors of the flock()s this process holds now (file_lock, process=False)
+# held while a flock's descriptor is opened and recorded, or forgotten and closed, and across a
+# fork: a fork between the two steps would give the child an unrecorded copy of a locked file
+# (one opened not yet recorded, or one forgotten not yet closed), holding the lock for its life
+_fd_guard = threading.Lock()
+
+
+def _before_fork() -> None:
+    _fd_guard.acquire()
+
+
+def _forked_parent() -> None:
+    _fd_guard.release()
 
 
 def _forked_child() -> None:
@@ -37,13 +49,15 @@ def _forked_child() -> None:
     at the fork: an flock belongs to the open file, which the child's copy of the descriptor
     would keep locked for as long as the child lives (a DataLoader worker forked while a
     background fetch held a cached file's lock would then wait on itself)."""
+    global _fd_guard
+    _fd_guard = threading.Lock()  # the parent's, held by the forking thread: a new one
     for fd in list(_flocked):
         _flocked.discard(fd)
         with contextlib.suppress(OSError):
             os.close(fd)  # the child's copy only: the parent's lock stays with the parent
 
 
-os.register_at_fork(after_in_child=_forked_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_forked_parent, after_in_child=_forked_child)
 
 
 def _identity(path: str) -> Optional[Tuple[int, int]]:
@@ -61,8 +75,9 @@ def file_lock(path: str, shared: bool = False, wait: bool = True, process: bool 
     failures (a file system without locks, a symlink where the lock file goes: ELOOP) raise."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     if not process:
-        fd = os.open(path, flags, 0o644)
-        _flocked.add(fd)
+        with _fd_guard:
+            fd = os.open(path, flags, 0o644)
+            _flocked.add(fd)
         try:
             try:
                 fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
@@ -73,9 +88,10 @@ def file_lock(path: str, shared: bool = False, wait: bool = True, process: bool 
                 return
             yield True
         finally:
-            if fd in _flocked:  # else a forked child closed it already (_forked_child)
-                _flocked.discard(fd)
-                os.close(fd)  # releases the lock
+            with _fd_guard:
+                if fd in _flocked:  # else a forked child closed it already (_forked_child)
+                    _flocked.discard(fd)
+                    os.close(fd)  # releases the lock
         return
     fd = -1
     with _guard:

@@ -488,9 +488,10 @@ class ShardAccess:
             regular_size(path)
         return path
 
-    def fetch_ahead(self, files: Sequence[Tuple[str, Optional[str], Optional[int], bool]], threads: int = 16) -> None:
+    def fetch_ahead(self, files: Sequence[Tuple[str, Optional[str], Optional[int], bool]], threads: int = 64) -> None:
         """Fetch ``files`` ((name, sha256, bytes, counted) each) into the cache in ``threads``
-        background threads, in the order given, while the caller goes on: a shuffled first
+        background threads (by default as many as an S3 client's pool, :data:`dsconvert.io.location.POOL`), in
+        the order given, while the caller goes on: a shuffled first
         epoch, whose first batches touch every shard, then waits for the downloads running
         side by side rather than for each shard when it first needs it, one after another. A
         file another thread or process is fetching is skipped (:meth:`ShardCache.fetch_unless_busy`:

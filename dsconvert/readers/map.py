@@ -61,8 +61,8 @@ class MapDataset(ShardDataset, TorchDataset):
         self.max_open_shards = max_open_shards
         self._shards: Dict[int, ShardReader] = ProcessLocal()  # most recently used last
         self._local: Dict[str, Any] = ProcessLocal()  # the mapped order, per process
+        self._fetch_ahead()  # first: the order file's download runs beside the shards'
         self._order_map()  # here, so that a damaged order file is refused when the dataset opens
-        self._fetch_ahead()
 
     def _order_map(self) -> Optional[np.ndarray]:
         """Source position -> stored position (shuffled outputs; None: stored as the source),
@@ -110,13 +110,17 @@ class MapDataset(ShardDataset, TorchDataset):
         """A remote output read through the cache: every file it lacks fetched in background
         threads of the process that opens it, from the open on (the DataLoader's workers, forked
         or spawned later, find them in the cache, or wait on a file's lock while it arrives,
-        never building an S3 client of their own), the shards' records first, then the shards;
-        where the output fits in half the cache's bound (a larger one would evict what it
-        fetched; it is fetched as read)."""
+        never building an S3 client of their own), the order file and the shards' records
+        first, then the shards, all at once (as many threads as files, up to the S3 client's
+        pool of connections); where the output fits in half the cache's bound (a larger one
+        would evict what it fetched; it is fetched as read). The open then waits for the order
+        file only, already on its way."""
         cache = self.access.cache
         if cache is None or not self.access.remote:
             return
-        records: List[Tuple[str, Optional[str], Optional[int], bool]] = []
+        order = self.manifest.order
+        records: List[Tuple[str, Optional[str], Optional[int], bool]] = (
+            [] if order is None else [(ORDER_NAME, order.get("sha256"), order.get("bytes"), False)])
         shards: List[Tuple[str, Optional[str], Optional[int], bool]] = []
         for entry in self.manifest.shards:
             names = self.format.files_of(entry)

@@ -21,35 +21,56 @@ gone), access denied, a damaged manifest raise as they do without a cache.
 from __future__ import annotations
 
 import warnings
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 from ..errors import DsconvertError, ManifestError, OfflineCacheWarning
 from ..formats import get
+from ..io.location import Location
 from ..io.shard_cache import ShardAccess
 from ..manifest import MANIFEST_NAME, ORDER_NAME, Manifest
 
-__all__ = ["load_manifest"]
+__all__ = ["ManifestRead", "load_manifest", "read_manifest"]
 
 # errors that are an answer (from the remote, or about the call itself), not a remote out of reach
 ANSWERS = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError, DsconvertError,
            TypeError, ValueError, ImportError)
 
 
-def load_manifest(access: ShardAccess) -> Optional[Manifest]:
+class ManifestRead(NamedTuple):
+    """One read of a remote output's manifest: its bytes, or None when the remote holds none
+    (``error`` None), or the exception the read raised."""
+
+    raw: Optional[bytes]
+    error: Optional[Exception] = None
+
+
+def read_manifest(location: Location) -> ManifestRead:
+    """Read the manifest at ``location`` once (one GET on an object store), keeping whatever
+    the read raised but a missing file: ``open_dataset`` reads it once and decides from it
+    whether the folder is an output, a table read in place, or out of reach."""
+    try:
+        return ManifestRead(location.read_bytes(MANIFEST_NAME))
+    except FileNotFoundError:
+        return ManifestRead(None)
+    except Exception as exc:  # noqa: BLE001 - storage clients raise their own classes (botocore's are no OSError)
+        return ManifestRead(None, exc)
+
+
+def load_manifest(access: ShardAccess, read: Optional[ManifestRead] = None) -> Optional[Manifest]:
     """The manifest of the remote output ``access`` reaches, which has a cache: read from the
-    remote and kept in the cache, or, when the remote cannot be reached, the kept copy of a
-    fully cached output (see the module doc). None when the remote holds no manifest."""
+    remote (or ``read``, made already) and kept in the cache, or, when the remote cannot be
+    reached, the kept copy of a fully cached output (see the module doc). None when the remote
+    holds no manifest."""
     cache = access.cache
     assert cache is not None
     url = access.url_of(MANIFEST_NAME)
-    try:
-        raw = access.location.read_bytes(MANIFEST_NAME)
-    except FileNotFoundError:
-        return None
-    except Exception as exc:  # noqa: BLE001 - storage clients raise their own classes (botocore's are no OSError)
+    raw, exc = read if read is not None else read_manifest(access.location)
+    if exc is not None:
         if isinstance(exc, ANSWERS):
-            raise
+            raise exc
         return _from_cache(access, exc)
+    if raw is None:
+        return None
     manifest = Manifest.from_bytes(raw, url)  # a damaged remote manifest is an error, never replaced by the copy
     cache.keep(url, raw)
     return manifest

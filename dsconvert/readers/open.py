@@ -10,14 +10,14 @@ from ..errors import OptionError, UpgradeWarning
 from ..formats import FORMATS, get
 from ..io.default_cache import default_shard_cache
 from ..io.localfs import is_latency_bound
-from ..io.location import local_form
+from ..io.location import Location, is_remote, local_form
 from ..io.owner import LOCK_NAME, OWNER_NAME
 from ..io.shard_cache import ShardAccess
 from ..manifest import MANIFEST_NAME, Manifest
 from ..source import scan
 from ..source.parquet import looks_like_arrow, looks_like_parquet
 from ..source.tars import looks_like_tars
-from .offline import load_manifest
+from .offline import ManifestRead, load_manifest, read_manifest
 from .tars import open_tars
 
 __all__ = ["open_dataset", "open_source"]
@@ -107,7 +107,9 @@ def open_dataset(
 
     label = options.pop("label", None)
     index_dir = options.pop("index_dir", None)
-    if _in_place_table(path, storage_options):
+    # a remote manifest is read once, here (one GET), and that read decides the rest: no HEAD before it
+    read = read_manifest(Location(path, storage_options, flat=False)) if is_remote(path) else None
+    if _in_place_table(path, storage_options, read):
         if stream or cache_dir not in (None, False) or index_dir is not None or options:
             given = sorted([*options, *(["stream"] if stream else []), *(["cache_dir"] if cache_dir else []),
                             *(["index_dir"] if index_dir is not None else [])])
@@ -122,15 +124,22 @@ def open_dataset(
     cache_dir, cache_size = default_shard_cache(path, cache_dir, cache_size)
     access = ShardAccess(path, storage_options, cache_dir, cache_size)
     # a remote output's manifest is kept in the cache, and read from there when the remote is out of reach
-    kept = load_manifest(access) if access.cache is not None and access.remote else None
+    kept = load_manifest(access, read) if access.cache is not None and access.remote else None
+    if read is not None and read.error is not None and kept is None:
+        raise read.error  # out of reach, and no cache to read it from
     # tars without a manifest are read in place; a damaged manifest is a damaged output, never foreign data, and
     # an output being written (or stopped before it finished) is never read as the tars it holds so far
-    if (kept is not None or access.location.exists(MANIFEST_NAME) or _output_folder(access)
+    if (kept is not None or _has_manifest(access, read) or _output_folder(access)
             or not looks_like_tars(path, storage_options)):
         if label is not None or index_dir is not None:
             raise OptionError(f"label= and index_dir= are for tar shards without a manifest, and {path} is not one "
                               "(a dsconvert output keeps its labels)")
-        manifest = kept if kept is not None else Manifest.load(access.location)
+        if kept is not None:
+            manifest = kept
+        elif read is not None and read.raw is not None:
+            manifest = Manifest.from_bytes(read.raw, access.url_of(MANIFEST_NAME))
+        else:  # a local output, or none there: the load says why in one line
+            manifest = Manifest.load(access.location)
         if by_default and access.cache is not None and _larger_than(manifest, access.cache.max_bytes):
             # the default cache cannot hold it: a shuffled read through it would fetch shards again and again
             access = ShardAccess(path, storage_options)
@@ -159,6 +168,11 @@ def _larger_than(manifest: Manifest, bound: Optional[int]) -> bool:
     return bound is not None and total > bound
 
 
+def _has_manifest(access: ShardAccess, read: Optional[ManifestRead]) -> bool:
+    """Whether the output holds a manifest: the read made already for a remote one."""
+    return read.raw is not None if read is not None else access.location.exists(MANIFEST_NAME)
+
+
 def _output_folder(access: ShardAccess) -> bool:
     """Whether a folder holds a dsconvert conversion's control files (its lock, its owner
     journal): an output, finished or not, whose manifest then says what it is."""
@@ -168,15 +182,14 @@ def _output_folder(access: ShardAccess) -> bool:
         return False
 
 
-def _in_place_table(path: str, storage_options: Optional[Dict[str, Any]]) -> bool:
-    """Whether ``path`` is Parquet or Arrow (a Hugging Face export) without a dsconvert manifest."""
-    from ..io.location import Location
-
-    try:
-        if Location(path, storage_options, flat=False).exists(MANIFEST_NAME):
-            return False
-    except Exception:  # an unreachable store (botocore's errors are not OSErrors): not a table to read in place;
-        return False   # the output path below says why, or reads it from the cache
+def _in_place_table(path: str, storage_options: Optional[Dict[str, Any]], read: Optional[ManifestRead]) -> bool:
+    """Whether ``path`` is Parquet or Arrow (a Hugging Face export) without a dsconvert manifest
+    (``read``: the remote manifest's read, made already)."""
+    if read is not None:
+        if read.raw is not None or read.error is not None:  # an output, or a store out of reach: not a table
+            return False  # to read in place; the output path below says why, or reads it from the cache
+    elif Location(path, storage_options, flat=False).exists(MANIFEST_NAME):
+        return False
     return looks_like_parquet(path, storage_options) or looks_like_arrow(path, storage_options)
 
 
