@@ -14,7 +14,8 @@ only this worker has mapped, such as the records it opened, which the kernel can
 part is its own) after the 20 batches. The
 records on disk are measured per sample. Growth per sample is the difference between two
 sizes over the difference in samples; the exponent is log(ratio of values) / log(ratio of
-sizes); the extrapolation to 14M and 400M is linear in the largest growth.
+sizes); the extrapolation to 14M and 400M is linear in the growth of the last step (the smaller
+steps carry per-shard and per-tar costs that stop growing once shards are full).
 
 The trees up to ``--peers-up-to`` (1M) are also written by webdataset's ``ShardWriter`` (one
 process, shards of 10,000, as its docs write them) and by litdata's ``optimize`` (2 workers, the
@@ -315,10 +316,12 @@ def growth(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             steps.append({"from": a["samples"], "to": b["samples"],
                           "bytes_per_sample": (vb - va) / (b["samples"] - a["samples"]),
                           "exponent": math.log(max(vb, 1) / max(va, 1)) / math.log(b["samples"] / a["samples"])})
-        worst = max((s["bytes_per_sample"] for s in steps), default=0.0)
+        # the last step's growth: the smaller steps carry per-shard and per-tar costs that stop
+        # growing once shards are full (10,000 samples); negative growth extrapolates as none
+        rate = max(steps[-1]["bytes_per_sample"], 0.0) if steps else 0.0
         last = get(rows[-1])
-        out.append({"figure": name, "steps": steps, "at_14M": last + worst * (14e6 - rows[-1]["samples"]),
-                    "at_400M": last + worst * (400e6 - rows[-1]["samples"])})
+        out.append({"figure": name, "steps": steps, "at_14M": last + rate * (14e6 - rows[-1]["samples"]),
+                    "at_400M": last + rate * (400e6 - rows[-1]["samples"])})
     return out
 
 
