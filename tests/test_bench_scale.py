@@ -92,3 +92,17 @@ def test_growth_and_peer_rows_render():
     line = next(ln for ln in text.splitlines() if ln.startswith("| webdataset `ShardWriter` (1 process)"))
     assert "| 600 MB | 601 MB | – | 100.0 B |" in line
     assert "litdata" not in text  # not run: no row
+
+
+def test_a_commands_peak_is_its_own_not_the_runners():
+    """Linux's wait4 ru_maxrss counts the spawning process's memory at the exec: a runner holding
+    more than the command made every peak read the runner's. The sampled high-water mark is the
+    command's own."""
+    import sys
+
+    held = bytearray(300 << 20)  # the runner holds 300 MB
+    held[::4096] = b"x" * len(held[::4096])  # touched: resident
+    r = scale.run_sampled([sys.executable, "-c", "x = bytearray(40 << 20); x[::4096] = b'y' * len(x[::4096]); "
+                           "import time; time.sleep(0.3)"])
+    assert 40 << 20 < r["peak_rss"] < 200 << 20
+    del held
