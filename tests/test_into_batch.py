@@ -112,6 +112,33 @@ def test_batches_fetched_at_once_and_target_transforms_are_the_same(torch, outpu
     assert a.labels == [label for _, label in b] and all(label % 10 == 0 for label in a.labels)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", ["train", "eval"])
+def test_the_streams_batches_built_in_the_worker_are_the_per_sample_ones(torch, output, monkeypatch, name, workers):
+    """stream=True with batch_size= decodes each batch into one tensor: the same batches (and
+    target transform, and short last batch) as decoding each sample and collating them."""
+    from torch.utils.data import DataLoader
+
+    from dsconvert.fused import FusedTransform
+
+    def batches():
+        ds = open_dataset(output, transform=transforms()[name], decode="fused", stream=True, batch_size=5,
+                          target_transform=lambda y: y + 100)
+        torch.manual_seed(4)
+        return [(images.clone(), labels.clone()) for images, labels in DataLoader(ds, batch_size=None,
+                                                                                   num_workers=workers)]
+
+    got = batches()
+    with monkeypatch.context() as m:  # the path before: each sample decoded, then collated
+        m.setattr(FusedTransform, "batch_shape", property(lambda self: None))
+        want = batches()
+    assert [len(labels) for _, labels in got] == [len(labels) for _, labels in want]
+    assert sum(len(labels) for _, labels in got) == 24 and all(labels.min() >= 100 for _, labels in got)
+    for (images, labels), (images_before, labels_before) in zip(got, want):
+        assert images.dtype == torch.uint8 and torch.equal(labels, labels_before)
+        assert torch.equal(images, images_before)
+
+
 def test_a_transform_with_steps_after_the_tensor_is_not_batched(torch, output):
     import torchvision.transforms as T
 

@@ -26,6 +26,8 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
+from .batch_pages import batch_pages
+
 __all__ = ["BatchRow", "RowsOfBatch", "new_batch"]
 
 
@@ -51,10 +53,16 @@ class RowsOfBatch(List[Any]):
 def new_batch(n: int, shape: Tuple[int, ...]) -> torch.Tensor:
     """An uninitialised uint8 tensor of ``n`` images of ``shape``: in shared memory inside a
     DataLoader worker (as ``default_collate`` allocates its output there), so the batch reaches
-    the trainer without a copy. Its pages are made present at once (:func:`_populate`)."""
+    the trainer without a copy; there, a segment no process holds any more is written again
+    (:mod:`dsconvert.readers.batch_pages`: no new pages to allocate and zero, none to free).
+    Its pages are made present at once (:func:`_populate`)."""
     if get_worker_info() is not None:
-        empty = torch.empty(0, dtype=torch.uint8)
         size = n * math.prod(shape)
+        reused = batch_pages().tensor(size)
+        if reused is not None:
+            _populate(reused.data_ptr(), size)
+            return reused.view(n, *shape)
+        empty = torch.empty(0, dtype=torch.uint8)
         storage = empty._typed_storage()._new_shared(size, device=empty.device)
         batch = empty.new(storage).resize_(n, *shape)
         _populate(batch.data_ptr(), size)

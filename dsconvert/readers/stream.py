@@ -20,7 +20,8 @@ steps; ``None`` splits exactly, ranks differing by one sample.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from itertools import islice
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -323,6 +324,10 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
                 self._yielded += 1
                 yield sample
             return
+        shape = self.fused.batch_shape if self.fused is not None and self.classification else None
+        if shape is not None:
+            yield from self._into_batches(items, shape)
+            return
         if plain:
             samples: Iterator[Any] = ((raw, shard.labels[i]) for shard, i, raw in items)
         else:
@@ -338,6 +343,36 @@ class StreamDataset(ShardDataset, TorchIterableDataset):
         if batch:
             out = collate(batch, self._encoded_images)
             self._yielded += len(batch)
+            yield out
+
+    def _into_batches(self, items: Iterator[Tuple[ShardReader, int, Any]], shape: Tuple[int, int, int]
+                      ) -> Iterator[Any]:
+        """Batches of ``batch_size`` whose images are decoded into the rows of one uint8 tensor
+        (:mod:`dsconvert.readers.into_batch`, as the map-style reader's ``__getitems__``): the
+        same samples and draws as decoding each and collating them, without the copy."""
+        from .into_batch import new_batch
+
+        size = cast(int, self.batch_size)
+        into, target_transform = self.fused.into, self.target_transform  # type: ignore[union-attr]
+        done = False
+        while not done:
+            taken = list(islice(items, size))
+            done = len(taken) < size
+            if not taken:
+                return
+            images = new_batch(len(taken), shape)
+            rows = images.numpy()
+            labels = []
+            for slot, (shard, i, raw) in enumerate(taken):
+                try:  # a plain try, as in _decode
+                    into(raw, rows[slot])
+                except Exception:
+                    with decode_errors_naming(f"{shard.name}: {shard.keys[i]}"):
+                        raise
+                label = shard.labels[i]
+                labels.append(label if target_transform is None else target_transform(label))
+            out = [images, collate(labels)]
+            self._yielded += len(taken)
             yield out
 
 

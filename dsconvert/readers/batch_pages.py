@@ -1,0 +1,140 @@
+"""Shared-memory pages for a worker's batch tensors, used again once every holder has let go.
+
+A DataLoader worker hands each batch to the trainer in shared memory: torch allocates a new
+segment per batch, the worker's kernel allocates and zeroes its pages as the batch is written
+(~60-76 us of CPU a sample for 3 x 224 x 224 uint8, the largest cost after decoding and
+resizing in the fused eval path), and the trainer's kernel frees them when the batch goes. FFCV
+and DALI avoid this with a ring of buffers that a batch is overwritten in after a set number of
+steps, which is wrong for a user who keeps a batch. Here a segment is written again only when no
+process holds it any more, which the kernel says:
+
+* each segment is a ``memfd`` (tmpfs, not bounded by ``/dev/shm``'s size), kept alive between
+  batches by one read-only descriptor (the *keeper*) that nothing else ever sees;
+* each batch gets a new open file description on it, opened for writing through
+  ``/proc/self/fd``, which torch maps and sends to the trainer (SCM_RIGHTS passes that same
+  description: every mapping, descriptor and fork of the batch, in any process, holds it);
+* the kernel counts the descriptions open for writing on a file; a read lease
+  (``F_SETLEASE``, ``F_RDLCK``) on the keeper is granted only when that count is zero, that is
+  when the last holder of every batch written in the segment has closed and unmapped it. The
+  lease is dropped at once: it is only the question.
+
+Where any of this is missing (another system, no ``/proc``, leases refused, torch's
+``file_system`` sharing strategy), :meth:`BatchPages.tensor` returns None and the caller
+allocates as torch does.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sys
+import threading
+from typing import List, Optional, Tuple
+
+import torch
+
+__all__ = ["BatchPages", "batch_pages"]
+
+F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)  # Linux's value; Python 3.11 lacks the name
+
+
+class BatchPages:
+    """The segments of one process, each reused for a batch of at most its size once free.
+
+    ``keep``: how many segments are kept; with more held at once (a trainer that keeps its
+    batches), the oldest is let go (its memory returns when its holders drop it) and a new one
+    made. A DataLoader worker has at most ``prefetch_factor`` batches queued and one or two
+    in the trainer's hands, so four are reused in turn."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self.segments: List[Tuple[int, int]] = []  # (keeper descriptor, size), oldest first
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self.usable = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
+
+    def tensor(self, size: int) -> Optional[torch.Tensor]:
+        """A uint8 tensor of ``size`` bytes in shared memory that no other holder can see
+        (its content is a previous batch's: the caller writes every byte), or None where this
+        process cannot reuse pages (see the module's notes)."""
+        if os.getpid() != self.pid:  # a fork of the process: the segments are the parent's
+            self._lock = threading.Lock()  # (a thread of the parent may have held it)
+            self._forget()
+        if not self.usable or size <= 0 or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+            return None
+        with self._lock:  # two threads must not both find one segment free
+            try:
+                for at, (keeper, capacity) in enumerate(self.segments):
+                    if capacity >= size and self._free(keeper):
+                        self.segments.append(self.segments.pop(at))  # most recently used last
+                        return self._map(keeper, size)
+                keeper = self._new(size)
+                return self._map(keeper, size)
+            except OSError:
+                self.usable = False  # leases refused, no /proc, no memory: torch's way from now on
+                self._forget()
+                return None
+
+    def _free(self, keeper: int) -> bool:
+        """Whether no description of the segment is open for writing: no batch written in it
+        is held, by this process or any other."""
+        try:
+            fcntl.fcntl(keeper, F_SETLEASE, fcntl.F_RDLCK)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EBUSY):
+                return False
+            raise
+        fcntl.fcntl(keeper, F_SETLEASE, fcntl.F_UNLCK)
+        return True
+
+    def _new(self, size: int) -> int:
+        """A new segment of ``size`` bytes; the oldest goes if ``keep`` are kept."""
+        fd = os.memfd_create("dsconvert-batch", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            keeper = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            os.close(fd)  # memfd's own description is not counted as open for writing
+        if not self._free(keeper):  # asks the kernel once, so that refused leases show here
+            os.close(keeper)
+            raise OSError(errno.EBUSY, "a new segment is open for writing")
+        if len(self.segments) >= self.keep:
+            os.close(self.segments.pop(0)[0])
+        self.segments.append((keeper, size))
+        return keeper
+
+    @staticmethod
+    def _map(keeper: int, size: int) -> torch.Tensor:
+        """The segment's first ``size`` bytes, mapped through a new description open for
+        writing (the one torch keeps, and sends with the batch)."""
+        fd = os.open(f"/proc/self/fd/{keeper}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]  # dups it
+        finally:
+            os.close(fd)
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    def _forget(self) -> None:
+        for keeper, _ in self.segments:
+            try:
+                os.close(keeper)
+            except OSError:
+                pass
+        self.segments = []
+        self.pid = os.getpid()
+
+    def __del__(self) -> None:
+        if getattr(self, "pid", None) == os.getpid():
+            self._forget()
+
+
+_pages: Optional[BatchPages] = None
+
+
+def batch_pages() -> BatchPages:
+    """This process's segments (a fork lets go of its parent's on first use)."""
+    global _pages
+    if _pages is None:
+        _pages = BatchPages()
+    return _pages
