@@ -194,3 +194,29 @@ def test_threads_asking_at_once_never_get_one_segment(pages):
     for t in threads:
         t.join()
     assert clashes == []
+
+
+def test_a_batch_torch_moved_in_the_trainer_is_not_handed_back_for_a_later_one(torch):
+    """torch's receiving side caches storages by inode: a batch the trainer moved to
+    file_system shared memory (share_memory_ after set_sharing_strategy("file_system")) stays
+    alive under its old segment's inode; later batches written in that segment must still
+    arrive as themselves (found by an attacker: 8 of 13 batches came back as batch 0's)."""
+    from torch.utils.data import DataLoader
+
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    loader = DataLoader(Filled(), batch_size=64, num_workers=1, prefetch_factor=1)
+    batches = iter(loader)  # the worker starts under file_descriptor
+    try:
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        torch.zeros(1).share_memory_()  # torch_shm_manager started now: a later start inherits batches' fds
+        kept = []
+        for step, (images, labels) in enumerate(batches):
+            assert (images.view(len(labels), -1) == (labels % 251)[:, None].to(torch.uint8)).all(), step
+            if step == 0:
+                images.share_memory_()  # its pages move to /dev/shm; the storage stays
+                kept.append(images)
+            if step > 12:
+                break
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)
+        del batches

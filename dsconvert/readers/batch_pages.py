@@ -18,6 +18,18 @@ process holds it any more, which the kernel says:
   when the last holder of every batch written in the segment has closed and unmapped it. The
   lease is dropped at once: it is only the question.
 
+torch's receiving side caches storages by inode (``rebuild_storage_fd``): a live storage once
+mapped from a segment, whose pages it has since moved (``share_memory_`` under the
+``file_system`` strategy), would be handed back for a later batch written in that segment. So a
+process with segments sends them with :func:`rebuild_segment`, which maps what it is sent and
+replaces the cache's entry (:func:`_reduce_storage`, registered with ``ForkingPickler`` for
+``UntypedStorage`` in that process only, and torch's own reduction for every other storage).
+
+What the lease cannot see: a read-only description opened through ``/proc/PID/fd`` by another
+program and mapped, pages passed on with ``vmsplice``; and such a program opening the segment
+for writing in the microseconds the lease is held gets the worker a SIGIO. Nothing in torch or
+dsconvert does either.
+
 Where any of this is missing (another system, no ``/proc``, leases refused, torch's
 ``file_system`` sharing strategy), :meth:`BatchPages.tensor` returns None and the caller
 allocates as torch does.
@@ -27,12 +39,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import multiprocessing.reduction
 import os
 import sys
 import threading
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 import torch
+from torch.multiprocessing import reductions
 
 __all__ = ["BatchPages", "batch_pages"]
 
@@ -58,9 +72,6 @@ class BatchPages:
         """A uint8 tensor of ``size`` bytes in shared memory that no other holder can see
         (its content is a previous batch's: the caller writes every byte), or None where this
         process cannot reuse pages (see the module's notes)."""
-        if os.getpid() != self.pid:  # a fork of the process: the segments are the parent's
-            self._lock = threading.Lock()  # (a thread of the parent may have held it)
-            self._forget()
         if not self.usable or size <= 0 or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
             return None
         with self._lock:  # two threads must not both find one segment free
@@ -90,6 +101,7 @@ class BatchPages:
 
     def _new(self, size: int) -> int:
         """A new segment of ``size`` bytes; the oldest goes if ``keep`` are kept."""
+        _send_segments_with_rebuild_segment()
         fd = os.memfd_create("dsconvert-batch", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
@@ -99,9 +111,12 @@ class BatchPages:
         if not self._free(keeper):  # asks the kernel once, so that refused leases show here
             os.close(keeper)
             raise OSError(errno.EBUSY, "a new segment is open for writing")
-        if len(self.segments) >= self.keep:
-            os.close(self.segments.pop(0)[0])
+        if len(self.segments) >= self.keep:  # never written again: torch's cache is right for it
+            oldest = self.segments.pop(0)[0]
+            _inodes.discard(_inode(oldest))
+            os.close(oldest)
         self.segments.append((keeper, size))
+        _inodes.add(_inode(keeper))
         return keeper
 
     @staticmethod
@@ -124,17 +139,68 @@ class BatchPages:
         self.segments = []
         self.pid = os.getpid()
 
+    def _after_fork(self) -> None:
+        """In a fork's child (one thread): the parent's segments and lock are not its own."""
+        self._lock = threading.Lock()
+        self._forget()
+
     def __del__(self) -> None:
         if getattr(self, "pid", None) == os.getpid():
             self._forget()
 
 
 _pages: Optional[BatchPages] = None
+_inodes: Set[Tuple[int, int]] = set()  # (device, inode) of this process's kept segments
 
 
 def batch_pages() -> BatchPages:
-    """This process's segments (a fork lets go of its parent's on first use)."""
+    """This process's segments."""
     global _pages
     if _pages is None:
         _pages = BatchPages()
     return _pages
+
+
+def _after_fork_in_child() -> None:
+    _inodes.clear()
+    if _pages is not None:
+        _pages._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _inode(fd: int) -> Tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def rebuild_segment(cls: Any, df: Any, size: int) -> Any:
+    """The receiving side of a segment's storage: mapped from the description sent, never a
+    storage torch's cache holds for the inode (it may be a batch from before, moved since);
+    the cache's entry then names this one, as torch's ``rebuild_storage_fd`` leaves it."""
+    fd = df.detach()
+    try:
+        storage = cls._new_shared_fd_cpu(fd, size)
+        reductions.shared_cache[reductions.fd_id(fd)] = reductions.StorageWeakRef(storage)
+        return storage
+    finally:
+        os.close(fd)
+
+
+def _reduce_storage(storage: Any) -> Any:
+    """torch's ``reduce_storage``, except that a segment of this process goes with
+    :func:`rebuild_segment`."""
+    if (storage.device.type == "cpu" and storage.size() > 0 and _inodes and storage.is_shared()
+            and torch.multiprocessing.get_sharing_strategy() == "file_descriptor"):
+        fd, size = storage._share_fd_cpu_()
+        if _inode(fd) in _inodes:
+            df = multiprocessing.reduction.DupFd(fd)
+            reductions.shared_cache[reductions.fd_id(fd)] = reductions.StorageWeakRef(storage)
+            return (rebuild_segment, (type(storage), df, size))
+    return reductions.reduce_storage(storage)
+
+
+def _send_segments_with_rebuild_segment() -> None:
+    multiprocessing.reduction.ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
